@@ -1,0 +1,41 @@
+"""One exception hierarchy for every user-facing failure.
+
+The CLI catches :class:`ClearLMError` and prints ``error: <message>`` on one line with a non-zero
+exit code; the Python API raises the typed subclass so callers can tell the cases apart.
+"""
+
+
+class ClearLMError(Exception):
+    """Base class: a problem with the user's input or environment, with a one-line message."""
+
+    exit_code = 1
+
+
+class ModelNotFoundError(ClearLMError):
+    """The model path does not exist, or an alias names a package that is not installed."""
+
+    exit_code = 2
+
+
+class InvalidModelFileError(ClearLMError):
+    """The file exists but is not a readable GGUF (wrong magic, truncated, corrupt)."""
+
+    exit_code = 3
+
+
+class UnsupportedModelError(ClearLMError):
+    """The file is valid but uses an architecture, tensor type or setting clearlm does not run."""
+
+    exit_code = 4
+
+
+class ContextLengthError(ClearLMError):
+    """The prompt (plus what must be generated) does not fit in the model's context window."""
+
+    exit_code = 5
+
+
+class SamplingParamsError(ClearLMError, ValueError):
+    """A sampling setting is out of range (negative temperature, top_p outside (0, 1], ...)."""
+
+    exit_code = 6

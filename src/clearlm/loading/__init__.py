@@ -1,0 +1,1 @@
+"""Weight loading: one module per file format."""

@@ -1,0 +1,174 @@
+"""Read a GGUF file: metadata, then tensors renamed to our parameter names and dequantized.
+
+Loading is a chain of small pure steps (style.md): open → read metadata → rename through one
+table → dequantize with the ``gguf`` library → fix llama.cpp's RoPE row layout → check shapes.
+The file format is specified at https://github.com/ggml-org/ggml/blob/master/docs/gguf.md.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.quants import dequantize
+
+from clearlm.config import ModelConfig
+from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
+
+GGUF_MAGIC = b"GGUF"
+
+# Tensor types we dequantize (through gguf.quants); anything else is refused with its name.
+SUPPORTED_TENSOR_TYPES = frozenset(
+    GGMLQuantizationType[name]
+    for name in (
+        "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K".split()
+    )
+)
+
+# llama.cpp tensor name → our (Hugging Face style) parameter name. `{i}` is the block index.
+LLAMA_TENSOR_NAMES = {
+    "token_embd.weight": "embed_tokens.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "layers.{i}.input_layernorm.weight",
+    "blk.{i}.attn_q.weight": "layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_norm.weight": "layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_gate.weight": "layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "layers.{i}.mlp.down_proj.weight",
+}
+
+
+def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
+    """Open a GGUF file (memory-mapped; nothing is copied yet).
+
+    Raises:
+        ModelNotFoundError: the path does not exist or is a directory.
+        InvalidModelFileError: the file is not GGUF, or is truncated or corrupt.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ModelNotFoundError(f"model file not found: {path}")
+    if os.path.isdir(path):
+        raise ModelNotFoundError(f"{path} is a directory; pass the path of a .gguf file")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise InvalidModelFileError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')"
+        )
+    try:
+        return GGUFReader(path, "r")
+    except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
+        raise InvalidModelFileError(
+            f"{path} is a truncated or corrupt GGUF file ({type(e).__name__}: {e}); "
+            "download it again"
+        ) from None
+
+
+def _field_value(field: Any) -> Any:
+    """Decode one metadata field: strings as str, arrays as lists, scalars as Python numbers."""
+    types = field.types
+    if types and types[0] == GGUFValueType.ARRAY:
+        if len(types) > 1 and types[1] == GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
+        return [field.parts[i].tolist()[0] for i in field.data]
+    if types and types[0] == GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]]).decode("utf-8")
+    return field.parts[field.data[0]].tolist()[0]
+
+
+def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """All key/value metadata of the file as plain Python values (str, int, float, bool, list)."""
+    return {
+        name: _field_value(field)
+        for name, field in reader.fields.items()
+        if not name.startswith("GGUF.")
+    }
+
+
+def gguf_to_ours(name: str, n_layers: int) -> str | None:
+    """Map a llama.cpp tensor name to our parameter name through LLAMA_TENSOR_NAMES (None: unknown)."""
+    if name in LLAMA_TENSOR_NAMES:
+        return LLAMA_TENSOR_NAMES[name]
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < n_layers:
+        pattern = "blk.{i}." + ".".join(parts[2:])
+        if pattern in LLAMA_TENSOR_NAMES:
+            return LLAMA_TENSOR_NAMES[pattern].replace("{i}", parts[1])
+    return None
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation so rotate-half RoPE gives the reference's numbers.
+
+    Hugging Face Llama checkpoints apply RoPE to the two *halves* of each head (rotate_half:
+    pairs (x_j, x_{j+Hd/2})). llama.cpp rotates *adjacent* pairs (x_{2j}, x_{2j+1}), so its
+    converter (convert_hf_to_gguf.py, ``LlamaModel.permute``) reorders each head's output rows
+    from [half0 | half1] to interleaved [h0_0, h1_0, h0_1, h1_1, ...]. This is the inverse.
+
+    Args:
+        w: (n_heads * Hd, D) projection weight as stored in the GGUF (rows = output features).
+        n_heads: heads in this projection (n_heads for Q, n_kv_heads for K).
+
+    Returns:
+        (n_heads * Hd, D) weight with each head's rows in rotate-half order.
+    """
+    out_dim = w.shape[0]
+    head_dim = out_dim // n_heads
+    rest = w.shape[1:]
+    w = w.reshape(n_heads, head_dim // 2, 2, *rest)  # (H, Hd/2, 2, D): interleaved pairs
+    w = w.swapaxes(1, 2)  # (H, 2, Hd/2, D): first halves, then second halves
+    return w.reshape(out_dim, *rest)
+
+
+def load_tensors(
+    reader: GGUFReader, config: ModelConfig, dtype: torch.dtype = torch.float32, source: str = ""
+) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor of the file into our parameter names.
+
+    Args:
+        reader: an open GGUF file.
+        config: the model's config (for head counts and the tied-head decision).
+        dtype: the torch dtype of the returned tensors (dequantization itself is float32).
+        source: the file's name, used in error messages.
+
+    Returns:
+        name → tensor, shapes as nn.Linear stores them: (out_features, in_features).
+
+    Raises:
+        UnsupportedModelError: a tensor uses a type outside SUPPORTED_TENSOR_TYPES, or the file
+            holds a tensor name the llama table does not know.
+        InvalidModelFileError: a tensor's data is truncated.
+    """
+    state: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        ours = gguf_to_ours(t.name, config.n_layers)
+        if ours is None:
+            if t.name == "rope_freqs.weight":  # llama3 rope scaling factors: not used yet
+                raise UnsupportedModelError(f"{source}: rope scaling (rope_freqs) is not supported")
+            raise UnsupportedModelError(f"{source}: unknown tensor {t.name!r} for {config.architecture}")
+        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            raise UnsupportedModelError(
+                f"{source}: tensor {t.name} has type {t.tensor_type.name}, which clearlm does not "
+                "dequantize; supported: " + ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))
+            )
+        # GGUF lists shapes innermost-first ([n_in, n_out]); numpy wants [n_out, n_in].
+        shape = tuple(int(d) for d in reversed(t.shape))
+        try:
+            w = dequantize(t.data, t.tensor_type).reshape(shape)
+        except ValueError as e:
+            raise InvalidModelFileError(f"{source}: tensor {t.name} is truncated ({e})") from None
+        if config.architecture == "llama":
+            if ours.endswith("q_proj.weight"):
+                w = unpermute_rope_rows(w, config.n_heads)
+            elif ours.endswith("k_proj.weight"):
+                w = unpermute_rope_rows(w, config.n_kv_heads)
+        state[ours] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dtype)
+    return state

