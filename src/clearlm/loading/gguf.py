@@ -23,9 +23,7 @@ GGUF_MAGIC = b"GGUF"
 # Tensor types we dequantize (through gguf.quants); anything else is refused with its name.
 SUPPORTED_TENSOR_TYPES = frozenset(
     GGMLQuantizationType[name]
-    for name in (
-        "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K".split()
-    )
+    for name in ("F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K".split())
 )
 
 # llama.cpp tensor name → our (Hugging Face style) parameter name. `{i}` is the block index.
@@ -153,11 +151,14 @@ def load_tensors(
         if ours is None:
             if t.name == "rope_freqs.weight":  # llama3 rope scaling factors: not used yet
                 raise UnsupportedModelError(f"{source}: rope scaling (rope_freqs) is not supported")
-            raise UnsupportedModelError(f"{source}: unknown tensor {t.name!r} for {config.architecture}")
+            raise UnsupportedModelError(
+                f"{source}: unknown tensor {t.name!r} for {config.architecture}"
+            )
         if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
             raise UnsupportedModelError(
                 f"{source}: tensor {t.name} has type {t.tensor_type.name}, which clearlm does not "
-                "dequantize; supported: " + ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))
+                "dequantize; supported: "
+                + ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))
             )
         # GGUF lists shapes innermost-first ([n_in, n_out]); numpy wants [n_out, n_in].
         shape = tuple(int(d) for d in reversed(t.shape))
@@ -170,5 +171,8 @@ def load_tensors(
                 w = unpermute_rope_rows(w, config.n_heads)
             elif ours.endswith("k_proj.weight"):
                 w = unpermute_rope_rows(w, config.n_kv_heads)
-        state[ours] = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dtype)
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        if not w.flags.writeable:  # F32 tensors come straight from the read-only memory map
+            w = w.copy()
+        state[ours] = torch.from_numpy(w).to(dtype)
     return state

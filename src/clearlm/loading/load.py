@@ -1,0 +1,75 @@
+"""Build a ready-to-run Transformer from a GGUF file."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from clearlm.config import ModelConfig
+from clearlm.errors import InvalidModelFileError
+from clearlm.loading.gguf import load_tensors, open_gguf, read_metadata
+from clearlm.model.layers import RotaryEmbedding
+from clearlm.model.transformer import Transformer
+
+
+@dataclass
+class LoadedGGUF:
+    """What one GGUF file gives: the model, its config and the file's raw metadata."""
+
+    model: Transformer
+    config: ModelConfig
+    metadata: dict[str, Any]
+    tensor_types: dict[str, str]  # GGUF tensor name → quantization type name (for `info`)
+
+
+def check_shapes(model: Transformer, state: dict[str, torch.Tensor], source: str) -> None:
+    """Every tensor must have exactly the shape its parameter expects (nanoGPT's import check).
+
+    Raises:
+        InvalidModelFileError: naming the first tensor whose shape differs, or a missing one.
+    """
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for name, shape in expected.items():
+        if name not in state:
+            raise InvalidModelFileError(f"{source}: tensor for {name} is missing")
+        if tuple(state[name].shape) != shape:
+            raise InvalidModelFileError(
+                f"{source}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}"
+            )
+
+
+def load_gguf_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> LoadedGGUF:
+    """Read → config → dequantize/rename/un-permute → tie → check shapes → assign.
+
+    The module is built on the meta device and the dequantized tensors are assigned into it
+    (``load_state_dict(assign=True)``), so weights are never held twice in memory.
+
+    Args:
+        path: a .gguf file.
+        dtype: parameter dtype (torch.float32 for reference parity; bfloat16 halves memory).
+
+    Raises:
+        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError (see open_gguf,
+        ModelConfig.from_gguf, load_tensors).
+    """
+    source = os.path.basename(os.fspath(path))
+    reader = open_gguf(path)
+    metadata = read_metadata(reader)
+    tensor_names = {t.name for t in reader.tensors}
+    config = ModelConfig.from_gguf(metadata, tensor_names, source)
+    state = load_tensors(reader, config, dtype, source)
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    with torch.device("meta"):
+        model = Transformer(config)
+    check_shapes(model, state, source)
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # RoPE tables are derived, not stored in the file: compute them on a real device.
+    model.rope = RotaryEmbedding(config.rope_dim, config.rope_theta, config.context_length)
+    tensor_types = {t.name: t.tensor_type.name for t in reader.tensors}
+    return LoadedGGUF(model.eval(), config, metadata, tensor_types)
