@@ -92,7 +92,7 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
 
 
 def gguf_to_ours(name: str, n_layers: int) -> str | None:
-    """Map a llama.cpp tensor name to our parameter name through LLAMA_TENSOR_NAMES (None: unknown)."""
+    """Map a llama.cpp tensor name to ours through LLAMA_TENSOR_NAMES (None if unknown)."""
     if name in LLAMA_TENSOR_NAMES:
         return LLAMA_TENSOR_NAMES[name]
     parts = name.split(".")
