@@ -34,3 +34,20 @@ def hf_smollm2_model(smollm2_path: Path):
         smollm2_path.parent, gguf_file=smollm2_path.name, dtype=torch.float32
     )
     return model.eval()
+
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path: Path):
+    """Our model, loaded once per session (float32)."""
+    import clearlm
+
+    return clearlm.load(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def alice_text() -> str:
+    """A public-domain paragraph of several hundred tokens (tests/data/alice.txt)."""
+    return (DATA / "alice.txt").read_text(encoding="utf-8")

@@ -1,0 +1,5 @@
+"""``python -m clearlm`` runs the command-line interface."""
+
+from clearlm.cli import main
+
+main()

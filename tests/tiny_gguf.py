@@ -1,0 +1,119 @@
+"""Write tiny Llama-architecture GGUF files for fast tests (random weights, byte-level vocab).
+
+The files are written with the `gguf` package's own writer, the way llama.cpp's converter
+writes real ones: Q and K rows permuted into llama.cpp's RoPE layout, shapes in GGUF order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quant_shape_to_byte_shape, quantize
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's byte → printable-character table (Radford et al. 2019, encoder.py)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs, strict=True))
+    return [chr(table[b]) for b in range(256)]
+
+
+def permute_for_llama_cpp(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's converter layout: each head's rows [half0 | half1] → interleaved pairs."""
+    out = w.shape[0]
+    return w.reshape(n_heads, 2, out // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_llama(
+    path: Path,
+    *,
+    arch: str = "llama",
+    d_model: int = 64,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    d_ff: int = 128,
+    context_length: int = 64,
+    tied: bool = True,
+    matrix_type: GGMLQuantizationType = GGMLQuantizationType.F32,
+    seed: int = 0,
+) -> Path:
+    """Write a random tiny model: 256 byte tokens, 3 merges, 3 special tokens; return its path."""
+    rng = np.random.default_rng(seed)
+    merged = ["he", "ll", "ĠĠ"]  # a few merges so the BPE has some to apply
+    tokens = byte_level_alphabet() + merged + SPECIALS
+    vocab = len(tokens)
+    hd = d_model // n_heads
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(n_layers)
+    w.add_context_length(context_length)
+    w.add_embedding_length(d_model)
+    w.add_feed_forward_length(d_ff)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(hd)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (256 + len(merged)) + [3] * len(SPECIALS))
+    w.add_token_merges(["h e", "l l", "Ġ Ġ"])
+    w.add_bos_token_id(tokens.index("<|im_start|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+
+    def mat(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) * 0.1).astype(np.float32)
+
+    def add(name: str, a: np.ndarray, quant: bool = True) -> None:
+        if quant and matrix_type != GGMLQuantizationType.F32:
+            try:
+                raw = quantize(a, matrix_type)
+            except NotImplementedError:  # gguf cannot quantize every type: random bytes will do
+                shape = quant_shape_to_byte_shape(a.shape, matrix_type)
+                raw = rng.integers(0, 256, size=shape, dtype=np.uint8)
+            w.add_tensor(name, raw, raw_dtype=matrix_type)
+        else:
+            w.add_tensor(name, a)
+
+    add("token_embd.weight", mat(vocab, d_model))
+    add("output_norm.weight", 1 + 0.1 * rng.standard_normal(d_model).astype(np.float32), False)
+    if not tied:
+        add("output.weight", mat(vocab, d_model))
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        add(
+            p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(d_model).astype(np.float32), False
+        )
+        add(p + "attn_q.weight", permute_for_llama_cpp(mat(n_heads * hd, d_model), n_heads))
+        add(p + "attn_k.weight", permute_for_llama_cpp(mat(n_kv_heads * hd, d_model), n_kv_heads))
+        add(p + "attn_v.weight", mat(n_kv_heads * hd, d_model))
+        add(p + "attn_output.weight", mat(d_model, n_heads * hd))
+        add(p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(d_model).astype(np.float32), False)
+        add(p + "ffn_gate.weight", mat(d_ff, d_model))
+        add(p + "ffn_up.weight", mat(d_ff, d_model))
+        add(p + "ffn_down.weight", mat(d_model, d_ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
