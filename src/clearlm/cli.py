@@ -94,7 +94,8 @@ def _run(
         f"[dim]prompt {result.prompt_tokens} tokens · generated {len(result.tokens)} tokens · "
         f"prefill {result.prefill_tokens_per_s:.1f} tok/s · "
         f"decode {result.decode_tokens_per_s:.1f} tok/s · "
-        f"finish: {result.finish_reason}[/]"
+        f"finish: {result.finish_reason}[/]",
+        soft_wrap=True,
     )
 
 

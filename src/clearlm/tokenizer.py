@@ -1,11 +1,10 @@
 """Tokenizer from GGUF metadata, built on `tokenizers`; streaming detokenizer; chat template.
 
-A GGUF has no ``tokenizer.json``: llama.cpp's converter stores the vocabulary, merges, token types
-and special ids as ``tokenizer.ggml.*`` metadata, and names the pre-tokenizer (the regex that cuts
-text into words before BPE) with the label ``tokenizer.ggml.pre``. The regexes themselves live in
-llama.cpp (src/llama-vocab.cpp, ``llm_tokenizer_bpe``), so we map each label to the `tokenizers`
-pre-tokenizer that the model's original ``tokenizer.json`` used, through one table. The reference
-is transformers' GGUF tokenizer (integrations/gguf/gguf_tokenizer_mapping.py).
+A GGUF has no ``tokenizer.json``: it stores vocabulary, merges, token types and special ids as
+``tokenizer.ggml.*`` metadata and only names the pre-tokenizer (``tokenizer.ggml.pre``), whose
+regexes live in llama.cpp (src/llama-vocab.cpp). One table maps each name to the `tokenizers`
+pre-tokenizer of the model's original tokenizer.json. Reference: transformers' GGUF tokenizer
+(integrations/gguf/gguf_tokenizer_mapping.py).
 """
 
 from __future__ import annotations
@@ -35,10 +34,8 @@ class ChatTemplateError(ClearLMError):
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte → printable character table (openai/gpt-2 src/encoder.py, bytes_to_unicode).
-
-    Byte-level BPE vocabularies spell every byte as one printable character (space is 'Ġ').
-    """
+    """Byte → the printable character byte-level BPE spells it with (space → 'Ġ'); the table of
+    openai/gpt-2 src/encoder.py, bytes_to_unicode."""
     printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     table = {b: chr(b) for b in printable}
     extra = (b for b in range(256) if b not in table)
@@ -162,7 +159,7 @@ class Tokenizer:
 
     backend: _Backend = field(repr=False)  # the `tokenizers` pipeline: model, pre-tokenizer, ...
     tokens: list[str] = field(repr=False)  # id → token as the file spells it
-    token_to_bytes: Callable[[str], bytes] = field(repr=False)
+    token_to_bytes: Callable[[str], bytes] = field(repr=False)  # token text → its raw bytes
     special_ids: frozenset[int] = field(repr=False)
     bos_id: int | None
     eos_id: int | None
@@ -200,6 +197,8 @@ class Tokenizer:
         build, to_bytes, bos_default = _TOKENIZER_MODELS[kind]
         tokens = _require(metadata, "tokenizer.ggml.tokens", source)
         types = metadata.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+        if len(types) != len(tokens):
+            raise InvalidModelFileError(f"{source}: token_type and tokens differ in length")
         backend = build(tokens, types, metadata, source)
         # CONTROL → special (skippable when decoding); USER_DEFINED → plain added token. Both
         # are matched whole in the text before the model, as in llama.cpp and transformers.
@@ -266,14 +265,10 @@ class Tokenizer:
             raise ChatTemplateError(f"{self.source} has no chat template (tokenizer.chat_template)")
         names = {"bos_token": self.bos_id, "eos_token": self.eos_id}
         variables = {k: self.tokens[i] for k, i in names.items() if i is not None}
+        variables.update(messages=messages, add_generation_prompt=add_generation_prompt)
+        variables.update(tools=None, documents=None)  # defined but empty, as in transformers
         try:
-            return _compile_chat_template(self.chat_template).render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                tools=None,  # defined but empty, as transformers passes them
-                documents=None,
-                **variables,
-            )
+            return _compile_chat_template(self.chat_template).render(**variables)
         except Exception as e:  # jinja2.TemplateError, or TypeError etc. from odd messages
             msg = f"chat template of {self.source} failed ({type(e).__name__}: {e})"
             raise ChatTemplateError(msg) from None
@@ -318,8 +313,8 @@ class StreamingDetokenizer:
     makes it invalid, U+FFFD is emitted for it (per maximal invalid subpart, as Python and Rust's
     from_utf8_lossy both do), and ``flush`` emits U+FFFD for an incomplete tail. So nothing is held
     forever, each step costs O(bytes of the new token), and all outputs plus ``flush()`` equal
-    ``tokenizer.decode(ids, skip_special_tokens)``. (The model vLLM's and HF TextStreamer's prefix
-    re-decoding approximates; a byte-level tokenizer lets us do it exactly.)
+    ``tokenizer.decode(ids, skip_special_tokens)``. (vLLM and HF's TextStreamer re-decode from a
+    prefix offset and hold text ending in U+FFFD; with token bytes the rule can be exact.)
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
