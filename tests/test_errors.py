@@ -112,7 +112,8 @@ def test_unsupported_architecture(other_arch):
 def test_unsupported_tensor_type(odd_tensor_type):
     with pytest.raises(UnsupportedModelError, match="IQ4_NL"):
         clearlm.load(odd_tensor_type)
-    assert_one_line_error(run_cli("info", str(odd_tensor_type)), "IQ4_NL", "Q4_K")
+    proc = run_cli("generate", "hi", "--model", str(odd_tensor_type))
+    assert_one_line_error(proc, "IQ4_NL", "Q4_K")
 
 
 def test_prompt_longer_than_context(tiny):

@@ -7,7 +7,6 @@ Every user mistake ends as one line ``error: ...`` on stderr and a non-zero exit
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from typing import Annotated
 
 import typer
@@ -161,31 +160,77 @@ def info(
         str | None, typer.Argument(help="Path or alias (default smollm2-135m-instruct).")
     ] = None,
 ) -> None:
-    """Show a model's architecture, hyper-parameters, tensor types and tokenizer."""
-    from dataclasses import asdict
+    """Show a model's architecture, hyper-parameters, tensor types and tokenizer.
 
-    from clearlm.api import load
+    Reads only the file's header: nothing is dequantized, so this is quick.
+    """
+    import os
+    import re
 
-    m = load(model)
+    from clearlm.loading.load import inspect_gguf
+    from clearlm.models import resolve_model
+    from clearlm.tokenizer import Tokenizer
+
+    path = resolve_model(model)
+    config, meta, tensors = inspect_gguf(path)
+    tok = Tokenizer.from_gguf_metadata(meta, source=path.name)
     out = Console(highlight=False)
-    meta = m.metadata
-    t = Table(title=f"{meta.get('general.name', m.path)}", show_header=False)
-    t.add_row("file", m.path)
-    for k, v in asdict(m.config).items():
-        t.add_row(k, str(v))
-    n_params = sum(p.numel() for p in m.transformer.parameters())
-    t.add_row("parameters", f"{n_params:,}")
-    counts = Counter(m.tensor_types.values())
-    t.add_row("tensor types", ", ".join(f"{k} ×{n}" for k, n in counts.most_common()))
-    tok = m.tokenizer
-    t.add_row(
-        "tokenizer",
-        f"{meta.get('tokenizer.ggml.model')} (pre: {meta.get('tokenizer.ggml.pre', '-')}), "
-        f"{tok.vocab_size:,} tokens",
+    out.print(f"[bold]{meta.get('general.name', path.name)}[/]  {path}", soft_wrap=True)
+
+    hp = Table(title="Architecture and hyper-parameters", show_header=False, title_justify="left")
+    n_params = sum(t.n_elements for t in tensors)
+    rows = [
+        ("family", f"{config.architecture} (decoder-only, pre-norm, RMSNorm, RoPE, SwiGLU)"),
+        ("context_length", f"{config.context_length} tokens"),
+        ("vocab_size", str(config.vocab_size)),
+        ("d_model", str(config.d_model)),
+        ("n_layers", str(config.n_layers)),
+        (
+            "n_heads / n_kv_heads",
+            f"{config.n_heads} / {config.n_kv_heads}"
+            + (" (grouped-query)" if config.n_kv_heads < config.n_heads else ""),
+        ),
+        ("head_dim", str(config.head_dim)),
+        ("d_ff", str(config.d_ff)),
+        ("norm_eps", f"{config.norm_eps:g}"),
+        ("rope_theta / rope_dim", f"{config.rope_theta:g} / {config.rope_dim}"),
+        (
+            "output projection",
+            "tied to the embedding" if config.tie_word_embeddings else "separate",
+        ),
+        ("parameters", f"{n_params:,} ({os.path.getsize(path) / 2**20:.1f} MiB on disk)"),
+    ]
+    for k, v in rows:
+        hp.add_row(k, v)
+    out.print(hp)
+
+    kinds: dict[str, list] = {}
+    for t in tensors:
+        kinds.setdefault(re.sub(r"^blk\.\d+\.", "blk.*.", t.name), []).append(t)
+    tt = Table(title="Tensors (shape: out × in)", title_justify="left")
+    for col in ("tensor", "count", "type", "shape"):
+        tt.add_column(col)
+    for kind, ts in kinds.items():
+        types = ", ".join(sorted({t.type for t in ts}))
+        tt.add_row(kind, str(len(ts)), types, " × ".join(map(str, ts[0].shape)))
+    out.print(tt)
+
+    tk = Table(title="Tokenizer", show_header=False, title_justify="left")
+    tk.add_row(
+        "model",
+        f"{meta.get('tokenizer.ggml.model')} (pre-tokenizer {meta.get('tokenizer.ggml.pre', '-')})",
     )
-    t.add_row("special tokens", f"BOS {tok.bos_id} · EOS {tok.eos_id} · add BOS: {tok.add_bos}")
-    t.add_row("chat template", "yes" if tok.chat_template else "no")
-    out.print(t)
+    tk.add_row("vocabulary", f"{tok.vocab_size:,} tokens")
+    tk.add_row(
+        "BOS / EOS",
+        f"{tok.bos_id} {tok.id_to_token(tok.bos_id)!r} / "
+        f"{tok.eos_id} {tok.id_to_token(tok.eos_id)!r}"
+        if tok.bos_id is not None and tok.eos_id is not None
+        else f"{tok.bos_id} / {tok.eos_id}",
+    )
+    tk.add_row("adds BOS", str(tok.add_bos))
+    tk.add_row("chat template", "yes" if tok.chat_template else "no")
+    out.print(tk)
 
 
 def main() -> None:

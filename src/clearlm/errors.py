@@ -39,3 +39,9 @@ class SamplingParamsError(ClearLMError, ValueError):
     """A sampling setting is out of range (negative temperature, top_p outside (0, 1], ...)."""
 
     exit_code = 6
+
+
+class ChatTemplateError(ClearLMError):
+    """The model has no chat template, or its template failed on these messages."""
+
+    exit_code = 7

@@ -23,14 +23,14 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _Backend
 
-from clearlm.errors import ClearLMError, InvalidModelFileError, UnsupportedModelError
+from clearlm.errors import (
+    ChatTemplateError,
+    InvalidModelFileError,
+    UnsupportedModelError,
+)
 
 # llama.cpp's token types (llama.h, enum llama_token_type).
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
-
-
-class ChatTemplateError(ClearLMError):
-    """The model has no chat template, or its template failed on these messages."""
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -15,6 +15,41 @@ from clearlm.model.layers import RotaryEmbedding
 from clearlm.model.transformer import Transformer
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as the file stores it: GGUF name, quantization type, shape (out, in) order."""
+
+    name: str
+    type: str
+    shape: tuple[int, ...]
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def inspect_gguf(
+    path: str | os.PathLike[str],
+) -> tuple[ModelConfig, dict[str, Any], list[TensorInfo]]:
+    """Read a GGUF file's config, metadata and tensor list without dequantizing anything.
+
+    Raises:
+        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
+    """
+    source = os.path.basename(os.fspath(path))
+    reader = open_gguf(path)
+    metadata = read_metadata(reader)
+    config = ModelConfig.from_gguf(metadata, {t.name for t in reader.tensors}, source)
+    tensors = [
+        TensorInfo(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
+        for t in reader.tensors
+    ]
+    return config, metadata, tensors
+
+
 @dataclass
 class LoadedGGUF:
     """What one GGUF file gives: the model, its config and the file's raw metadata."""

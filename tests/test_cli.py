@@ -1,0 +1,43 @@
+"""The CLI on a tiny model: info, generate and chat print what they promise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from tiny_gguf import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("cli") / "tiny.gguf", context_length=48)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clearlm", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_info_lists_hyper_parameters_and_tensor_types(tiny):
+    proc = cli("info", str(tiny))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for needle in ("n_layers", "d_model", "64", "context_length", "48 tokens", "grouped-query"):
+        assert needle in out
+    assert "blk.*.attn_q.weight" in out and "F32" in out
+    assert "gpt2 (pre-tokenizer smollm)" in out
+
+
+def test_generate_streams_text_and_prints_counts(tiny):
+    proc = cli("generate", "hello", "--model", str(tiny), "-n", "6", "--temperature", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "prompt 3 tokens" in proc.stderr  # the tiny vocabulary merges: he · ll · o
+    assert "generated" in proc.stderr and "tok/s" in proc.stderr
+
+
+def test_chat_applies_template(tiny):
+    proc = cli("chat", "hi", "--model", str(tiny), "-n", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert "finish:" in proc.stderr
