@@ -1,9 +1,9 @@
 """clearlm: run real open-weight LLMs through a readable, from-scratch decoder-only Transformer.
 
-    import clearlm
-    model = clearlm.load()                     # SmolLM2-135M-Instruct, from its GGUF file
-    print(model.generate("Once upon a time", max_new_tokens=32, temperature=0).text)
-    probs = model.next_token_distribution("The capital of France is")  # (V,) float32
+import clearlm
+model = clearlm.load()                     # SmolLM2-135M-Instruct, from its GGUF file
+print(model.generate("Once upon a time", max_new_tokens=32, temperature=0).text)
+probs = model.next_token_distribution("The capital of France is")  # (V,) float32
 """
 
 from clearlm.api import Model, load

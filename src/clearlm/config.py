@@ -1,33 +1,71 @@
-"""The model's hyper-parameters as one frozen dataclass, built key by key from GGUF metadata."""
+"""The model's hyper-parameters as one frozen dataclass.
+
+The first block of fields is what every decoder-only Transformer has. The rest name the choice
+made at each stage of the seeds (``../shared/seeds/``); their defaults are Llama's, so a family
+states only what differs. Builders for each file format live with the formats:
+``clearlm.families`` (Hugging Face ``config.json``) and ``ModelConfig.from_gguf`` (GGUF metadata).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+POSITIONS = ("rope", "learned", "sinusoidal")
+NORMS = ("rms", "layer")
+BLOCKS = ("pre", "post", "sandwich")
+FFNS = ("gated", "mlp")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
+ROPE_SCALINGS = ("linear", "dynamic", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How RoPE frequencies are stretched for contexts longer than training.
+
+    kind: "linear" (positions ÷ factor; Chen et al. 2023), "dynamic" (NTK-aware base growth once
+    the sequence passes ``original_context``; bloc97/emozilla), or "llama3" (per-band
+    interpolation; Meta's Llama 3.1 reference). Formulas follow transformers'
+    ``modeling_rope_utils``.
+    """
+
+    kind: str
+    factor: float
+    original_context: int = 0  # tokens; dynamic and llama3
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALINGS:
+            raise UnsupportedModelError(
+                f"rope scaling {self.kind!r} is not supported; supported: "
+                + ", ".join(ROPE_SCALINGS)
+            )
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of a decoder-only Transformer (names follow the field's usage).
 
-    Attributes:
-        architecture: family name as GGUF's ``general.architecture`` gives it (e.g. ``"llama"``).
-        vocab_size: V, number of token ids (rows of the embedding matrix).
-        d_model: D, width of the residual stream.
-        n_layers: N, number of Transformer blocks.
-        n_heads: H, query heads per attention layer.
-        n_kv_heads: K, key/value heads (grouped-query attention when K < H).
-        head_dim: Hd, width of one head (usually D / H).
-        d_ff: F, hidden width of the feed-forward network.
-        norm_eps: epsilon inside RMSNorm's square root.
-        rope_theta: RoPE base frequency (Su et al. 2021, "RoFormer").
-        context_length: the longest sequence (tokens) the model was trained for.
-        tie_word_embeddings: True when the output projection reuses the embedding matrix.
-        rope_dim: how many of each head's dimensions RoPE rotates (== head_dim for Llama).
+    Shape letters: V vocab_size, D d_model, N n_layers, H n_heads, K n_kv_heads, Hd head_dim,
+    F d_ff. Lengths are in tokens.
+
+    Stage 1, input: ``position`` is "rope" (Su et al. 2021), "learned" (GPT-2, OPT) or
+    "sinusoidal" (Vaswani et al. 2017, as fairseq/XGLM lays it out); ``position_offset`` shifts
+    learned/sinusoidal indices (OPT and XGLM reserve 2 rows); ``embed_scale`` multiplies the
+    token embedding (√D for Gemma and XGLM).
+    Stage 2, attention: ``attn_bias`` (biases on Q/K/V), ``attn_out_bias``, ``qk_norm``
+    (RMSNorm per head on q and k: Qwen3, Gemma 3), ``attn_scale`` (None: 1/√Hd),
+    ``attn_softcap`` (Gemma 2), ``sliding_window`` with ``layer_types`` ("full"/"sliding" per
+    layer), ``rope_local_theta`` (RoPE base of sliding layers: Gemma 3).
+    Stage 3, residual + norm + FFN: ``norm`` "rms" or "layer" (LayerNorm with bias),
+    ``norm_offset`` (Gemma's RMSNorm scales by 1 + w), ``block`` "pre" (GPT-2 onward), "post"
+    (the original Transformer: LN(x + sublayer(x))) or "sandwich" (Gemma 2/3: norms before and
+    after each sublayer), ``ffn`` "gated" (SwiGLU/GeGLU) or "mlp" (W2·act(W1·x + b1) + b2),
+    ``activation``, ``mlp_bias``.
+    Stage 4, output: ``final_norm``, ``tie_word_embeddings``, ``final_logit_softcap`` (Gemma 2).
     """
 
     architecture: str
@@ -39,18 +77,117 @@ class ModelConfig:
     head_dim: int
     d_ff: int
     norm_eps: float
-    rope_theta: float
     context_length: int
     tie_word_embeddings: bool
-    rope_dim: int = field(default=0)
+    # stage 1: input representation
+    position: str = "rope"
+    position_offset: int = 0
+    embed_scale: float = 1.0
+    rope_theta: float = 10000.0
+    rope_dim: int = 0  # 0: head_dim
+    rope_scaling: RopeScaling | None = None
+    rope_local_theta: float | None = None
+    # stage 2: attention
+    attn_bias: bool = False
+    attn_out_bias: bool = False
+    qk_norm: bool = False
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    # stage 3: residual, norm, feed-forward
+    norm: str = "rms"
+    norm_offset: float = 0.0
+    block: str = "pre"
+    ffn: str = "gated"
+    activation: str = "silu"
+    mlp_bias: bool = False
+    # stage 4: output
+    final_norm: bool = True
+    final_logit_softcap: float | None = None
+    family: str = field(default="", compare=False)  # display name, e.g. "Gemma 3"
 
     def __post_init__(self) -> None:
         if self.rope_dim == 0:
             object.__setattr__(self, "rope_dim", self.head_dim)
+        if not self.layer_types:
+            kind = "sliding" if self.sliding_window else "full"
+            object.__setattr__(self, "layer_types", (kind,) * self.n_layers)
+        for name, allowed in (
+            ("position", POSITIONS),
+            ("norm", NORMS),
+            ("block", BLOCKS),
+            ("ffn", FFNS),
+            ("activation", ACTIVATIONS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise UnsupportedModelError(
+                    f"{name} {getattr(self, name)!r} is not supported; supported: "
+                    + ", ".join(allowed)
+                )
         if self.n_heads % self.n_kv_heads != 0:
             raise InvalidModelFileError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
             )
+        if len(self.layer_types) != self.n_layers:
+            raise InvalidModelFileError(
+                f"layer_types has {len(self.layer_types)} entries for {self.n_layers} layers"
+            )
+        if "sliding" in self.layer_types and not self.sliding_window:
+            raise InvalidModelFileError("sliding layers need a sliding_window size")
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(seed stage, name, value) for every field: what ``clearlm info`` prints."""
+        stage = {f.name: "model" for f in fields(self)}
+        for n in (
+            "position",
+            "position_offset",
+            "embed_scale",
+            "rope_theta",
+            "rope_dim",
+            "rope_scaling",
+            "rope_local_theta",
+            "vocab_size",
+            "context_length",
+        ):
+            stage[n] = "1 input representation"
+        for n in (
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "attn_bias",
+            "attn_out_bias",
+            "qk_norm",
+            "attn_scale",
+            "attn_softcap",
+            "sliding_window",
+            "layer_types",
+        ):
+            stage[n] = "2 multi-head self-attention"
+        for n in (
+            "d_model",
+            "n_layers",
+            "d_ff",
+            "norm",
+            "norm_eps",
+            "norm_offset",
+            "block",
+            "ffn",
+            "activation",
+            "mlp_bias",
+        ):
+            stage[n] = "3 residual + norm + FFN"
+        for n in ("final_norm", "tie_word_embeddings", "final_logit_softcap"):
+            stage[n] = "4 output projection"
+        rows = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "layer_types" and len(set(value)) == 1:
+                value = f"{value[0]} × {len(value)}"
+            elif f.name == "layer_types":
+                value = " ".join("S" if v == "sliding" else "F" for v in value)
+            rows.append((stage[f.name], f.name, str(value)))
+        return rows
 
     @classmethod
     def from_gguf(
@@ -67,40 +204,6 @@ class ModelConfig:
             UnsupportedModelError: ``general.architecture`` is not one clearlm runs.
             InvalidModelFileError: a required key is missing.
         """
-        arch = metadata.get("general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"{source}: architecture {arch!r} is not supported; supported: "
-                + ", ".join(SUPPORTED_ARCHITECTURES)
-            )
+        from clearlm.loading.gguf_arch import config_from_gguf
 
-        def req(key: str) -> Any:
-            full = f"{arch}.{key}"
-            if full not in metadata:
-                raise InvalidModelFileError(f"{source}: required metadata key {full!r} is missing")
-            return metadata[full]
-
-        d_model = int(req("embedding_length"))
-        n_heads = int(req("attention.head_count"))
-        # head_count_kv is optional in the GGUF spec: absent means plain multi-head attention.
-        n_kv_heads = int(metadata.get(f"{arch}.attention.head_count_kv", n_heads))
-        head_dim = int(metadata.get(f"{arch}.attention.key_length", d_model // n_heads))
-        if "tokenizer.ggml.tokens" in metadata:
-            vocab_size = len(metadata["tokenizer.ggml.tokens"])
-        else:
-            vocab_size = int(req("vocab_size"))
-        return cls(
-            architecture=arch,
-            vocab_size=vocab_size,
-            d_model=d_model,
-            n_layers=int(req("block_count")),
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            head_dim=head_dim,
-            d_ff=int(req("feed_forward_length")),
-            norm_eps=float(req("attention.layer_norm_rms_epsilon")),
-            rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
-            context_length=int(req("context_length")),
-            tie_word_embeddings="output.weight" not in tensor_names,
-            rope_dim=int(metadata.get(f"{arch}.rope.dimension_count", head_dim)),
-        )
+        return config_from_gguf(metadata, tensor_names, source)

@@ -17,6 +17,7 @@ from gguf.quants import dequantize
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
+from clearlm.loading.gguf_arch import gguf_arch
 
 GGUF_MAGIC = b"GGUF"
 
@@ -25,22 +26,6 @@ SUPPORTED_TENSOR_TYPES = frozenset(
     GGMLQuantizationType[name]
     for name in ("F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K".split())
 )
-
-# llama.cpp tensor name → our (Hugging Face style) parameter name. `{i}` is the block index.
-LLAMA_TENSOR_NAMES = {
-    "token_embd.weight": "embed_tokens.weight",
-    "output_norm.weight": "norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{i}.attn_norm.weight": "layers.{i}.input_layernorm.weight",
-    "blk.{i}.attn_q.weight": "layers.{i}.self_attn.q_proj.weight",
-    "blk.{i}.attn_k.weight": "layers.{i}.self_attn.k_proj.weight",
-    "blk.{i}.attn_v.weight": "layers.{i}.self_attn.v_proj.weight",
-    "blk.{i}.attn_output.weight": "layers.{i}.self_attn.o_proj.weight",
-    "blk.{i}.ffn_norm.weight": "layers.{i}.post_attention_layernorm.weight",
-    "blk.{i}.ffn_gate.weight": "layers.{i}.mlp.gate_proj.weight",
-    "blk.{i}.ffn_up.weight": "layers.{i}.mlp.up_proj.weight",
-    "blk.{i}.ffn_down.weight": "layers.{i}.mlp.down_proj.weight",
-}
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
@@ -91,15 +76,15 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
     }
 
 
-def gguf_to_ours(name: str, n_layers: int) -> str | None:
-    """Map a llama.cpp tensor name to ours through LLAMA_TENSOR_NAMES (None if unknown)."""
-    if name in LLAMA_TENSOR_NAMES:
-        return LLAMA_TENSOR_NAMES[name]
+def gguf_to_ours(name: str, table: dict[str, str], n_layers: int) -> str | None:
+    """Map a llama.cpp tensor name to ours through an architecture's table (None if unknown)."""
+    if name in table:
+        return table[name]
     parts = name.split(".")
     if len(parts) >= 3 and parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) < n_layers:
         pattern = "blk.{i}." + ".".join(parts[2:])
-        if pattern in LLAMA_TENSOR_NAMES:
-            return LLAMA_TENSOR_NAMES[pattern].replace("{i}", parts[1])
+        if pattern in table:
+            return table[pattern].replace("{i}", parts[1])
     return None
 
 
@@ -142,12 +127,13 @@ def load_tensors(
 
     Raises:
         UnsupportedModelError: a tensor uses a type outside SUPPORTED_TENSOR_TYPES, or the file
-            holds a tensor name the llama table does not know.
+            holds a tensor name its architecture's table does not know.
         InvalidModelFileError: a tensor's data is truncated.
     """
+    arch = gguf_arch(config.architecture, source)
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        ours = gguf_to_ours(t.name, config.n_layers)
+        ours = gguf_to_ours(t.name, arch.tensors, config.n_layers)
         if ours is None:
             if t.name == "rope_freqs.weight":  # llama3 rope scaling factors: not used yet
                 raise UnsupportedModelError(f"{source}: rope scaling (rope_freqs) is not supported")
@@ -166,7 +152,7 @@ def load_tensors(
             w = dequantize(t.data, t.tensor_type).reshape(shape)
         except ValueError as e:
             raise InvalidModelFileError(f"{source}: tensor {t.name} is truncated ({e})") from None
-        if config.architecture == "llama":
+        if arch.unpermute_qk:
             if ours.endswith("q_proj.weight"):
                 w = unpermute_rope_rows(w, config.n_heads)
             elif ours.endswith("k_proj.weight"):

@@ -11,7 +11,6 @@ import torch
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError
 from clearlm.loading.gguf import load_tensors, open_gguf, read_metadata
-from clearlm.model.layers import RotaryEmbedding
 from clearlm.model.transformer import Transformer
 
 
@@ -104,7 +103,7 @@ def load_gguf_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.flo
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    # RoPE tables are derived, not stored in the file: compute them on a real device.
-    model.rope = RotaryEmbedding(config.rope_dim, config.rope_theta, config.context_length)
+    # RoPE and sinusoid tables are derived, not stored in the file: compute them for real.
+    model.init_derived()
     tensor_types = {t.name: t.tensor_type.name for t in reader.tensors}
     return LoadedGGUF(model.eval(), config, metadata, tensor_types)

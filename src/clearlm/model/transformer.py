@@ -1,4 +1,4 @@
-"""The whole decoder: token embedding → N blocks → final norm → output projection → logits."""
+"""The whole decoder: embedding (+ positions) → N blocks → final norm → output projection."""
 
 from __future__ import annotations
 
@@ -8,27 +8,65 @@ from torch import nn
 from clearlm.config import ModelConfig
 from clearlm.errors import ContextLengthError
 from clearlm.kv_cache import KVCache
-from clearlm.model.layers import Block, RMSNorm, RotaryEmbedding
+from clearlm.model.block import Block
+from clearlm.model.norms import make_norm
+from clearlm.model.positions import RotaryEmbedding, sinusoidal_table
 
 
 class Transformer(nn.Module):
-    """A decoder-only Transformer (Llama family) that keeps no hidden state between calls.
+    """A decoder-only Transformer that keeps no hidden state between calls.
 
-    Parameter names follow Hugging Face's Llama (without its ``model.`` prefix):
-    ``embed_tokens``, ``layers.{i}.self_attn.q_proj``, ``layers.{i}.mlp.gate_proj``, ``norm``,
-    ``lm_head``. With ``tie_word_embeddings`` the output projection is the embedding matrix.
+    Parameter names follow transformers' Llama (without its ``model.`` prefix):
+    ``embed_tokens``, ``embed_positions`` (learned positions), ``layers.{i}.self_attn.q_proj``,
+    ``layers.{i}.mlp.gate_proj``, ``norm``, ``lm_head``. Other families' names are mapped to
+    these at load time. With ``tie_word_embeddings`` the output projection is the embedding.
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
-        self.rope = RotaryEmbedding(config.rope_dim, config.rope_theta, config.context_length)
-        self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
+        c = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.d_model)
+        if c.position == "learned":
+            self.embed_positions = nn.Embedding(c.context_length + c.position_offset, c.d_model)
+        self.layers = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
+        if c.final_norm:
+            self.norm = make_norm(c)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.init_derived()
+
+    def init_derived(self) -> None:
+        """(Re)build the tables computed from the config, not stored in checkpoints: RoPE
+        cos/sin and sinusoidal encodings. Called again after loading onto the meta device."""
+        c = self.config
+        self.rope = self.rope_local = None
+        if c.position == "rope":
+            self.rope = RotaryEmbedding(c.rope_dim, c.rope_theta, c.context_length, c.rope_scaling)
+            if c.rope_local_theta is not None:  # Gemma 3: sliding layers use their own base
+                self.rope_local = RotaryEmbedding(c.rope_dim, c.rope_local_theta, c.context_length)
+        if c.position == "sinusoidal":
+            n = c.context_length + c.position_offset
+            self.register_buffer(
+                "sinusoids", sinusoidal_table(n, c.d_model, "fairseq"), persistent=False
+            )
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Stage 1: tokens (B, T) → H0 = Embedding(token) · scale + PositionEncoding (B, T, D).
+
+        With RoPE, position enters later, inside attention, and nothing is added here.
+        """
+        x = self.embed_tokens(tokens)  # (B, T, D)
+        c = self.config
+        if c.embed_scale != 1.0:
+            # transformers rounds the scale to the activations' dtype first (Gemma's normalizer).
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        if c.position == "learned":
+            x = x + self.embed_positions(positions + c.position_offset)  # (T, D) broadcast
+        elif c.position == "sinusoidal":
+            x = x + self.sinusoids[positions + c.position_offset].to(x.dtype)
+        return x
 
     def forward(
         self,
@@ -51,7 +89,7 @@ class Transformer(nn.Module):
             logits (B, T, V) float, or (B, 1, V) with last_only.
 
         Raises:
-            ContextLengthError: positions run past the RoPE table or the cache.
+            ContextLengthError: positions run past the model's context length or the cache.
         """
         T = tokens.shape[1]
         if positions is None:
@@ -62,12 +100,19 @@ class Transformer(nn.Module):
                 f"position {int(positions[-1])} is past the model's context length "
                 f"({self.config.context_length} tokens)"
             )
-        cos, sin = self.rope(positions)  # (T, Hd) each
-        x = self.embed_tokens(tokens)  # (B, T, D)
-        for layer in self.layers:
-            x = layer(x, cos, sin, positions, cache)
+        rope = self.rope(positions) if self.rope is not None else None  # (T, d) cos, sin
+        rope_local = self.rope_local(positions) if self.rope_local is not None else rope
+        x = self.embed(tokens, positions)  # (B, T, D)
+        for layer, kind in zip(self.layers, self.config.layer_types, strict=True):
+            x = layer(x, rope_local if kind == "sliding" else rope, positions, cache)
         if cache is not None:
             cache.length = int(positions[-1]) + 1
         if last_only:
             x = x[:, -1:, :]  # (B, 1, D)
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        if self.config.final_norm:
+            x = self.norm(x)
+        logits = self.lm_head(x)  # (B, T, V)
+        cap = self.config.final_logit_softcap
+        if cap is not None:  # Gemma 2: cap · tanh(logits / cap) keeps logits in (-cap, cap)
+            logits = torch.tanh(logits / cap) * cap
+        return logits

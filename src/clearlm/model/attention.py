@@ -1,0 +1,128 @@
+"""Multi-head causal self-attention (seed stage 2), with the variants real models use.
+
+Shape letters: B batch, T new tokens, S keys visible (cached + new), D d_model, H n_heads,
+K n_kv_heads, G = H / K query heads per key/value head, Hd head_dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clearlm.config import ModelConfig
+from clearlm.kv_cache import KVCache
+from clearlm.model.norms import make_norm
+from clearlm.model.positions import apply_rope
+
+
+def attention_mask(
+    positions: torch.Tensor, n_keys: int, window: int | None = None
+) -> torch.Tensor | None:
+    """Which keys each new query may see, given a KV cache that already holds earlier tokens.
+
+    Query t sits at position positions[t]; key s sits at position s (the cache stores keys in
+    position order). Causality means s ≤ positions[t]; a sliding window of W also requires
+    s > positions[t] − W (the last W positions, the query's own included; transformers'
+    sliding-window mask). Cases:
+    - one new token (decode) with no window in force: it may see every key, so None;
+    - a fresh prompt at positions 0 … T-1: the classic lower triangle;
+    - new tokens after cached ones (chunked prefill): the triangle shifted right by the offset.
+
+    Returns:
+        (T, S) bool, True where attention is allowed, or None when all keys are allowed.
+    """
+    last = int(positions[-1])
+    in_window = window is None or n_keys <= window
+    if positions.shape[0] == 1 and last == n_keys - 1 and in_window:
+        return None
+    keys = torch.arange(n_keys, device=positions.device)
+    mask = keys[None, :] <= positions[:, None]  # (T, S)
+    if window is not None:
+        mask &= keys[None, :] > positions[:, None] - window
+    return mask
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention with grouped-query heads (Ainslie et al. 2023, GQA).
+
+    Each of the H query heads computes softmax(q·kᵀ · scale + mask) · v (Vaswani et al. 2017,
+    eq. 1; scale = 1/√Hd unless the config sets it); K ≤ H key/value heads are shared by groups
+    of G = H / K query heads. The heads' outputs are concatenated and projected back to D by
+    o_proj. Options: Q/K/V and output biases, RMSNorm on each head's q and k (Qwen3, Gemma 3),
+    tanh soft-capping of the scores (Gemma 2), a sliding window.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads = config.n_heads, config.n_kv_heads
+        self.head_dim = hd = config.head_dim
+        d = config.d_model
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=config.attn_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.attn_bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.attn_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=config.attn_out_bias)
+        if config.qk_norm:
+            self.q_norm = make_norm(config, hd)
+            self.k_norm = make_norm(config, hd)
+        self.qk_norm = config.qk_norm
+        self.scale = config.attn_scale if config.attn_scale is not None else hd**-0.5
+        self.softcap = config.attn_softcap
+        sliding = config.layer_types[layer_idx] == "sliding"
+        self.window = config.sliding_window if sliding else None
+        self.use_rope = config.position == "rope"
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        positions: torch.Tensor,
+        cache: KVCache | None,
+    ) -> torch.Tensor:
+        """x (B, T, D) → (B, T, D). With a cache, new keys/values are stored at `positions`.
+
+        rope: (cos, sin), each (T, rope_dim), when the model uses RoPE, else None.
+        """
+        B, T, _ = x.shape
+        H, K, Hd = self.n_heads, self.n_kv_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, H, Hd)  # (B, T, H, Hd)
+        k = self.k_proj(x).view(B, T, K, Hd)  # (B, T, K, Hd)
+        v = self.v_proj(x).view(B, T, K, Hd).transpose(1, 2)  # (B, K, T, Hd)
+        if self.qk_norm:  # per head, over Hd, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Hd), (B, K, T, Hd)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, int(positions[0]), k, v)  # (B, K, S, Hd)
+        mask = attention_mask(positions, k.shape[2], self.window)  # (T, S) or None
+        if self.softcap is None:
+            # enable_gqa lets each group of G query heads share one key/value head without
+            # materialising repeated copies of k and v.
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=K != H
+            )  # (B, H, T, Hd)
+        else:
+            out = self.attend_explicitly(q, k, v, mask)
+        out = out.transpose(1, 2).reshape(B, T, H * Hd)  # (B, T, H·Hd): heads concatenated
+        return self.o_proj(out)  # (B, T, D)
+
+    def attend_explicitly(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """softmax(cap · tanh(q·kᵀ·scale / cap) + mask) · v, written out (Gemma 2's soft-capping).
+
+        q (B, H, T, Hd), k/v (B, K, S, Hd), mask (T, S) bool or None → (B, H, T, Hd).
+        """
+        B, H, T, Hd = q.shape
+        K = k.shape[1]
+        qg = q.view(B, K, H // K, T, Hd)  # (B, K, G, T, Hd): query heads grouped by kv head
+        scores = qg @ k[:, :, None].transpose(-1, -2) * self.scale  # (B, K, G, T, S)
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, K, G, T, S)
+        out = probs @ v[:, :, None]  # (B, K, G, T, Hd)
+        return out.reshape(B, H, T, Hd)

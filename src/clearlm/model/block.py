@@ -1,0 +1,54 @@
+"""One Transformer block (seed stage 3): attention and FFN sublayers, each with a residual."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from clearlm.config import ModelConfig
+from clearlm.kv_cache import KVCache
+from clearlm.model.attention import Attention
+from clearlm.model.ffn import make_ffn
+from clearlm.model.norms import make_norm
+
+
+class Block(nn.Module):
+    """Attention then FFN, with residual connections and norms placed as the config says.
+
+    - "pre" (GPT-2, Llama; Xiong et al. 2020): h = x + Attn(N1(x)); out = h + FFN(N2(h)).
+    - "post" (the original Transformer, the seeds' formulas; OPT-350m):
+      h = N1(x + Attn(x)); out = N2(h + FFN(h)).
+    - "sandwich" (Gemma 2/3): h = x + N1b(Attn(N1(x))); out = h + N2b(FFN(N2(h))).
+
+    Names follow transformers: N1 input_layernorm and N2 post_attention_layernorm for
+    pre/post; Gemma 2's four: input_layernorm, post_attention_layernorm (after attention),
+    pre_feedforward_layernorm, post_feedforward_layernorm. Shapes (B, T, D) → (B, T, D).
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.kind = config.block
+        self.input_layernorm = make_norm(config)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = make_norm(config)
+        if self.kind == "sandwich":
+            self.pre_feedforward_layernorm = make_norm(config)
+            self.post_feedforward_layernorm = make_norm(config)
+        self.mlp = make_ffn(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        positions: torch.Tensor,
+        cache: KVCache | None,
+    ) -> torch.Tensor:
+        if self.kind == "pre":
+            h = x + self.self_attn(self.input_layernorm(x), rope, positions, cache)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        if self.kind == "post":
+            h = self.input_layernorm(x + self.self_attn(x, rope, positions, cache))
+            return self.post_attention_layernorm(h + self.mlp(h))
+        attn = self.self_attn(self.input_layernorm(x), rope, positions, cache)
+        h = x + self.post_attention_layernorm(attn)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))

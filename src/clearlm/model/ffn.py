@@ -1,0 +1,57 @@
+"""Position-wise feed-forward networks (seed stage 3): the classic MLP and gated variants."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clearlm.config import ModelConfig
+
+ACTIVATIONS = {
+    "relu": F.relu,  # max(0, x): the original Transformer, OPT
+    "gelu": F.gelu,  # x·Φ(x) (Hendrycks & Gimpel 2016), exact erf form
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
+    "silu": F.silu,  # x·σ(x) (Swish; Ramachandran et al. 2017)
+}
+
+
+class MLP(nn.Module):
+    """FFN(x) = W2 · act(W1 · x + b1) + b2 (Vaswani et al. 2017, eq. 2); d_ff ≈ 4 · d_model.
+
+    Named like transformers' gated MLPs: up_proj is W1, down_proj is W2.
+    Shapes: (B, T, D) → (B, T, F) → (B, T, D).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+        self.act = ACTIVATIONS[config.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+class GatedFFN(nn.Module):
+    """Gated FFN (Shazeer 2020, "GLU Variants Improve Transformer"):
+    W_down · (act(W_gate · x) ⊙ (W_up · x)); SwiGLU with SiLU (Llama), GeGLU with GELU (Gemma).
+
+    Shapes: (B, T, D) → (B, T, F) → (B, T, D).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d, f, bias = config.d_model, config.d_ff, config.mlp_bias
+        self.gate_proj = nn.Linear(d, f, bias=bias)
+        self.up_proj = nn.Linear(d, f, bias=bias)
+        self.down_proj = nn.Linear(f, d, bias=bias)
+        self.act = ACTIVATIONS[config.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def make_ffn(config: ModelConfig) -> nn.Module:
+    """The FFN a config asks for."""
+    return GatedFFN(config) if config.ffn == "gated" else MLP(config)

@@ -1,0 +1,128 @@
+"""Position information (seed stage 1): learned tables, sinusoids, and rotary embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from clearlm.config import RopeScaling
+
+
+def sinusoidal_table(n_positions: int, dim: int, layout: str = "vaswani") -> torch.Tensor:
+    """Fixed sinusoidal position encodings, (n_positions, dim) float32.
+
+    layout "vaswani" is the original formula (Vaswani et al. 2017, §3.5):
+        PE(p, 2i) = sin(p / 10000^(2i/d)),  PE(p, 2i+1) = cos(p / 10000^(2i/d)).
+    layout "fairseq" is what fairseq, and so XGLM, use: all sines then all cosines, with
+    frequencies 10000^(-i/(d/2 - 1)) (transformers' XGLMSinusoidalPositionalEmbedding).
+    """
+    pos = torch.arange(n_positions, dtype=torch.float32)[:, None]  # (P, 1)
+    half = dim // 2
+    if layout == "vaswani":
+        inv = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * -(math.log(10000.0) / dim))
+        table = torch.zeros(n_positions, dim)
+        table[:, 0::2] = torch.sin(pos * inv)  # even dimensions
+        table[:, 1::2] = torch.cos(pos * inv)  # odd dimensions
+        return table
+    if layout == "fairseq":
+        inv = torch.exp(
+            torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1))
+        )
+        angles = pos * inv[None, :]  # (P, d/2)
+        table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)  # (P, d)
+        if dim % 2 == 1:
+            table = torch.cat([table, torch.zeros(n_positions, 1)], dim=1)
+        return table
+    raise ValueError(f"unknown sinusoidal layout {layout!r}")
+
+
+def rope_inv_freq(
+    rope_dim: int, base: float, scaling: RopeScaling | None, seq_len: int
+) -> torch.Tensor:
+    """RoPE inverse frequencies θ_j = base^(-2j/d), j < d/2, after any context scaling: (d/2,).
+
+    Scalings follow transformers' modeling_rope_utils: "linear" divides every θ_j by the
+    factor; "dynamic" (NTK) grows the base once seq_len passes the original context;
+    "llama3" divides low frequencies by the factor, keeps high ones, and blends in between.
+    """
+    exponents = torch.arange(0, rope_dim, 2, dtype=torch.int64).float() / rope_dim
+    if scaling is not None and scaling.kind == "dynamic":
+        orig = scaling.original_context
+        seq_len = max(seq_len, orig)
+        base = base * ((scaling.factor * seq_len / orig) - (scaling.factor - 1)) ** (
+            rope_dim / (rope_dim - 2)
+        )
+    inv_freq = 1.0 / (base**exponents)
+    if scaling is None or scaling.kind == "dynamic":
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    # llama3: wavelengths longer than original_context / low_freq_factor are stretched fully,
+    # shorter than original_context / high_freq_factor are kept, the band between is blended.
+    orig, f = scaling.original_context, scaling.factor
+    low_wl, high_wl = orig / scaling.low_freq_factor, orig / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wl, inv_freq / f, inv_freq)
+    smooth = (orig / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / f + smooth * scaled
+    medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
+    return torch.where(medium, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding tables (Su et al. 2021, "RoFormer", eq. 34).
+
+    Position p rotates each pair of a head's dimensions by the angle p · θ_j. We pair dimension
+    j with j + d/2 (the "rotate_half" layout of transformers and Meta's Llama) rather than 2j
+    with 2j+1 (llama.cpp's layout); llama GGUF Q/K rows are un-permuted at load time
+    (loading/gguf.py) so both give the same numbers.
+
+    Static scalings precompute cos/sin for every position: (P, d) float32. "dynamic" depends on
+    the sequence length, so it computes them per call.
+    """
+
+    def __init__(
+        self, rope_dim: int, base: float, max_positions: int, scaling: RopeScaling | None = None
+    ) -> None:
+        super().__init__()
+        self.rope_dim, self.base, self.scaling = rope_dim, base, scaling
+        self.dynamic = scaling is not None and scaling.kind == "dynamic"
+        cos, sin = self._tables(torch.arange(max_positions), max_positions)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _tables(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = rope_inv_freq(self.rope_dim, self.base, self.scaling, seq_len)
+        freqs = torch.outer(positions.float(), inv_freq)  # (T, d/2): angle p·θ_j
+        emb = torch.cat((freqs, freqs), dim=-1)  # (T, d): same angle for j and j + d/2
+        return emb.cos(), emb.sin()
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (T,) int64 → (cos, sin), each (T, d) float32."""
+        if self.dynamic:
+            return self._tables(positions, int(positions.max()) + 1)
+        return self.cos[positions], self.sin[positions]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(..., d) → (..., d): [x1, x2] ↦ [-x2, x1], the 90° rotation of each (j, j + d/2) pair."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate queries or keys: x (B, n, T, Hd), cos/sin (T, d) → (B, n, T, Hd), x's dtype.
+
+    x·cos + rotate_half(x)·sin is the 2-D rotation [[cos, -sin], [sin, cos]] on every pair.
+    When d < Hd (partial rotary) only the first d dimensions rotate.
+    """
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    d = cos.shape[-1]
+    if d == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rot, rest = x[..., :d], x[..., d:]
+    return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
