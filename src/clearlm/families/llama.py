@@ -1,0 +1,54 @@
+"""Llama 1/2/3 and SmolLM2, Mistral, Qwen2/2.5 and Qwen3: the shared layers with the
+reference Llama's names, differing only in config (Llama is every default of ModelConfig).
+
+- Llama: RoPE (with linear/dynamic/llama3 scaling), grouped-query attention, SwiGLU, RMSNorm.
+- Mistral: + a sliding window on every layer.
+- Qwen2: + biases on the Q, K and V projections; optional sliding window (off by default).
+- Qwen3: + RMSNorm on each head's queries and keys; explicit head_dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clearlm.families.base import Family, HFConfig, activation_from_hf, decoder_core, rope_from_hf
+
+
+def llama_config(c: HFConfig) -> dict[str, Any]:
+    return dict(
+        decoder_core(c),
+        **rope_from_hf(c),
+        attn_bias=bool(c.get("attention_bias", False)),
+        attn_out_bias=bool(c.get("attention_bias", False)),
+        mlp_bias=bool(c.get("mlp_bias", False)),
+        activation=activation_from_hf(c.get("hidden_act", "silu"), c.source),
+    )
+
+
+def mistral_config(c: HFConfig) -> dict[str, Any]:
+    window = c.get("sliding_window")
+    return dict(llama_config(c), sliding_window=int(window) if window else None)
+
+
+def qwen2_config(c: HFConfig) -> dict[str, Any]:
+    cfg = dict(llama_config(c), attn_bias=True, attn_out_bias=False)
+    window = c.get("sliding_window")
+    if c.get("use_sliding_window", False) and window:
+        # transformers: layers from max_window_layers on use the window.
+        first = int(c.get("max_window_layers", cfg["n_layers"]))
+        types = tuple("sliding" if i >= first else "full" for i in range(cfg["n_layers"]))
+        cfg.update(sliding_window=int(window), layer_types=types)
+    return cfg
+
+
+def qwen3_config(c: HFConfig) -> dict[str, Any]:
+    cfg = dict(qwen2_config(c), qk_norm=True)
+    cfg["attn_bias"] = cfg["attn_out_bias"] = bool(c.get("attention_bias", False))
+    return cfg
+
+
+LLAMA = Family("Llama", ("llama",), llama_config)
+MISTRAL = Family("Mistral", ("mistral",), mistral_config)
+QWEN2 = Family("Qwen2", ("qwen2",), qwen2_config)
+QWEN3 = Family("Qwen3", ("qwen3",), qwen3_config)
+FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3)

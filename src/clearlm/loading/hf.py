@@ -1,0 +1,104 @@
+"""Load a Hugging Face model folder: config.json + safetensors (single file or sharded).
+
+Only safetensors are read: ``.bin``/``.pt`` checkpoints are Python pickles, which can run
+arbitrary code when loaded, so clearlm refuses them with a message saying how to convert.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
+from clearlm.families import family_for
+from clearlm.families.base import HFConfig
+from clearlm.loading.load import LoadedModel, TensorInfo, assemble
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file as a dict. Raises InvalidModelFileError naming the file if it is not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidModelFileError(f"{path} is not valid JSON ({e})") from None
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of a folder: the shards an index names, or model.safetensors.
+
+    Raises:
+        UnsupportedModelError: only pickle checkpoints (.bin/.pt) are present.
+        InvalidModelFileError: the index names a missing shard.
+        ModelNotFoundError: no weights at all.
+    """
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(read_json(index).get("weight_map", {}).values()))
+        files = [folder / n for n in names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise InvalidModelFileError(f"{index} names missing shard {missing[0]}")
+        return files
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    others = sorted(folder.glob("*.safetensors"))
+    if others:
+        return others
+    if any(p.suffix in PICKLE_SUFFIXES for p in folder.iterdir()):
+        raise UnsupportedModelError(
+            f"{folder} has only pickle weights (.bin/.pt), which can run code when loaded; "
+            "clearlm reads safetensors only: convert with transformers' save_pretrained"
+        )
+    raise ModelNotFoundError(f"{folder} has no model.safetensors or safetensors index")
+
+
+def read_safetensors(files: list[Path]) -> tuple[dict[str, torch.Tensor], list[TensorInfo]]:
+    """Every tensor of every file (name → tensor as stored) and its TensorInfo."""
+    state: dict[str, torch.Tensor] = {}
+    infos: list[TensorInfo] = []
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    t = sf.get_tensor(name)
+                    state[name] = t
+                    infos.append(
+                        TensorInfo(name, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+                    )
+        except Exception as e:  # safetensors raises its own SafetensorError on bad bytes
+            raise InvalidModelFileError(f"{f} is not a readable safetensors file ({e})") from None
+    return state, infos
+
+
+def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """config.json → ModelConfig (through the family) → safetensors → rename → convert →
+    cast → tie → check shapes → assign.
+
+    Args:
+        folder: a directory holding config.json and safetensors weights.
+        dtype: parameter dtype.
+
+    Raises:
+        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
+    """
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelNotFoundError(f"{folder} has no config.json; is it a Hugging Face model folder?")
+    raw = read_json(cfg_path)
+    family = family_for(raw.get("model_type"), str(cfg_path))
+    config = family.build_config(HFConfig(raw, str(cfg_path)), raw["model_type"])
+    state, infos = read_safetensors(safetensors_files(folder))
+    state = {family.rename(k): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if k}  # "" marks tensors we do not use
+    state = family.convert(state, config)
+    state = {k: v.to(dtype) for k, v in state.items()}
+    model = assemble(config, state, folder.name)
+    return LoadedModel(model, config, {"hf.config": raw}, infos)

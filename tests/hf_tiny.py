@@ -1,0 +1,78 @@
+"""Tiny randomly initialised transformers models, saved as safetensors folders, and the parity
+checks every family runs against them (logits over a batch; greedy decoding with the cache)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from clearlm.generation import decode_step, new_cache, prefill
+from clearlm.loading.hf import load_hf_model
+
+VOCAB = 320
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
+def save_tiny(model_cls, config, folder: Path, seed: int = 0):
+    """Build model_cls(config) with a fixed seed, widen its random weights a little (so greedy
+    decoding rarely meets near-ties), save it as safetensors, return the eval-mode model."""
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln" in name:
+                p.add_(torch.randn_like(p) * 0.1)  # norms start at 1 (or 0): perturb them
+            else:
+                p.normal_(0, 0.08)
+    model.save_pretrained(folder)
+    return model
+
+
+def batch_tokens(seed: int = 1, batch: int = 2, length: int = 12) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, length), generator=g)  # (B, T)
+
+
+def max_logit_diff(hf_model, folder: Path, tokens: torch.Tensor) -> float:
+    """max |ours − transformers'| over every position of a batch of sequences."""
+    ours = load_hf_model(folder).model
+    with torch.inference_mode():
+        ref = hf_model(tokens).logits.float()
+        got = ours(tokens).float()
+    assert got.shape == ref.shape
+    return (got - ref).abs().max().item()
+
+
+def greedy_ours(folder: Path, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens from our prefill + decode_step loop (KV cache)."""
+    model = load_hf_model(folder).model
+    cache = new_cache(model, 1, len(prompt) + n)
+    logits = prefill(model, torch.tensor([prompt]), cache)
+    out = []
+    for _ in range(n):
+        tok = int(logits[0].argmax())
+        out.append(tok)
+        logits = decode_step(model, torch.tensor([[tok]]), cache)
+    return out
+
+
+def greedy_reference(hf_model, prompt: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = hf_model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    return out[0, len(prompt) :].tolist()
