@@ -86,8 +86,21 @@ def test_missing_path():
     assert_one_line_error(run_cli("generate", "hi", "--model", "/no/such/model.gguf"), "not found")
 
 
-def test_directory_is_not_a_model(tmp_path):
-    with pytest.raises(ModelNotFoundError, match="directory"):
+def test_folder_without_config_json(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        clearlm.load(tmp_path)
+
+
+def test_folder_with_only_pickle_weights(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "vocab_size": 8}')
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not unpickled")
+    with pytest.raises(UnsupportedModelError, match="safetensors only"):
+        clearlm.load(tmp_path)
+
+
+def test_folder_with_unknown_model_type(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(UnsupportedModelError, match="'bert' is not supported; supported: "):
         clearlm.load(tmp_path)
 
 

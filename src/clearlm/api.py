@@ -133,19 +133,28 @@ class Model:
         )
 
 
-def load(model: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32) -> Model:
-    """Load a model from a .gguf path or an alias (default: ``smollm2-135m-instruct``).
+def load(
+    model: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32
+) -> Model:
+    """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
     Args:
-        model: a path to a GGUF file, an alias (see ``clearlm.models.ALIASES``), or None.
+        model: a path to a GGUF file, a folder with config.json + safetensors +
+            tokenizer.json, an alias (see ``clearlm.models.ALIASES``), or None (the default).
         dtype: parameter dtype: torch.float32 (reference numerics) or torch.bfloat16.
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
     """
     path = resolve_model(model)
-    loaded = load_gguf_model(path, dtype)
-    tokenizer = Tokenizer.from_gguf_metadata(loaded.metadata, source=path.name)
+    if path.is_dir():
+        from clearlm.loading.hf import load_hf_model
+
+        loaded = load_hf_model(path, dtype)
+        tokenizer = Tokenizer.from_hf_folder(path)
+    else:
+        loaded = load_gguf_model(path, dtype)
+        tokenizer = Tokenizer.from_gguf_metadata(loaded.metadata, source=path.name)
     return Model(
         loaded.model, tokenizer, loaded.config, loaded.metadata, loaded.tensor_types, str(path)
     )

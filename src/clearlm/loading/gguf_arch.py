@@ -11,8 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
+from clearlm.families.gpt2 import split_qkv
 
 # Tensors every llama.cpp decoder shares (token embedding, final norm, head, pre-norm block).
 COMMON_TENSORS = {
@@ -39,16 +42,87 @@ class GGUFArch:
         tensors: GGUF tensor name → our parameter name (``{i}`` = block index).
         unpermute_qk: llama.cpp's converter permuted Q/K rows for its RoPE layout (llama only).
         config: extra ModelConfig fields from this architecture's metadata.
+        norm_eps_key: the metadata key (after ``{arch}.``) holding the norm's ε.
+        convert: rewrites the renamed, dequantized state dict (e.g. splits a fused QKV).
     """
 
     name: str
     tensors: dict[str, str]
     unpermute_qk: bool = False
+    family: str = ""  # display name for `clearlm info`; default: the architecture name
     config: Callable[[dict[str, Any], str], dict[str, Any]] = field(default=lambda m, a: {})
+    norm_eps_key: str = "attention.layer_norm_rms_epsilon"
+    convert: Callable[[dict[str, torch.Tensor], ModelConfig], dict[str, torch.Tensor]] = field(
+        default=lambda s, c: s
+    )
 
+
+QKV_BIASES = {
+    f"blk.{{i}}.attn_{x}.bias": f"layers.{{i}}.self_attn.{x}_proj.bias" for x in ("q", "k", "v")
+}
+QK_NORMS = {
+    "blk.{i}.attn_q_norm.weight": "layers.{i}.self_attn.q_norm.weight",
+    "blk.{i}.attn_k_norm.weight": "layers.{i}.self_attn.k_norm.weight",
+}
+
+# GPT-2 as llama.cpp's converter writes it (convert_hf_to_gguf.py, GPT2Model): Conv1D weights
+# already transposed to (out, in), one fused attn_qkv (rows [Q | K | V]), every LayerNorm and
+# projection with a bias, a learned position table. Files from older converters repeat the tied
+# embedding as output.weight; newer ones leave it out.
+GPT2_TENSORS = {
+    "token_embd.weight": "embed_tokens.weight",
+    "position_embd.weight": "embed_positions.weight",
+    "output_norm.weight": "norm.weight",
+    "output_norm.bias": "norm.bias",
+    "output.weight": "lm_head.weight",
+} | {
+    f"blk.{{i}}.{gguf}.{kind}": f"layers.{{i}}.{ours}.{kind}"
+    for gguf, ours in (
+        ("attn_norm", "input_layernorm"),
+        ("attn_qkv", "self_attn.qkv_proj"),  # split by split_qkv
+        ("attn_output", "self_attn.o_proj"),
+        ("ffn_norm", "post_attention_layernorm"),
+        ("ffn_up", "mlp.up_proj"),
+        ("ffn_down", "mlp.down_proj"),
+    )
+    for kind in ("weight", "bias")
+}
 
 ARCHITECTURES: dict[str, GGUFArch] = {
-    "llama": GGUFArch("llama", COMMON_TENSORS, unpermute_qk=True),
+    # llama.cpp writes Mistral and SmolLM2 as "llama" too.
+    "llama": GGUFArch("llama", COMMON_TENSORS, unpermute_qk=True, family="Llama"),
+    # Qwen2/2.5: Q/K/V biases; Q/K rows are stored in transformers' order (no permutation).
+    "qwen2": GGUFArch(
+        "qwen2",
+        {**COMMON_TENSORS, **QKV_BIASES},
+        family="Qwen2",
+        config=lambda m, a: {"attn_bias": True},
+    ),
+    # Qwen3: RMSNorm on each head's q and k instead of biases.
+    "qwen3": GGUFArch(
+        "qwen3",
+        {**COMMON_TENSORS, **QK_NORMS},
+        family="Qwen3",
+        config=lambda m, a: {"qk_norm": True},
+    ),
+    # GPT-2: learned positions, LayerNorm with bias, GELU (tanh) MLP; OPT and XGLM have no
+    # llama.cpp architecture (families/opt.py, families/xglm.py).
+    "gpt2": GGUFArch(
+        "gpt2",
+        GPT2_TENSORS,
+        family="GPT-2",
+        config=lambda m, a: dict(
+            position="learned",
+            norm="layer",
+            ffn="mlp",
+            activation="gelu_tanh",
+            attn_bias=True,
+            attn_out_bias=True,
+            mlp_bias=True,
+        ),
+        norm_eps_key="attention.layer_norm_epsilon",
+        convert=split_qkv,
+    ),
 }
 
 
@@ -95,12 +169,13 @@ def config_from_gguf(metadata: dict[str, Any], tensor_names: set[str], source: s
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
         d_ff=int(req("feed_forward_length")),
-        norm_eps=float(req("attention.layer_norm_rms_epsilon")),
+        norm_eps=float(req(arch.norm_eps_key)),
         # llama.cpp's own default when a file omits the base (llama-model.cpp).
         rope_theta=float(metadata.get(f"{arch_name}.rope.freq_base", 10000.0)),
         context_length=int(req("context_length")),
         tie_word_embeddings="output.weight" not in tensor_names,
         rope_dim=int(metadata.get(f"{arch_name}.rope.dimension_count", head_dim)),
     )
+    fields["family"] = arch.family or arch_name
     fields.update(arch.config(metadata, arch_name))
     return ModelConfig(**fields)

@@ -94,8 +94,9 @@ def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> Loa
         raise ModelNotFoundError(f"{folder} has no config.json; is it a Hugging Face model folder?")
     raw = read_json(cfg_path)
     family = family_for(raw.get("model_type"), str(cfg_path))
+    files = safetensors_files(folder)  # refuse pickles before reading anything else
     config = family.build_config(HFConfig(raw, str(cfg_path)), raw["model_type"])
-    state, infos = read_safetensors(safetensors_files(folder))
+    state, infos = read_safetensors(files)
     state = {family.rename(k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if k}  # "" marks tensors we do not use
     state = family.convert(state, config)
