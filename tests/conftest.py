@@ -51,3 +51,13 @@ def smollm2(smollm2_path: Path):
 def alice_text() -> str:
     """A public-domain paragraph of several hundred tokens (tests/data/alice.txt)."""
     return (DATA / "alice.txt").read_text(encoding="utf-8")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `large` (the 1.5B model) run only under `make test-large` (-m large)."""
+    if "large" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="needs the 1.1 GB Qwen2.5-Coder-1.5B: run `make test-large`")
+    for item in items:
+        if "large" in item.keywords:
+            item.add_marker(skip)

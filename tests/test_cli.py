@@ -24,8 +24,15 @@ def test_info_lists_hyper_parameters_and_tensor_types(tiny):
     proc = cli("info", str(tiny))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for needle in ("n_layers", "d_model", "64", "context_length", "48 tokens", "grouped-query"):
+    for needle in ("n_layers", "d_model", "64", "context_length", "48", "n_kv_heads"):
         assert needle in out
+    for stage in (
+        "1 input representation",
+        "2 multi-head self-attention",
+        "3 residual + norm + FFN",
+        "4 output projection",
+    ):
+        assert stage in out
     assert "blk.*.attn_q.weight" in out and "F32" in out
     assert "gpt2 (pre-tokenizer smollm)" in out
 
@@ -41,3 +48,23 @@ def test_chat_applies_template(tiny):
     proc = cli("chat", "hi", "--model", str(tiny), "-n", "3")
     assert proc.returncode == 0, proc.stderr
     assert "finish:" in proc.stderr
+
+
+def test_perplexity_command(tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello hello hello world, this is a small text to score.\n")
+    proc = cli("perplexity", str(text), "--model", str(tiny), "--context", "16", "--stride", "8")
+    assert proc.returncode == 0, proc.stderr
+    value = float(proc.stdout.split()[-1])
+    import clearlm
+    from clearlm.evaluation import perplexity
+
+    m = clearlm.load(tiny)
+    expected = perplexity(m.transformer, m.tokenizer.encode(text.read_text()), 16, 8)
+    assert abs(value - expected.perplexity) < 1e-3 * expected.perplexity
+
+
+def test_perplexity_bad_file(tiny):
+    proc = cli("perplexity", "/no/such.txt", "--model", str(tiny))
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == ["error: text file not found: /no/such.txt"]

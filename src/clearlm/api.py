@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ class Model:
     metadata: dict[str, Any]
     tensor_types: dict[str, str]
     path: str
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Text → token ids (BOS added when the file asks for it); ids pass through unchanged."""
@@ -133,9 +134,7 @@ class Model:
         )
 
 
-def load(
-    model: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32
-) -> Model:
+def load(model: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
     Args:
@@ -147,14 +146,22 @@ def load(
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
     """
     path = resolve_model(model)
+    defaults: dict[str, Any] = {}
     if path.is_dir():
-        from clearlm.loading.hf import load_hf_model
+        from clearlm.loading.hf import generation_defaults, load_hf_model
 
         loaded = load_hf_model(path, dtype)
         tokenizer = Tokenizer.from_hf_folder(path)
+        defaults = generation_defaults(path)
     else:
         loaded = load_gguf_model(path, dtype)
         tokenizer = Tokenizer.from_gguf_metadata(loaded.metadata, source=path.name)
     return Model(
-        loaded.model, tokenizer, loaded.config, loaded.metadata, loaded.tensor_types, str(path)
+        loaded.model,
+        tokenizer,
+        loaded.config,
+        loaded.metadata,
+        loaded.tensor_types,
+        str(path),
+        defaults,
     )

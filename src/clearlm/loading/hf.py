@@ -13,9 +13,10 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
 from clearlm.families import family_for
-from clearlm.families.base import HFConfig
+from clearlm.families.base import Family, HFConfig
 from clearlm.loading.load import LoadedModel, TensorInfo, assemble
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -77,6 +78,30 @@ def read_safetensors(files: list[Path]) -> tuple[dict[str, torch.Tensor], list[T
     return state, infos
 
 
+def inspect_hf(folder: str | Path) -> tuple[ModelConfig, dict[str, Any], list[TensorInfo]]:
+    """config.json → ModelConfig, and the tensor list from the safetensors headers (no weights
+    are read). Raises ModelNotFoundError, InvalidModelFileError, UnsupportedModelError."""
+    folder = Path(folder)
+    family, config, raw = _config(folder)
+    infos = []
+    for f in safetensors_files(folder):
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                sl = sf.get_slice(name)
+                infos.append(TensorInfo(name, sl.get_dtype(), tuple(sl.get_shape())))
+    return config, {"hf.config": raw}, infos
+
+
+def _config(folder: Path) -> tuple[Family, ModelConfig, dict[str, Any]]:
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelNotFoundError(f"{folder} has no config.json; is it a Hugging Face model folder?")
+    raw = read_json(cfg_path)
+    family = family_for(raw.get("model_type"), str(cfg_path))
+    safetensors_files(folder)  # refuse pickles before reading anything else
+    return family, family.build_config(HFConfig(raw, str(cfg_path)), raw["model_type"]), raw
+
+
 def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """config.json → ModelConfig (through the family) → safetensors → rename → convert →
     cast → tie → check shapes → assign.
@@ -89,17 +114,29 @@ def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> Loa
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
     """
     folder = Path(folder)
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise ModelNotFoundError(f"{folder} has no config.json; is it a Hugging Face model folder?")
-    raw = read_json(cfg_path)
-    family = family_for(raw.get("model_type"), str(cfg_path))
-    files = safetensors_files(folder)  # refuse pickles before reading anything else
-    config = family.build_config(HFConfig(raw, str(cfg_path)), raw["model_type"])
-    state, infos = read_safetensors(files)
+    family, config, raw = _config(folder)
+    state, infos = read_safetensors(safetensors_files(folder))
     state = {family.rename(k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if k}  # "" marks tensors we do not use
     state = family.convert(state, config)
     state = {k: v.to(dtype) for k, v in state.items()}
     model = assemble(config, state, folder.name)
     return LoadedModel(model, config, {"hf.config": raw}, infos)
+
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def generation_defaults(folder: Path) -> dict[str, Any]:
+    """Sampling defaults from generation_config.json (only the keys the file sets).
+
+    ``do_sample: false`` means greedy, i.e. temperature 0. Returns {} when there is no file.
+    """
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    raw = read_json(path)
+    out = {k: raw[k] for k in SAMPLING_KEYS if raw.get(k) is not None}
+    if raw.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return out
