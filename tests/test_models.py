@@ -20,12 +20,10 @@ from typer.testing import CliRunner
 import clearlm.pull as pull_mod
 from clearlm import models
 from clearlm.cli import app
-from clearlm.errors import ClearLMError, ModelNotFoundError
+from clearlm.errors import ChecksumError, ClearLMError, ModelNotFoundError, PullError
 from clearlm.models import (
     ALIASES,
-    ChecksumError,
     ModelAlias,
-    PullError,
     default_cache_dir,
     resolve_model,
 )

@@ -7,10 +7,11 @@ FAMILIES lists every family; ``family_for(model_type)`` finds one by config.json
 from __future__ import annotations
 
 from clearlm.errors import UnsupportedModelError
-from clearlm.families import llama
+from clearlm.families import gemma, gpt2, llama, opt, phi3, xglm
 from clearlm.families.base import Family, HFConfig
 
-FAMILIES: tuple[Family, ...] = (*llama.FAMILIES,)
+FAMILIES: tuple[Family, ...] = (*llama.FAMILIES, *gpt2.FAMILIES, *opt.FAMILIES, *xglm.FAMILIES)
+FAMILIES += (*gemma.FAMILIES, *phi3.FAMILIES)
 
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 

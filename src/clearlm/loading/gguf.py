@@ -114,7 +114,8 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 def load_tensors(
     reader: GGUFReader, config: ModelConfig, dtype: torch.dtype = torch.float32, source: str = ""
 ) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor of the file into our parameter names.
+    """Dequantize every tensor of the file into our parameter names, then apply the
+    architecture's ``convert`` (GPT-2: split the fused attn_qkv).
 
     Args:
         reader: an open GGUF file.
@@ -157,8 +158,10 @@ def load_tensors(
                 w = unpermute_rope_rows(w, config.n_heads)
             elif ours.endswith("k_proj.weight"):
                 w = unpermute_rope_rows(w, config.n_kv_heads)
+        if arch.norm_shift and ours.endswith("norm.weight"):
+            w = w - np.float32(arch.norm_shift)  # Gemma GGUFs store 1 + w (gguf_arch.py)
         w = np.ascontiguousarray(w, dtype=np.float32)
         if not w.flags.writeable:  # F32 tensors come straight from the read-only memory map
             w = w.copy()
         state[ours] = torch.from_numpy(w).to(dtype)
-    return state
+    return arch.convert(state, config)

@@ -15,7 +15,9 @@ import torch
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
+from clearlm.families.gemma import gemma2_gguf_config, gemma3_gguf_config, gemma_gguf_config
 from clearlm.families.gpt2 import split_qkv
+from clearlm.families.phi3 import phi3_gguf_config, split_fused
 
 # Tensors every llama.cpp decoder shares (token embedding, final norm, head, pre-norm block).
 COMMON_TENSORS = {
@@ -44,6 +46,8 @@ class GGUFArch:
         config: extra ModelConfig fields from this architecture's metadata.
         norm_eps_key: the metadata key (after ``{arch}.``) holding the norm's ε.
         convert: rewrites the renamed, dequantized state dict (e.g. splits a fused QKV).
+        norm_shift: what llama.cpp's converter added to every ``*norm.weight`` (Gemma: 1, so
+            the file holds 1 + w); subtracted in float32 right after dequantizing.
     """
 
     name: str
@@ -55,6 +59,7 @@ class GGUFArch:
     convert: Callable[[dict[str, torch.Tensor], ModelConfig], dict[str, torch.Tensor]] = field(
         default=lambda s, c: s
     )
+    norm_shift: float = 0.0
 
 
 QKV_BIASES = {
@@ -86,6 +91,21 @@ GPT2_TENSORS = {
         ("ffn_down", "mlp.down_proj"),
     )
     for kind in ("weight", "bias")
+}
+
+# Gemma 2/3 (convert_hf_to_gguf.py, Gemma2Model/Gemma3Model): four norms per block. llama.cpp
+# calls the pre-FFN norm ffn_norm, which for Llama-style blocks is the post-attention norm.
+GEMMA2_TENSORS = COMMON_TENSORS | {
+    "blk.{i}.post_attention_norm.weight": "layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "layers.{i}.pre_feedforward_layernorm.weight",
+    "blk.{i}.post_ffw_norm.weight": "layers.{i}.post_feedforward_layernorm.weight",
+}
+
+# Phi-3 (Phi3MiniModel): fused attn_qkv (rows [Q | K | V]) and ffn_up holding [gate | up],
+# split by families/phi3.py's split_fused.
+PHI3_TENSORS = COMMON_TENSORS | {
+    "blk.{i}.attn_qkv.weight": "layers.{i}.self_attn.qkv_proj.weight",
+    "blk.{i}.ffn_up.weight": "layers.{i}.mlp.gate_up_proj.weight",
 }
 
 ARCHITECTURES: dict[str, GGUFArch] = {
@@ -122,6 +142,23 @@ ARCHITECTURES: dict[str, GGUFArch] = {
         ),
         norm_eps_key="attention.layer_norm_epsilon",
         convert=split_qkv,
+    ),
+    # Gemma: √D embedding scale, (1 + w) norms stored as 1 + w, GeGLU; Q/K not permuted.
+    "gemma": GGUFArch(
+        "gemma", COMMON_TENSORS, family="Gemma", config=gemma_gguf_config, norm_shift=1.0
+    ),
+    "gemma2": GGUFArch(
+        "gemma2", GEMMA2_TENSORS, family="Gemma 2", config=gemma2_gguf_config, norm_shift=1.0
+    ),
+    "gemma3": GGUFArch(
+        "gemma3",
+        GEMMA2_TENSORS | QK_NORMS,
+        family="Gemma 3",
+        config=gemma3_gguf_config,
+        norm_shift=1.0,
+    ),
+    "phi3": GGUFArch(
+        "phi3", PHI3_TENSORS, family="Phi-3", config=phi3_gguf_config, convert=split_fused
     ),
 }
 

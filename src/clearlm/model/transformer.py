@@ -20,19 +20,24 @@ class Transformer(nn.Module):
     ``embed_tokens``, ``embed_positions`` (learned positions), ``layers.{i}.self_attn.q_proj``,
     ``layers.{i}.mlp.gate_proj``, ``norm``, ``lm_head``. Other families' names are mapped to
     these at load time. With ``tie_word_embeddings`` the output projection is the embedding.
+    When ``embed_dim`` E ≠ d_model D (OPT-350m), ``project_in`` (E → D) follows the token lookup
+    and ``project_out`` (D → E) precedes the output projection.
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         c = config
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.d_model)
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.embed_dim)
+        if c.embed_dim != c.d_model:  # OPT-350m: tokens live in E, the blocks in D
+            self.project_in = nn.Linear(c.embed_dim, c.d_model, bias=False)
+            self.project_out = nn.Linear(c.d_model, c.embed_dim, bias=False)
         if c.position == "learned":
             self.embed_positions = nn.Embedding(c.context_length + c.position_offset, c.d_model)
         self.layers = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
         if c.final_norm:
             self.norm = make_norm(c)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head = nn.Linear(c.embed_dim, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.init_derived()
@@ -62,6 +67,8 @@ class Transformer(nn.Module):
         if c.embed_scale != 1.0:
             # transformers rounds the scale to the activations' dtype first (Gemma's normalizer).
             x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        if c.embed_dim != c.d_model:
+            x = self.project_in(x)  # (B, T, E) → (B, T, D)
         if c.position == "learned":
             x = x + self.embed_positions(positions + c.position_offset)  # (T, D) broadcast
         elif c.position == "sinusoidal":
@@ -111,6 +118,8 @@ class Transformer(nn.Module):
             x = x[:, -1:, :]  # (B, 1, D)
         if self.config.final_norm:
             x = self.norm(x)
+        if self.config.embed_dim != self.config.d_model:
+            x = self.project_out(x)  # (B, T, D) → (B, T, E)
         logits = self.lm_head(x)  # (B, T, V)
         cap = self.config.final_logit_softcap
         if cap is not None:  # Gemma 2: cap · tanh(logits / cap) keeps logits in (-cap, cap)

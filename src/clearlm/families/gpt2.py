@@ -1,0 +1,120 @@
+"""GPT-2 (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners").
+
+What differs from the shared (Llama-default) layers, read from transformers'
+``models/gpt2/modeling_gpt2.py`` and OpenAI's ``gpt-2/src/model.py``:
+
+- stage 1: a learned absolute position table ``wpe`` added to the token embedding ``wte``;
+- stage 2: one fused projection ``c_attn`` produces Q, K and V (split here into q/k/v_proj),
+  every projection has a bias, scores scaled by 1/√Hd (or 1 when ``scale_attn_weights`` is off);
+- stage 3: pre-norm blocks with LayerNorm (γ and β, ε = ``layer_norm_epsilon``), a plain MLP
+  ``c_fc`` → GELU (tanh approximation, "gelu_new") → ``c_proj``, d_ff = ``n_inner`` or 4·D;
+- stage 4: a final LayerNorm ``ln_f`` and an output projection tied to ``wte``.
+
+GPT-2's linear layers are ``Conv1D`` modules (a TensorFlow leftover) that store weights as
+(in, out) and compute x·W + b; ``nn.Linear`` stores (out, in), so each one is transposed at load.
+The ``attn.bias``/``attn.masked_bias`` entries of old checkpoints are the causal-mask buffers,
+not parameters, and are dropped. llama.cpp exports GPT-2 as GGUF architecture "gpt2"
+(loading/gguf_arch.py), with the fused ``attn_qkv`` already in (out, in) layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from clearlm.config import ModelConfig
+from clearlm.errors import InvalidModelFileError, UnsupportedModelError
+from clearlm.families.base import Family, HFConfig, StateDict, activation_from_hf
+
+# Our names of the modules GPT-2 builds as Conv1D (weights stored (in, out)).
+CONV1D = (
+    "self_attn.qkv_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+
+
+def gpt2_config(c: HFConfig) -> dict[str, Any]:
+    """config.json → ModelConfig fields. GPT-2 files use their own key names (n_embd, n_layer,
+    n_head, n_positions); absent optional keys take GPT2Config's defaults."""
+    if c.get("scale_attn_by_inverse_layer_idx", False):
+        raise UnsupportedModelError(
+            f"{c.source}: scale_attn_by_inverse_layer_idx (a per-layer attention scale) "
+            "is not supported"
+        )
+    d_model = int(c.req("n_embd"))
+    n_heads = int(c.req("n_head"))
+    return dict(
+        vocab_size=int(c.req("vocab_size")),
+        d_model=d_model,
+        n_layers=int(c.req("n_layer")),
+        n_heads=n_heads,
+        n_kv_heads=n_heads,
+        head_dim=d_model // n_heads,
+        d_ff=int(c.get("n_inner", 4 * d_model)),
+        norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
+        context_length=int(c.req("n_positions")),
+        tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
+        position="learned",
+        attn_bias=True,
+        attn_out_bias=True,
+        attn_scale=None if c.get("scale_attn_weights", True) else 1.0,
+        norm="layer",
+        ffn="mlp",
+        activation=activation_from_hf(c.get("activation_function", "gelu_new"), c.source),
+        mlp_bias=True,
+    )
+
+
+def split_qkv(state: StateDict, config: ModelConfig) -> StateDict:
+    """Split each fused ``self_attn.qkv_proj`` (rows [Q | K | V], (out, in) layout) into
+    q_proj, k_proj and v_proj, weights and biases. Used for HF GPT-2 and GGUF ``attn_qkv``."""
+    sizes = [config.n_heads * config.head_dim] + [config.n_kv_heads * config.head_dim] * 2
+    out: StateDict = {}
+    for name, t in state.items():
+        if ".self_attn.qkv_proj." not in name:
+            out[name] = t
+            continue
+        if t.shape[0] != sum(sizes):
+            raise InvalidModelFileError(
+                f"fused QKV tensor {name} has {t.shape[0]} rows, expected {sum(sizes)}"
+            )
+        # weight (H·Hd + 2·K·Hd, D) or bias (H·Hd + 2·K·Hd,) → three row blocks
+        for proj, part in zip(("q", "k", "v"), torch.split(t, sizes, dim=0), strict=True):
+            out[name.replace("qkv_proj", f"{proj}_proj")] = part.contiguous()
+    return out
+
+
+def gpt2_convert(state: StateDict, config: ModelConfig) -> StateDict:
+    """Transpose the Conv1D weights from (in, out) to nn.Linear's (out, in), then split QKV."""
+    state = {
+        k: v.t().contiguous() if k.endswith(CONV1D) and v.ndim == 2 else v for k, v in state.items()
+    }
+    return split_qkv(state, config)
+
+
+GPT2 = Family(
+    "GPT-2",
+    ("gpt2",),
+    gpt2_config,
+    renames=(
+        # causal-mask buffers of old checkpoints; cross-attention, unused by a causal LM
+        (r"^h\.\d+\.attn\.(masked_)?bias$", ""),
+        (r"^h\.\d+\.(crossattention|ln_cross_attn)\..*$", ""),
+        (r"^wte\.", "embed_tokens."),
+        (r"^wpe\.", "embed_positions."),
+        (r"^h\.(\d+)\.ln_1\.", r"layers.\1.input_layernorm."),
+        (r"^h\.(\d+)\.ln_2\.", r"layers.\1.post_attention_layernorm."),
+        (r"^h\.(\d+)\.attn\.c_attn\.", r"layers.\1.self_attn.qkv_proj."),
+        (r"^h\.(\d+)\.attn\.c_proj\.", r"layers.\1.self_attn.o_proj."),
+        (r"^h\.(\d+)\.mlp\.c_fc\.", r"layers.\1.mlp.up_proj."),
+        (r"^h\.(\d+)\.mlp\.c_proj\.", r"layers.\1.mlp.down_proj."),
+        (r"^ln_f\.", "norm."),
+    ),
+    convert=gpt2_convert,
+    # GPT2LMHeadModel saves "transformer.h.0..."; OpenAI's hub files (GPT2Model) have no prefix.
+    prefixes=("transformer.",),
+)
+FAMILIES = (GPT2,)
