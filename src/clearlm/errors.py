@@ -2,6 +2,10 @@
 
 The CLI catches :class:`ClearLMError` and prints ``error: <message>`` on one line with a non-zero
 exit code; the Python API raises the typed subclass so callers can tell the cases apart.
+
+Exit codes: 1 other, 2 command-line usage (unknown option, missing argument, bad number),
+3 model not found, 4 invalid model file, 5 unsupported model, 6 context length, 7 invalid
+sampling or generation settings, 8 chat template, 9 pull failed.
 """
 
 
@@ -14,43 +18,44 @@ class ClearLMError(Exception):
 class ModelNotFoundError(ClearLMError):
     """The model path does not exist, or an alias names a package that is not installed."""
 
-    exit_code = 2
+    exit_code = 3
 
 
 class InvalidModelFileError(ClearLMError):
     """The file exists but is not a readable GGUF (wrong magic, truncated, corrupt)."""
 
-    exit_code = 3
+    exit_code = 4
 
 
 class UnsupportedModelError(ClearLMError):
     """The file is valid but uses an architecture, tensor type or setting clearlm does not run."""
 
-    exit_code = 4
+    exit_code = 5
 
 
 class ContextLengthError(ClearLMError):
     """The prompt (plus what must be generated) does not fit in the model's context window."""
 
-    exit_code = 5
+    exit_code = 6
 
 
 class SamplingParamsError(ClearLMError, ValueError):
-    """A sampling setting is out of range (negative temperature, top_p outside (0, 1], ...)."""
+    """A sampling or generation setting is out of range (negative temperature, top_p outside
+    (0, 1], negative max_new_tokens, an unknown dtype, ...)."""
 
-    exit_code = 6
+    exit_code = 7
 
 
 class ChatTemplateError(ClearLMError):
     """The model has no chat template, or its template failed on these messages."""
 
-    exit_code = 7
+    exit_code = 8
 
 
 class PullError(ClearLMError):
     """``clearlm pull`` failed: pip failed, assembly failed, or the disk is full."""
 
-    exit_code = 8
+    exit_code = 9
 
 
 class ChecksumError(PullError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from clearlm.errors import ContextLengthError
+from clearlm.errors import ContextLengthError, SamplingParamsError
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
 from clearlm.sampling import SamplingParams, make_sampler
@@ -63,6 +63,12 @@ def generate_step(
     Raises ContextLengthError if the prompt leaves no room for a new token.
     """
     ctx = model.config.context_length
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 0
+    ):
+        raise SamplingParamsError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
     check_fits(len(prompt), ctx)
     n_new = min(max_new_tokens, ctx - len(prompt))
     cache = new_cache(model, 1, len(prompt) + n_new)

@@ -1,0 +1,63 @@
+"""The ``clearlm`` command. One module per group of commands: generation (generate, chat),
+inspection (info, perplexity) and model management (pull, models).
+
+Every mistake ends as one line ``error: ...`` on stderr and a non-zero exit code: 2 for
+command-line usage (an unknown option, a missing argument, a value of the wrong type), else
+the ClearLMError's own code (see clearlm.errors). Tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from clearlm.errors import ClearLMError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Run real open-weight LLMs through a readable, from-scratch Transformer.",
+)
+err = Console(stderr=True, highlight=False)
+
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="A .gguf file, a Hugging Face folder, or an alias (default smollm2-135m-instruct).",
+    ),
+]
+DType = Annotated[str, typer.Option(help="Parameter dtype: float32, bfloat16 or float16.")]
+
+
+def main() -> None:
+    """Entry point: run the app; every failure becomes one line on stderr and an exit code."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        err.print("interrupted")
+        sys.exit(130)
+    except typer.TyperException as e:  # typer's click: usage errors and the no-argument help
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            print(ctx.get_help())
+            sys.exit(0)
+        name = ctx.command_path if ctx is not None else "clearlm"
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        err.print(f"[red]error:[/] {message} (see '{name} --help')", soft_wrap=True)
+        sys.exit(getattr(e, "exit_code", 2))
+    except ClearLMError as e:
+        err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        sys.exit(e.exit_code)
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): nothing left to say
+        sys.stderr.close()
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+from clearlm.cli import generate, inspect, manage  # noqa: E402,F401  (registers the commands)

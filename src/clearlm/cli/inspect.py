@@ -1,0 +1,140 @@
+"""`clearlm info` and `clearlm perplexity`: look at a model and measure it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.errors import ClearLMError
+
+
+@app.command()
+def info(
+    model: Annotated[
+        str | None, typer.Argument(help="Path or alias (default smollm2-135m-instruct).")
+    ] = None,
+) -> None:
+    """Show a model's family, every hyper-parameter with its seed stage, tensors and tokenizer.
+
+    Reads only headers (GGUF metadata, config.json, safetensors headers): nothing is
+    dequantized, so this is quick.
+    """
+    import os
+    import re
+
+    from clearlm.models import resolve_model
+    from clearlm.tokenizer import Tokenizer
+
+    path = resolve_model(model)
+    if path.is_dir():
+        from clearlm.loading.hf import inspect_hf
+
+        config, meta, tensors = inspect_hf(path)
+        tok = Tokenizer.from_hf_folder(path)
+        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+        tok_kind = "tokenizer.json"
+    else:
+        from clearlm.loading.load import inspect_gguf
+
+        config, meta, tensors = inspect_gguf(path)
+        tok = Tokenizer.from_gguf_metadata(meta, source=path.name)
+        size = os.path.getsize(path)
+        tok_kind = (
+            f"{meta.get('tokenizer.ggml.model')} "
+            f"(pre-tokenizer {meta.get('tokenizer.ggml.pre', '-')})"
+        )
+    out = Console(highlight=False)
+    name = meta.get("general.name", path.name)
+    out.print(
+        f"[bold]{name}[/] · family {config.family or config.architecture}  {path}", soft_wrap=True
+    )
+    n_params = sum(t.n_elements for t in tensors)
+    out.print(f"{n_params:,} parameters · {size / 2**20:.1f} MiB on disk", soft_wrap=True)
+
+    hp = Table(title="Hyper-parameters by seed stage", title_justify="left")
+    for col in ("stage", "name", "value"):
+        hp.add_column(col)
+    for stage, key, value in sorted(config.describe(), key=lambda r: r[0]):
+        hp.add_row(stage, key, value)
+    out.print(hp)
+
+    kinds: dict[str, list] = {}
+    for t in tensors:
+        kinds.setdefault(re.sub(r"(^blk|layers|\.h)\.\d+\.", r"\1.*.", t.name), []).append(t)
+    tt = Table(title="Tensors (shape: out × in)", title_justify="left")
+    for col in ("tensor", "count", "type", "shape"):
+        tt.add_column(col)
+    for kind, ts in kinds.items():
+        types = ", ".join(sorted({t.type for t in ts}))
+        tt.add_row(kind, str(len(ts)), types, " × ".join(map(str, ts[0].shape)))
+    out.print(tt)
+
+    def show(i: int | None) -> str:
+        return "-" if i is None else f"{i} {tok.id_to_token(i)!r}"
+
+    tk = Table(title="Tokenizer", show_header=False, title_justify="left")
+    tk.add_row("model", tok_kind)
+    tk.add_row("vocabulary", f"{tok.vocab_size:,} tokens")
+    tk.add_row("BOS / EOS", f"{show(tok.bos_id)} / {show(tok.eos_id)}")
+    tk.add_row("adds BOS", str(tok.add_bos))
+    tk.add_row("chat template", "yes" if tok.chat_template else "no")
+    out.print(tk)
+
+
+@app.command()
+def perplexity(
+    text_file: Annotated[str, typer.Argument(help="A UTF-8 text file to score.")],
+    model: ModelOpt = None,
+    context: Annotated[
+        int | None, typer.Option(help="Window length in tokens (default: the model's context).")
+    ] = None,
+    stride: Annotated[
+        int | None, typer.Option(help="Tokens between window starts (default: context / 2).")
+    ] = None,
+    dtype: DType = "float32",
+) -> None:
+    """Perplexity of TEXT_FILE under the model, with a sliding window and a progress bar."""
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from clearlm.api import load
+    from clearlm.evaluation import perplexity as compute
+
+    p = Path(text_file)
+    if not p.is_file():
+        raise ClearLMError(f"text file not found: {text_file}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ClearLMError(f"{text_file} is not UTF-8 text") from None
+    m = load(model, dtype)
+    ids = m.tokenizer.encode(text)
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("scoring windows", total=None)
+        res = compute(
+            m.transformer,
+            ids,
+            context,
+            stride,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    print(f"perplexity {res.perplexity:.4f}")
+    err.print(
+        f"[dim]{res.n_predicted} tokens predicted in {res.n_windows} windows · "
+        f"mean NLL {res.mean_nll:.4f} nats/token[/]",
+        soft_wrap=True,
+    )
+
+
+CacheDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cache-dir",
+        help="Folder for assembled models (default $CLEARLM_CACHE or ~/.cache/clearlm).",
+    ),
+]
