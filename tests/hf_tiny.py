@@ -3,9 +3,13 @@ checks every family runs against them (logits over a batch; greedy decoding with
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
+import numpy as np
 import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
 
 from clearlm.generation import decode_step, new_cache, prefill
 from clearlm.loading.hf import load_hf_model
@@ -76,3 +80,19 @@ def greedy_reference(hf_model, prompt: list[int], n: int) -> list[int]:
             eos_token_id=None,
         )
     return out[0, len(prompt) :].tolist()
+
+
+def dequantized_reference(hf_model, arch: str, path: Path, back: dict[str, str]):
+    """The original transformers model holding the file's weights, dequantized by gguf.quants
+    (what transformers' GGUF loader does, for an architecture it does not read)."""
+    state = {}
+    for t in GGUFReader(str(path)).tensors:
+        a = dequantize(t.data, t.tensor_type).reshape([int(d) for d in reversed(t.shape)])
+        name = back[t.name]
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            a = a - np.float32(1.0)
+        state[name] = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    ref = copy.deepcopy(hf_model)
+    missing, unexpected = ref.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    return ref.eval()

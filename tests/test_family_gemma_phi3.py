@@ -17,7 +17,6 @@ full rotary and no sliding window for Phi-3 (llama.cpp turns Phi SWA off).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,9 +24,17 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-from gguf.quants import dequantize, quantize
-from hf_tiny import TINY, batch_tokens, greedy_ours, greedy_reference, max_logit_diff, save_tiny
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+from hf_tiny import (
+    TINY,
+    batch_tokens,
+    dequantized_reference,
+    greedy_ours,
+    greedy_reference,
+    max_logit_diff,
+    save_tiny,
+)
 from transformers import (
     AutoModelForCausalLM,
     Gemma2Config,
@@ -247,22 +254,6 @@ def write_gguf(model, arch: str, path: Path, qtype: GGMLQuantizationType) -> dic
     w.write_tensors_to_file()
     w.close()
     return back
-
-
-def dequantized_reference(hf_model, arch: str, path: Path, back: dict[str, str]):
-    """The original transformers model holding the file's weights, dequantized by gguf.quants
-    (what transformers' GGUF loader does, for an architecture it does not read)."""
-    state = {}
-    for t in GGUFReader(str(path)).tensors:
-        a = dequantize(t.data, t.tensor_type).reshape([int(d) for d in reversed(t.shape)])
-        name = back[t.name]
-        if arch.startswith("gemma") and name.endswith("norm.weight"):
-            a = a - np.float32(1.0)
-        state[name] = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-    ref = copy.deepcopy(hf_model)
-    missing, unexpected = ref.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
-    return ref.eval()
 
 
 @pytest.fixture(scope="module", params=list(GGUF_CASES))

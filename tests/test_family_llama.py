@@ -4,7 +4,15 @@
 from __future__ import annotations
 
 import pytest
-from hf_tiny import TINY, batch_tokens, greedy_ours, greedy_reference, max_logit_diff, save_tiny
+from hf_tiny import (
+    TINY,
+    batch_tokens,
+    dequantized_reference,
+    greedy_ours,
+    greedy_reference,
+    max_logit_diff,
+    save_tiny,
+)
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -87,3 +95,88 @@ def test_dynamic_rope_past_original_context(tmp_path):
     assert diff <= 1e-4
     prompt = batch_tokens(seed=3, batch=1, length=10)[0].tolist()
     assert greedy_ours(tmp_path, prompt, 30) == greedy_reference(hf_model, prompt, 30)
+
+
+# ------------------------------------------------------------- the same weights as GGUF files
+
+GGUF_CASES = {
+    "llama": (LlamaForCausalLM, LlamaConfig(**TINY)),
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config(**TINY)),
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config(**TINY, head_dim=32)),
+}
+
+
+def write_llama_like_gguf(model, arch: str, path, qtype) -> dict[str, str]:
+    """Write a transformers model as llama.cpp's convert_hf_to_gguf.py does for LlamaModel /
+    Qwen2Model / Qwen3Model: its metadata keys and tensor names, Q/K rows permuted into
+    llama.cpp's RoPE layout for "llama" only; matrices in `qtype`, vectors in F32.
+    Returns GGUF name → transformers name."""
+    import gguf
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+
+    c = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
+    w = GGUFWriter(str(path), arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_vocab_size(c.vocab_size)
+    if arch == "qwen3":
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+    back = {}
+    for name, t in model.state_dict().items():
+        a = t.float().numpy()
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
+            a = a.reshape(heads, 2, a.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(a.shape)
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if a.ndim == 2 and qtype != GGMLQuantizationType.F32:
+            w.add_tensor(gguf_name, quantize(a, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gguf_name, a)
+        back[gguf_name] = name
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return back
+
+
+@pytest.mark.parametrize("arch", list(GGUF_CASES))
+def test_gguf_f32_and_q8_0_match_transformers(arch, tmp_path):
+    """F32: equal to the original model. Q8_0: equal to transformers loading the same file
+    (for qwen3, whose GGUF transformers builds with its default head_dim of 128 whatever the
+    file says, the original model holding the file's dequantized weights)."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from transformers import AutoModelForCausalLM
+
+    from clearlm.loading.load import load_gguf_model
+
+    model_cls, config = GGUF_CASES[arch]
+    hf_model = save_tiny(model_cls, config, tmp_path / "hf")
+    tokens = batch_tokens(length=20)
+    for qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0):
+        path = tmp_path / f"{qtype.name}.gguf"
+        back = write_llama_like_gguf(hf_model, arch, path, qtype)
+        ours = load_gguf_model(path)
+        assert ours.config.architecture == arch
+        if qtype == GGMLQuantizationType.F32:
+            ref = hf_model
+        elif arch == "qwen3":
+            ref = dequantized_reference(hf_model, arch, path, back)
+        else:
+            ref = AutoModelForCausalLM.from_pretrained(
+                tmp_path, gguf_file=path.name, dtype=torch.float32
+            ).eval()
+        with torch.inference_mode():
+            diff = (ours.model(tokens) - ref(tokens).logits).abs().max().item()
+        print(f"\n{arch} GGUF {qtype.name}: max |Δlogit| = {diff:.2e}")
+        assert diff <= 1e-4
