@@ -29,7 +29,10 @@ test: $(STAMP)
 	$(VENV)/bin/clearlm pull gemma3-270m
 	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct
 	$(PY) -m ruff check src tests bench
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=10
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench
 
 # Tests marked `large` need the 1.1 GB Qwen2.5-Coder-1.5B; they skip unless CLEARLM_TEST_LARGE=1.
 test-large: $(STAMP)
