@@ -1,4 +1,6 @@
-"""Tokenizer tests against transformers reading the same GGUF (the `hf_smollm2_tokenizer` fixture).
+"""Byte-level BPE ("gpt2") GGUF tokenizers against transformers reading the same file: SmolLM2
+(the `hf_smollm2_tokenizer` fixture) and Qwen2.5-Coder-0.5B (pre-tokenizer qwen2, a long chat
+template with tools). Also the shared reference loaders the other tokenizer tests import.
 
 Reference quirk: transformers' GGUF loader ignores ``tokenizer.ggml.pre = "smollm"`` and splits
 with plain GPT-2 regex, while SmolLM2's own tokenizer.json and llama.cpp first isolate every
@@ -8,6 +10,7 @@ or newlines precede a digit ("a   1"); there we compare with SmolLM2's own pipel
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 from typing import Any
@@ -16,8 +19,14 @@ import pytest
 from tokenizers import Tokenizer as HFBackend
 from tokenizers import pre_tokenizers
 
-from clearlm.errors import ClearLMError, InvalidModelFileError, UnsupportedModelError
+from clearlm.errors import (
+    ClearLMError,
+    InvalidModelFileError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+)
 from clearlm.loading.gguf import open_gguf, read_metadata
+from clearlm.models import resolve_model
 from clearlm.tokenizer import (
     ChatTemplateError,
     StreamingDetokenizer,
@@ -67,6 +76,45 @@ STREAM = [
     "naïve café 🦜🫠 done",
     "Ελληνικά Русский 𝔘𝔫𝔦",
 ]
+
+# The strings every real tokenizer is compared on (each file adds its model's special tokens).
+PLAIN = [t for t in AGREE if "<|" not in t] + DIVERGE
+
+
+def model_path(alias: str) -> Path:
+    """The GGUF of a model alias (`clearlm pull` puts it in the cache); skip if it is absent."""
+    try:
+        path = resolve_model(alias)
+    except ModelNotFoundError as e:
+        pytest.skip(f"{alias} not available ({e})")
+    if not path.is_file():
+        pytest.skip(f"{alias} not available ({path} is missing; run: clearlm pull {alias})")
+    return path
+
+
+@functools.cache
+def gguf_metadata(path: Path) -> dict[str, Any]:
+    """The file's metadata, read once per session (opening a 262k-token GGUF takes ~30 s)."""
+    return read_metadata(open_gguf(path))
+
+
+@functools.cache
+def hf_gguf_tokenizer(path: Path):
+    """transformers' tokenizer built from the same GGUF, once per session (Gemma 3: ~40 s)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def assert_stream_equals_decode(tok: Tokenizer, ids: list[int]) -> list[str]:
+    """Streamed chunks (with and without skipping specials) join to ``decode``; returns the
+    chunks of the unskipped stream."""
+    for skip in (True, False):
+        stream = StreamingDetokenizer(tok, skip_special_tokens=skip)
+        chunks = [stream.add(i) for i in ids]
+        assert "".join(chunks) + stream.flush() == tok.decode(ids, skip_special_tokens=skip), ids
+    return chunks
+
 
 USER_ONLY = [{"role": "user", "content": "What is 2+2?"}]
 FULL_CHAT = [
@@ -131,7 +179,7 @@ def test_smollm2_facts(tok: Tokenizer) -> None:
     assert (tok.vocab_size, tok.bos_id, tok.eos_id) == (49152, 1, 2)
     assert not tok.add_bos and not tok.add_eos
     assert tok.encode("hi")[0] != tok.bos_id
-    assert tok.eos_ids == frozenset({2})
+    assert tok.eos_ids == frozenset({0, 2})  # llama.cpp ends generation on <|endoftext|> too
     assert tok.encode("<|im_start|>") == [1]
     assert tok.id_to_token(1) == "<|im_start|>"
     assert tok.id_to_token(tok.encode(" hello")[0]) == "Ġhello"
@@ -145,8 +193,9 @@ def test_bos_eos_flags(metadata: dict[str, Any]) -> None:
     )
     body = t.encode("hi", add_special_tokens=False)
     assert t.encode("hi") == [1, *body, 2]
-    t = Tokenizer.from_gguf_metadata(_with(metadata, tokenizer__ggml__eot_token_id=0))
-    assert t.eos_ids == frozenset({0, 2})
+    assert t.add_bos and t.add_eos and t.decode(t.encode("hi"), skip_special_tokens=True) == "hi"
+    t = Tokenizer.from_gguf_metadata(_with(metadata, tokenizer__ggml__eot_token_id=5))
+    assert t.eos_ids == frozenset({0, 2, 5})
 
 
 @pytest.mark.parametrize("pre", ["qwen2", "llama-bpe", "gpt-2", "gpt2", "default"])
@@ -248,8 +297,9 @@ def test_chat_template_errors(metadata: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("changes", "error", "message"),
     [
-        ({"tokenizer__ggml__model": "llama"}, UnsupportedModelError, "tokenizer model 'llama'"),
-        ({"tokenizer__ggml__model": "t5"}, UnsupportedModelError, "supported: gpt2"),
+        ({"tokenizer__ggml__model": "t5"}, UnsupportedModelError, "tokenizer model 't5'"),
+        ({"tokenizer__ggml__model": "bert"}, UnsupportedModelError, "supported: gpt2, llama"),
+        ({"tokenizer__ggml__model": "llama"}, InvalidModelFileError, "'tokenizer.ggml.scores'"),
         (
             {"tokenizer__ggml__pre": "falcon"},
             UnsupportedModelError,
@@ -272,3 +322,109 @@ def test_bad_metadata(metadata: dict[str, Any], changes, error, message) -> None
     with pytest.raises(error, match=message) as info:
         Tokenizer.from_gguf_metadata(_with(metadata, **changes), "m.gguf")
     assert "m.gguf" in str(info.value) and "\n" not in str(info.value)
+
+
+# --- Qwen2.5-Coder-0.5B-Instruct: pre-tokenizer qwen2, 151,936 tokens, ChatML with tools ------
+
+QWEN_TEXTS = [
+    *PLAIN,
+    "<|im_start|>system\nYou are Qwen.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n",
+    '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+    "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>",
+    "x<|endoftext|>y<|im_end|>",
+    "123456789 0.5e-10 2**31-1",
+]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City name, e.g. Zürich"}},
+            "required": ["city"],
+        },
+    },
+}
+TOOL_CHAT = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,  # dropped, as transformers drops None-valued keys
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    },
+    {"role": "tool", "content": "22 °C, sunny"},
+    {"role": "tool", "content": "(second result)"},
+    {"role": "assistant", "content": "It is 22 °C and sunny in Paris."},
+    {"role": "user", "content": "And in 東京?"},
+]
+
+
+@pytest.fixture(scope="module")
+def qwen_path() -> Path:
+    return model_path("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_path: Path) -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(gguf_metadata(qwen_path), qwen_path.name)
+
+
+@pytest.fixture(scope="module")
+def hf_qwen(qwen_path: Path):
+    return hf_gguf_tokenizer(qwen_path)
+
+
+def test_qwen_ids_match_reference(qwen: Tokenizer, hf_qwen) -> None:
+    assert len(QWEN_TEXTS) >= 20
+    for text in QWEN_TEXTS:
+        ids = qwen.encode(text)
+        assert ids == hf_qwen.encode(text), text
+        assert qwen.encode(text, add_special_tokens=False) == ids  # Qwen adds no BOS
+        assert qwen.decode(ids) == hf_qwen.decode(ids) == text
+        assert qwen.decode(ids, skip_special_tokens=True) == hf_qwen.decode(
+            ids, skip_special_tokens=True
+        )
+
+
+def test_qwen_facts(qwen: Tokenizer) -> None:
+    assert (qwen.vocab_size, qwen.bos_id, qwen.eos_id) == (151936, 151643, 151645)
+    assert not qwen.add_bos and not qwen.add_eos
+    assert qwen.eos_ids == frozenset({151643, 151645})  # <|endoftext|> by llama.cpp's text rule
+    assert qwen.encode("<tool_call>") == [151657]  # USER_DEFINED: whole, but not special
+    assert 151657 not in qwen.special_ids and 151644 in qwen.special_ids
+
+
+@pytest.mark.parametrize(
+    ("messages", "tools"),
+    [(USER_ONLY, None), (FULL_CHAT, None), (TOOL_CHAT, [WEATHER]), (FULL_CHAT, [WEATHER])],
+    ids=["user", "system", "tool-calls", "tools-with-system"],
+)
+def test_qwen_chat_template_matches_reference(qwen: Tokenizer, hf_qwen, messages, tools) -> None:
+    for gen in (True, False):
+        expected = hf_qwen.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=gen
+        )
+        got = qwen.apply_chat_template(messages, add_generation_prompt=gen, tools=tools)
+        assert got == expected
+        ids = qwen.encode(got, add_special_tokens=False)
+        assert ids == hf_qwen.encode(expected, add_special_tokens=False)
+
+
+def test_qwen_streaming(qwen: Tokenizer) -> None:
+    for text in STREAM:
+        chunks = assert_stream_equals_decode(qwen, qwen.encode(text))
+        assert all("\ufffd" not in c for c in chunks)
+    rng = random.Random(1)
+    byte_ids = [qwen.encode(bytes([b]).decode("latin-1"))[0] for b in range(0x80, 0x100)]
+    for _ in range(200):
+        n = rng.randrange(1, 10)
+        ids = [
+            rng.choice(byte_ids) if rng.random() < 0.6 else rng.randrange(151665) for _ in range(n)
+        ]
+        assert_stream_equals_decode(qwen, ids)
