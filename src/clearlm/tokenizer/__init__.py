@@ -1,0 +1,26 @@
+"""Tokenizer: text ↔ ids from GGUF metadata or a Hugging Face tokenizer.json (on `tokenizers`),
+a streaming detokenizer and the chat template.
+
+- :mod:`clearlm.tokenizer.core`: the :class:`Tokenizer` and :class:`StreamingDetokenizer`.
+- :mod:`clearlm.tokenizer.gguf`: pipelines from ``tokenizer.ggml.*`` metadata (byte-level BPE,
+  SentencePiece-style BPE with merges derived from scores).
+- :mod:`clearlm.tokenizer.hf`: tokenizer.json + tokenizer_config.json + generation_config.json.
+- :mod:`clearlm.tokenizer.stream`: the decoder chain run one token at a time.
+- :mod:`clearlm.tokenizer.chat`: chat templates in a jinja2 sandbox, as transformers renders them.
+"""
+
+from clearlm.errors import ChatTemplateError
+from clearlm.tokenizer.core import StreamingDetokenizer, Tokenizer
+from clearlm.tokenizer.gguf import CONTROL, NORMAL, PRE_TOKENIZERS, USER_DEFINED
+from clearlm.tokenizer.stream import bytes_to_unicode as _bytes_to_unicode
+
+__all__ = [
+    "CONTROL",
+    "NORMAL",
+    "PRE_TOKENIZERS",
+    "USER_DEFINED",
+    "ChatTemplateError",
+    "StreamingDetokenizer",
+    "Tokenizer",
+    "_bytes_to_unicode",
+]

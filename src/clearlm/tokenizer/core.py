@@ -1,0 +1,176 @@
+"""The Tokenizer: a `tokenizers` pipeline plus what the model adds (BOS/EOS, end-of-generation ids,
+chat template), and the streaming detokenizer.
+
+Built from a GGUF's metadata (:mod:`clearlm.tokenizer.gguf`) or from a Hugging Face folder's
+tokenizer.json (:mod:`clearlm.tokenizer.hf`). Either way encode and decode are the `tokenizers`
+pipeline's own, so they agree with transformers, which runs the same library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as Backend
+
+from clearlm.tokenizer.chat import pick_template, render_chat
+from clearlm.tokenizer.stream import DecodeRule, TextStream
+
+
+@dataclass(eq=False)
+class Tokenizer:
+    """Text ↔ token ids for one model, plus its chat template.
+
+    Build it with :meth:`from_gguf_metadata` or :meth:`from_hf_folder`. ``eos_ids`` holds every
+    id that ends generation (EOS, end of turn, end of message); ``special_ids`` are the special
+    added tokens that ``skip_special_tokens`` drops. ``add_bos`` / ``add_eos`` say what
+    ``encode(text)`` adds (the pipeline's post-processor adds them).
+
+    Raises (on construction):
+        UnsupportedModelError: the pipeline's decoder cannot be streamed exactly.
+    """
+
+    backend: Backend = field(repr=False)  # the `tokenizers` pipeline, post-processor included
+    tokens: list[str] = field(repr=False)  # id → token as the source spells it
+    special_ids: frozenset[int] = field(repr=False)
+    bos_id: int | None
+    eos_id: int | None
+    eos_ids: frozenset[int]
+    add_bos: bool
+    add_eos: bool
+    chat_template: str | None = field(repr=False)
+    source: str
+    # Named special tokens ('bos_token': '<s>', ...) as chat templates see them.
+    special_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # Extra named templates ('tool_use', ...) besides the default one.
+    chat_templates: Mapping[str, str] = field(default_factory=dict, repr=False)
+    decode_rule: DecodeRule = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.decode_rule = DecodeRule.of(self.backend.decoder, self.source)
+
+    @classmethod
+    def from_gguf_metadata(
+        cls, metadata: Mapping[str, Any], source: str = "GGUF file"
+    ) -> Tokenizer:
+        """Build the tokenizer a GGUF describes, from ``read_metadata(open_gguf(path))``.
+
+        Args:
+            metadata: the file's metadata as plain Python values.
+            source: the file's name, for error messages.
+
+        Raises:
+            UnsupportedModelError: ``tokenizer.ggml.model`` or ``tokenizer.ggml.pre`` is one
+                clearlm does not implement (the message lists the supported ones).
+            InvalidModelFileError: a required key is missing, or ids/merges are inconsistent.
+        """
+        from clearlm.tokenizer.gguf import tokenizer_from_gguf
+
+        return tokenizer_from_gguf(metadata, source)
+
+    @classmethod
+    def from_hf_folder(cls, path: str | Path) -> Tokenizer:
+        """Build the tokenizer of a Hugging Face model folder: tokenizer.json, with
+        tokenizer_config.json, chat_template.jinja and generation_config.json when present.
+
+        Raises:
+            ModelNotFoundError: the folder or its tokenizer.json does not exist.
+            UnsupportedModelError: the folder has only a SentencePiece tokenizer.model.
+            InvalidModelFileError: a file is not valid JSON or not a `tokenizers` pipeline.
+        """
+        from clearlm.tokenizer.hf import tokenizer_from_hf_folder
+
+        return tokenizer_from_hf_folder(Path(path))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer knows (for a GGUF: the model's embedding rows)."""
+        return len(self.tokens)
+
+    @cached_property
+    def pieces(self) -> list[str | None]:
+        """id → the token string the decoder sees (None for an id the pipeline lacks)."""
+        return [self.backend.id_to_token(i) for i in range(self.vocab_size)]
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``. Special-token text ('<|im_start|>') always maps to its one id;
+        ``add_special_tokens`` only controls the BOS/EOS the model asks for (add_bos / add_eos)."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``; invalid UTF-8 becomes U+FFFD. ``skip_special_tokens`` drops special
+        tokens ('<|im_end|>') but keeps other added tokens."""
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, i: int) -> str:
+        """Token ``i`` as the source spells it (byte-level BPE: 'Ġhello' for ' hello')."""
+        return self.tokens[i]
+
+    def token_bytes(self, i: int) -> bytes:
+        """The raw bytes token ``i`` stands for (b' hello'); a token may hold part of a character
+        (byte-level BPE pieces, SentencePiece's '<0xE4>'). Not at the start of a text: there a
+        SentencePiece decoder may drop the leading space."""
+        piece = self.pieces[i] if 0 <= i < self.vocab_size else None
+        return b"" if piece is None else self.decode_rule.piece_bytes(piece)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        **variables: Any,
+    ) -> str:
+        """Render ``messages`` ([{'role': 'user', 'content': '...'}, ...]) to prompt text.
+
+        Rendered like transformers' ``apply_chat_template(..., tokenize=False)``: the same
+        sandboxed jinja2 environment and template variables (messages, add_generation_prompt,
+        tools, documents, the named special tokens such as bos_token and eos_token, and any
+        ``variables``). ``tools`` are JSON schemas ({'type': 'function', 'function': {...}}).
+        Encode the result with ``add_special_tokens=False`` if the template already writes BOS.
+
+        Raises:
+            ChatTemplateError: no template, or it failed to compile or render.
+        """
+        template = pick_template(self.chat_template, self.chat_templates, tools, self.source)
+        return render_chat(
+            template,
+            messages,
+            add_generation_prompt,
+            tools,
+            documents,
+            {**self.special_tokens, **variables},
+            self.source,
+        )
+
+
+class StreamingDetokenizer:
+    """Turns ids into text one at a time, never yielding half a character.
+
+    Each id's token goes through the tokenizer's decoder chain one stage at a time (see
+    :mod:`clearlm.tokenizer.stream`): byte-level tokens through an incremental UTF-8 decoder
+    (at most 3 bytes held), SentencePiece byte tokens ('<0xE4>') held until their run ends. So all
+    outputs plus ``flush()`` equal ``tokenizer.decode(ids, skip_special_tokens)``, and each step
+    costs O(length of the new token). (vLLM and HF's TextStreamer re-decode from a prefix offset
+    and hold text ending in U+FFFD; following the decoder, the rule can be exact.)
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self._text = TextStream(tokenizer.decode_rule)
+
+    def add(self, token_id: int) -> str:
+        """Feed one id; returns the text it completes (possibly '')."""
+        if self.skip_special_tokens and token_id in self.tokenizer.special_ids:
+            return ""
+        pieces = self.tokenizer.pieces
+        piece = pieces[token_id] if 0 <= token_id < len(pieces) else None
+        return "" if piece is None else self._text.push(piece)  # decode skips unknown ids too
+
+    def flush(self) -> str:
+        """Emit what is held (U+FFFD for an incomplete character) and start afresh."""
+        return self._text.flush()
