@@ -14,6 +14,7 @@ from clearlm.config import ModelConfig
 from clearlm.kv_cache import KVCache
 from clearlm.model.norms import make_norm
 from clearlm.model.positions import apply_rope
+from clearlm.trace import HookRegistry
 
 
 def attention_mask(
@@ -72,6 +73,8 @@ class Attention(nn.Module):
         sliding = config.layer_types[layer_idx] == "sliding"
         self.window = config.sliding_window if sliding else None
         self.use_rope = config.position == "rope"
+        self.hooks = HookRegistry()  # replaced by the model's shared registry (Transformer)
+        self.prefix = f"blocks.{layer_idx}.attn"
 
     def forward(
         self,
@@ -94,10 +97,15 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Hd), (B, K, T, Hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        hooks, p = self.hooks, self.prefix
+        if hooks.active:
+            q, k, v = hooks(p + ".q", q), hooks(p + ".k", k), hooks(p + ".v", v)
         if cache is not None:
             k, v = cache.update(self.layer_idx, int(positions[0]), k, v)  # (B, K, S, Hd)
         mask = attention_mask(positions, k.shape[2], self.window)  # (T, S) or None
-        if self.softcap is None:
+        if hooks.active and (hooks.wants(p + ".scores") or hooks.wants(p + ".pattern")):
+            out = self.attend_traced(q, k, v, mask)
+        elif self.softcap is None:
             # enable_gqa lets each group of G query heads share one key/value head without
             # materialising repeated copies of k and v.
             out = F.scaled_dot_product_attention(
@@ -105,24 +113,64 @@ class Attention(nn.Module):
             )  # (B, H, T, Hd)
         else:
             out = self.attend_explicitly(q, k, v, mask)
-        out = out.transpose(1, 2).reshape(B, T, H * Hd)  # (B, T, H·Hd): heads concatenated
-        return self.o_proj(out)  # (B, T, D)
+        out = out.transpose(1, 2)  # (B, T, H, Hd)
+        if hooks.active:
+            out = hooks(p + ".z", out)
+        out = self.o_proj(out.reshape(B, T, H * Hd))  # (B, T, H·Hd): heads concatenated → (B, T, D)
+        return hooks(p + ".out", out) if hooks.active else out
 
-    def attend_explicitly(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """softmax(cap · tanh(q·kᵀ·scale / cap) + mask) · v, written out (Gemma 2's soft-capping).
+    def scores(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """q·kᵀ · scale, soft-capped (Gemma 2: cap · tanh(s / cap)), masked with −inf.
 
-        q (B, H, T, Hd), k/v (B, K, S, Hd), mask (T, S) bool or None → (B, H, T, Hd).
+        q (B, H, T, Hd), k (B, K, S, Hd), mask (T, S) bool or None → (B, H, T, S).
         """
         B, H, T, Hd = q.shape
         K = k.shape[1]
         qg = q.view(B, K, H // K, T, Hd)  # (B, K, G, T, Hd): query heads grouped by kv head
-        scores = qg @ k[:, :, None].transpose(-1, -2) * self.scale  # (B, K, G, T, S)
+        s = qg @ k[:, :, None].transpose(-1, -2) * self.scale  # (B, K, G, T, S)
         if self.softcap is not None:
-            scores = torch.tanh(scores / self.softcap) * self.softcap
+            s = torch.tanh(s / self.softcap) * self.softcap
         if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, K, G, T, S)
-        out = probs @ v[:, :, None]  # (B, K, G, T, Hd)
-        return out.reshape(B, H, T, Hd)
+            s = s.masked_fill(~mask, float("-inf"))
+        return s.reshape(B, H, T, -1)  # (B, H, T, S)
+
+    @staticmethod
+    def mix(pattern: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """pattern (B, H, T, S) weights over values v (B, K, S, Hd) → (B, H, T, Hd)."""
+        B, H, T, S = pattern.shape
+        K = v.shape[1]
+        out = pattern.view(B, K, H // K, T, S) @ v[:, :, None]  # (B, K, G, T, Hd)
+        return out.reshape(B, H, T, -1)
+
+    def attend_explicitly(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """softmax(scores) · v written out (needed for Gemma 2's soft-capping).
+
+        q (B, H, T, Hd), k/v (B, K, S, Hd), mask (T, S) bool or None → (B, H, T, Hd).
+        """
+        pattern = torch.softmax(self.scores(q, k, mask).float(), dim=-1).to(q.dtype)
+        return self.mix(pattern, v)
+
+    def attend_traced(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Attention with the scores and pattern exposed to hooks.
+
+        When no hook replaces either, the output is computed exactly as the plain forward pass
+        computes it (so traced runs are bit-identical to untraced ones); a replaced pattern
+        (e.g. an ablated head) is mixed with the values explicitly.
+        """
+        hooks, p = self.hooks, self.prefix
+        s = self.scores(q, k, mask)
+        s2 = hooks(p + ".scores", s)
+        pattern = torch.softmax(s2.float(), dim=-1).to(q.dtype)  # (B, H, T, S)
+        pattern2 = hooks(p + ".pattern", pattern)
+        if s2 is s and pattern2 is pattern:
+            if self.softcap is None:
+                K, H = k.shape[1], q.shape[1]
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=K != H
+                )
+            return self.attend_explicitly(q, k, v, mask)
+        return self.mix(pattern2, v)

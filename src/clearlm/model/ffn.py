@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clearlm.config import ModelConfig
+from clearlm.trace import HookRegistry
 
 ACTIVATIONS = {
     "relu": F.relu,  # max(0, x): the original Transformer, OPT
@@ -28,9 +29,14 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
         self.act = ACTIVATIONS[config.activation]
+        self.hooks, self.prefix = HookRegistry(), "ffn"  # set by the Transformer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.up_proj(x)))
+        if not self.hooks.active:
+            return self.down_proj(self.act(self.up_proj(x)))
+        h, p = self.hooks, self.prefix
+        a = h(p + ".act", self.act(h(p + ".pre_act", self.up_proj(x))))  # (B, T, F)
+        return h(p + ".out", self.down_proj(a))
 
 
 class GatedFFN(nn.Module):
@@ -47,9 +53,15 @@ class GatedFFN(nn.Module):
         self.up_proj = nn.Linear(d, f, bias=bias)
         self.down_proj = nn.Linear(f, d, bias=bias)
         self.act = ACTIVATIONS[config.activation]
+        self.hooks, self.prefix = HookRegistry(), "ffn"  # set by the Transformer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if not self.hooks.active:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        h, p = self.hooks, self.prefix
+        pre = h(p + ".pre_act", self.gate_proj(x))  # (B, T, F)
+        a = h(p + ".act", self.act(pre) * self.up_proj(x))  # (B, T, F)
+        return h(p + ".out", self.down_proj(a))
 
 
 def make_ffn(config: ModelConfig) -> nn.Module:

@@ -11,6 +11,7 @@ from clearlm.kv_cache import KVCache
 from clearlm.model.block import Block
 from clearlm.model.norms import make_norm
 from clearlm.model.positions import RotaryEmbedding, sinusoidal_table
+from clearlm.trace import HookRegistry
 
 
 class Transformer(nn.Module):
@@ -35,6 +36,9 @@ class Transformer(nn.Module):
         if c.position == "learned":
             self.embed_positions = nn.Embedding(c.context_length + c.position_offset, c.d_model)
         self.layers = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
+        self.hooks = HookRegistry()  # one registry shared by every hook point (clearlm.trace)
+        for i, layer in enumerate(self.layers):
+            layer.attach_hooks(self.hooks, f"blocks.{i}")
         if c.final_norm:
             self.norm = make_norm(c)
         self.lm_head = nn.Linear(c.embed_dim, c.vocab_size, bias=False)
@@ -63,17 +67,40 @@ class Transformer(nn.Module):
         With RoPE, position enters later, inside attention, and nothing is added here.
         """
         x = self.embed_tokens(tokens)  # (B, T, D)
-        c = self.config
+        c, hooks = self.config, self.hooks
         if c.embed_scale != 1.0:
             # transformers rounds the scale to the activations' dtype first (Gemma's normalizer).
             x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
         if c.embed_dim != c.d_model:
             x = self.project_in(x)  # (B, T, E) → (B, T, D)
+        if hooks.active:
+            x = hooks("embed", x)
+        if c.position == "rope":
+            return x
         if c.position == "learned":
-            x = x + self.embed_positions(positions + c.position_offset)  # (T, D) broadcast
-        elif c.position == "sinusoidal":
-            x = x + self.sinusoids[positions + c.position_offset].to(x.dtype)
-        return x
+            pos = self.embed_positions(positions + c.position_offset)  # (T, D)
+        else:
+            pos = self.sinusoids[positions + c.position_offset].to(x.dtype)  # (T, D)
+        if hooks.active:
+            pos = hooks("pos", pos)
+        return x + pos  # (B, T, D): (T, D) broadcast over the batch
+
+    def unembed(self, x: torch.Tensor) -> torch.Tensor:
+        """Stage 4: residual stream (B, T, D) → final norm → output projection → logits (B, T, V).
+
+        Also what the logit lens applies to every block's output."""
+        hooks = self.hooks
+        if self.config.final_norm:
+            x = self.norm(x)
+        if hooks.active:
+            x = hooks("final_norm", x)
+        if self.config.embed_dim != self.config.d_model:
+            x = self.project_out(x)  # (B, T, D) → (B, T, E)
+        logits = self.lm_head(x)  # (B, T, V)
+        cap = self.config.final_logit_softcap
+        if cap is not None:  # Gemma 2: cap · tanh(logits / cap) keeps logits in (-cap, cap)
+            logits = torch.tanh(logits / cap) * cap
+        return hooks("logits", logits) if hooks.active else logits
 
     def forward(
         self,
@@ -116,12 +143,4 @@ class Transformer(nn.Module):
             cache.length = int(positions[-1]) + 1
         if last_only:
             x = x[:, -1:, :]  # (B, 1, D)
-        if self.config.final_norm:
-            x = self.norm(x)
-        if self.config.embed_dim != self.config.d_model:
-            x = self.project_out(x)  # (B, T, D) → (B, T, E)
-        logits = self.lm_head(x)  # (B, T, V)
-        cap = self.config.final_logit_softcap
-        if cap is not None:  # Gemma 2: cap · tanh(logits / cap) keeps logits in (-cap, cap)
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return self.unembed(x)
