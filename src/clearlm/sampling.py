@@ -5,6 +5,8 @@ int64. Every ``apply_*`` function returns new logits with removed tokens set to 
 never writes into its input; when its setting means "off" it returns the input object itself.
 The filters follow Hugging Face's ``transformers.generation.logits_process`` warpers exactly
 (parity is tested), so a setting means the same thing here as in ``model.generate``.
+:func:`clearlm.sampling_explain.explain_sampling` runs the same chain one step at a time and
+records what each step kept.
 """
 
 from __future__ import annotations

@@ -1,0 +1,207 @@
+"""The sampling decision, explained: what each step of the chain in sampling.py kept.
+
+Uses the pure functions of :mod:`clearlm.sampling` in the order ``filter_logits`` applies them
+(repetition penalty → temperature → top-k → top-p → min-p, Hugging Face's order), then draws as
+``make_sampler`` does, so the explanation is of the real decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from clearlm.errors import SamplingParamsError
+from clearlm.sampling import (
+    SamplingParams,
+    _int,
+    apply_min_p,
+    apply_repetition_penalty,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+    greedy,
+    log_softmax,
+    sample_from,
+    softmax,
+)
+
+
+@dataclass(frozen=True)
+class SamplingStep:
+    """One step of the sampling chain and the distribution it leaves behind.
+
+    Attributes:
+        name: "logits" (the distribution before any step), "repetition_penalty", "temperature",
+            "top_k", "top_p" or "min_p".
+        setting: the step's setting as ``SamplingParams`` holds it; None for "logits".
+        active: False when the setting means "off" (or, for the penalty, there is no history),
+            so the step returned its input unchanged.
+        kept: ids still possible after the step (logit not -inf), ascending; never empty.
+        removed: ids this step made impossible (possible before it, -inf after), ascending.
+        top: ``(id, probability)`` of the most likely kept tokens after the step, renormalised
+            (softmax of the step's logits), most likely first, ties to the lower id.
+    """
+
+    name: str
+    setting: float | int | None
+    active: bool
+    kept: tuple[int, ...]
+    removed: tuple[int, ...]
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class SamplingExplanation:
+    """How :func:`explain_sampling` reached one token: each step of the chain, then the pick.
+
+    Attributes:
+        params: the settings explained.
+        steps: "logits" first, then the chain's steps in the order they ran: all five, or
+            only the repetition penalty when greedy (as :func:`filter_logits`). The penalty is
+            listed, inactive, when there is no history.
+        token: the id picked: argmax when greedy, else the seeded draw.
+        probability: its probability under the final (filtered, renormalised) distribution.
+        logprob: log of that, exactly what :func:`make_sampler` returns with the token.
+    """
+
+    params: SamplingParams
+    steps: tuple[SamplingStep, ...]
+    token: int
+    probability: float
+    logprob: float
+
+    def rows(self, labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Plain data for a table (CLI, web page, JSON): one dict per step, then the pick.
+
+        Every row has ``step``, ``setting``, ``active``, ``kept`` (count), ``removed`` (count)
+        and ``top``: a list of ``{"id", "label", "p"}``; ``label`` is ``labels[id]`` when
+        ``labels`` (the vocabulary's strings) is given, else ``str(id)``. The last row's
+        ``step`` is "greedy" (setting None) or "draw" (setting: the seed) and its ``top``
+        holds only the picked token.
+        """
+
+        def entry(i: int, p: float) -> dict[str, Any]:
+            return {"id": i, "label": labels[i] if labels is not None else str(i), "p": p}
+
+        out = [
+            {
+                "step": s.name,
+                "setting": s.setting,
+                "active": s.active,
+                "kept": len(s.kept),
+                "removed": len(s.removed),
+                "top": [entry(i, p) for i, p in s.top],
+            }
+            for s in self.steps
+        ]
+        greedy_pick = self.params.is_greedy
+        out.append(
+            {
+                "step": "greedy" if greedy_pick else "draw",
+                "setting": None if greedy_pick else self.params.seed,
+                "active": True,
+                "kept": len(self.steps[-1].kept),
+                "removed": 0,
+                "top": [entry(self.token, self.probability)],
+            }
+        )
+        return out
+
+
+def _step(
+    name: str, setting: float | int | None, active: bool, before: Tensor, after: Tensor, top: int
+) -> SamplingStep:
+    """Describe the step that turned ``before`` into ``after`` (both ``(V,)`` float32)."""
+    was, now = ~torch.isneginf(before), ~torch.isneginf(after)  # (V,) bool
+    probs = softmax(after)  # (V,) renormalised over the kept tokens
+    order = torch.sort(probs, descending=True, stable=True).indices  # stable: ties to lower id
+    n = min(top, int(now.sum()))
+    return SamplingStep(
+        name=name,
+        setting=setting,
+        active=active,
+        kept=tuple(now.nonzero().flatten().tolist()),
+        removed=tuple((was & ~now).nonzero().flatten().tolist()),
+        top=tuple((int(i), float(probs[i])) for i in order[:n]),
+    )
+
+
+def explain_sampling(
+    logits: Tensor,
+    previous_tokens: Tensor | None,
+    params: SamplingParams,
+    top: int = 10,
+    generator: torch.Generator | None = None,
+) -> SamplingExplanation:
+    """Run :func:`make_sampler`'s chain on one row of logits step by step, and say what each did.
+
+    The chain is :func:`filter_logits`'s, in Hugging Face's order (see the comment there):
+    repetition penalty → temperature → top-k → top-p → min-p, each step the same pure function
+    (``apply_*``) the sampler calls, on float32 logits. After each step the explanation records
+    which tokens survive and the renormalised probabilities of the ``top`` most likely. Greedy
+    (temperature 0) runs only the penalty and picks the argmax (ties to the lowest id). Otherwise
+    the token is drawn by :func:`sample_from` with a ``torch.Generator`` seeded as
+    :func:`make_sampler` seeds its own, so the pick equals a fresh sampler's first draw on the
+    same logits and history (tested). Pass ``generator`` to draw from an existing one instead.
+
+    Args:
+        logits: ``(V,)`` float, one position's logits.
+        previous_tokens: ``(S,)`` int64 token history for the repetition penalty, or None.
+        params: the settings to explain.
+        top: how many of the most likely tokens to list after each step (>= 1).
+        generator: a generator on the logits' device to draw with; default a fresh one seeded
+            with ``params.seed`` (random when None).
+
+    Raises:
+        ValueError: logits are not 1-D. SamplingParamsError: ``top`` < 1.
+    """
+    if logits.dim() != 1:
+        raise ValueError(f"explain_sampling takes (V,) logits, got shape {tuple(logits.shape)}")
+    if not (_int(top) and top >= 1):
+        raise SamplingParamsError(f"top must be an integer >= 1, got {top!r}")
+    x = logits.to(torch.float32)  # (V,), as filter_logits casts
+    steps = [_step("logits", None, False, x, x, top)]
+
+    def run(name: str, setting: float | int, active: bool, fn: Callable[[Tensor], Tensor]) -> None:
+        nonlocal x
+        before, x = x, fn(x)
+        steps.append(_step(name, setting, active, before, x, top))
+
+    p, history = params, previous_tokens
+    if history is None:  # filter_logits skips the penalty: record it as off
+        run("repetition_penalty", p.repetition_penalty, False, lambda z: z)
+    else:
+        run(
+            "repetition_penalty",
+            p.repetition_penalty,
+            history.shape[-1] > 0 and p.repetition_penalty != 1.0,
+            lambda z: apply_repetition_penalty(z, history, p.repetition_penalty),
+        )
+    if p.is_greedy:
+        token = int(greedy(x))
+    else:
+        run(
+            "temperature",
+            p.temperature,
+            p.temperature != 1,
+            lambda z: apply_temperature(z, p.temperature),
+        )
+        run("top_k", p.top_k, p.top_k != 0, lambda z: apply_top_k(z, p.top_k))
+        run("top_p", p.top_p, p.top_p != 1.0, lambda z: apply_top_p(z, p.top_p))
+        run("min_p", p.min_p, p.min_p != 0, lambda z: apply_min_p(z, p.min_p))
+        if generator is None:  # exactly as make_sampler makes its generator
+            generator = torch.Generator(device=logits.device)
+            _ = generator.seed() if p.seed is None else generator.manual_seed(p.seed)
+        token = int(sample_from(x, generator))
+    logprob = float(log_softmax(x)[token])
+    return SamplingExplanation(
+        params=params,
+        steps=tuple(steps),
+        token=token,
+        probability=float(softmax(x)[token]),
+        logprob=logprob,
+    )
