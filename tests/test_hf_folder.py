@@ -1,0 +1,92 @@
+"""A whole Hugging Face folder through clearlm.load: sharded safetensors, tokenizer.json,
+generation_config.json defaults, and the CLI on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from hf_tiny import TINY, save_tiny
+from test_tokenizer_hf import _save, _train
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+import clearlm
+from clearlm.api import CHAT_DEFAULTS, GENERATE_DEFAULTS
+
+TEXT = "Alice was beginning to get very tired"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny Llama saved in 100 kB shards, with a trained byte-level tokenizer and a
+    generation_config.json that sets top_k and top_p."""
+    path = tmp_path_factory.mktemp("hf-folder")
+    backend = _train("byte")
+    config = LlamaConfig(**{**TINY, "vocab_size": backend.get_vocab_size()})
+    model = save_tiny(LlamaForCausalLM, config, path)
+    model.save_pretrained(path, max_shard_size="100KB")  # re-save sharded
+    for single in path.glob("model.safetensors"):
+        single.unlink()
+    _save(backend, path)
+    (path / "generation_config.json").write_text(
+        json.dumps({"do_sample": True, "top_k": 7, "top_p": 0.8, "bos_token_id": 1})
+    )
+    return path
+
+
+def test_folder_is_sharded(folder):
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+
+
+def test_load_folder_matches_transformers(folder):
+    ours = clearlm.load(folder)
+    ref_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ref_tok = AutoTokenizer.from_pretrained(folder)
+    ids = ours.encode(TEXT)
+    assert ids == ref_tok.encode(TEXT)
+    with torch.inference_mode():
+        ref = ref_model(torch.tensor([ids])).logits[0]
+    assert (ours.logits(ids) - ref).abs().max().item() <= 1e-4
+    got = ours.generate(TEXT, max_new_tokens=12, temperature=0).tokens
+    with torch.inference_mode():
+        out = ref_model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=sorted(ours.tokenizer.eos_ids),
+            pad_token_id=ours.tokenizer.eos_id,  # not 0: that is BOS here, and would be masked
+        )
+    assert got == out[0, len(ids) :].tolist()
+
+
+def test_generation_config_sets_defaults(folder):
+    model = clearlm.load(folder)
+    assert model.generation_defaults == {"top_k": 7, "top_p": 0.8}
+    params = model.sampling_params(None, GENERATE_DEFAULTS)
+    assert (params.temperature, params.top_k, params.top_p) == (0.8, 7, 0.8)
+    assert model.sampling_params(None, CHAT_DEFAULTS, top_k=3).top_k == 3  # the caller wins
+
+
+def test_do_sample_false_means_greedy(tmp_path):
+    from clearlm.loading.hf import generation_defaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    assert generation_defaults(tmp_path) == {"temperature": 0.0}
+
+
+def test_cli_on_a_folder(folder):
+    run = [sys.executable, "-m", "clearlm"]
+    info = subprocess.run([*run, "info", str(folder)], capture_output=True, text=True)
+    assert info.returncode == 0, info.stderr
+    assert "Llama" in info.stdout and "tokenizer.json" in info.stdout
+    gen = subprocess.run(
+        [*run, "generate", TEXT, "-m", str(folder), "-n", "5", "--seed", "0"],
+        capture_output=True,
+        text=True,
+    )
+    assert gen.returncode == 0, gen.stderr
+    assert "generated 5 tokens" in gen.stderr
