@@ -60,4 +60,4 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-from clearlm.cli import explain, generate, inspect, manage  # noqa: E402,F401  (registers the commands)
+from clearlm.cli import explain, explain_cmd, generate, inspect, manage, ui  # noqa: E402,F401  (registers the commands)

@@ -1,0 +1,78 @@
+"""`clearlm explain PROMPT`: one prompt through a real model, every stage as a table.
+
+The numbers come from :func:`clearlm.explain.explain_data`; the tables from
+:func:`clearlm.explain_report.sections` (shared with the ``--html`` page); the pictures from
+:mod:`clearlm.explain_plots`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from clearlm.cli import DType, ModelOpt, app
+from clearlm.errors import ClearLMError
+
+
+@app.command()
+def explain(
+    prompt: Annotated[str, typer.Argument(help="The text to run through the model.")],
+    model: ModelOpt = None,
+    layer: Annotated[
+        int | None,
+        typer.Option(help="Show attention of this block only (default first, middle, last)."),
+    ] = None,
+    head: Annotated[int | None, typer.Option(help="Show this attention head only.")] = None,
+    top: Annotated[int, typer.Option(min=1, help="How many next tokens to list.")] = 10,
+    png: Annotated[
+        Path | None, typer.Option(help="Write attention, logit-lens and temperature PNGs here.")
+    ] = None,
+    html: Annotated[
+        Path | None, typer.Option(help="Write one self-contained HTML page with it all.")
+    ] = None,
+    dtype: DType = "float32",
+) -> None:
+    """Show every stage for PROMPT: tokens and embeddings, where the last token attends,
+    residual-stream norms and FFN statistics, the logit lens, the next-token probabilities and
+    what greedy, temperature, top-k and top-p would pick."""
+    import clearlm
+    from clearlm.explain import explain_data
+    from clearlm.explain_report import html_page, sections
+
+    m = clearlm.load(model, dtype=dtype)
+    ex = explain_data(m, prompt, layer, head, top)
+
+    out = Console(highlight=False)
+    stage = None
+    for s in sections(ex):
+        if s.stage != stage:
+            out.rule(f"[bold]{s.stage}")
+            stage = s.stage
+        t = Table(title=s.title, title_justify="left", caption=s.note, caption_justify="left")
+        for c in s.columns:
+            t.add_column(c)
+        for row in s.rows:
+            t.add_row(*row)
+        out.print(t)
+
+    if png is None and html is None:
+        return
+    from clearlm.explain_plots import all_pngs
+
+    pngs = all_pngs(ex)
+    try:
+        if png is not None:
+            png.mkdir(parents=True, exist_ok=True)
+            for name, data in pngs.items():
+                (png / name).write_bytes(data)
+            out.print(f"wrote {', '.join(str(png / n) for n in pngs)}")
+        if html is not None:
+            html.parent.mkdir(parents=True, exist_ok=True)
+            html.write_text(html_page(ex, pngs), encoding="utf-8")
+            out.print(f"wrote {html}")
+    except OSError as e:
+        raise ClearLMError(f"cannot write {e.filename}: {e.strerror}") from None

@@ -1,0 +1,28 @@
+"""`clearlm ui`: serve the interactive page on localhost (127.0.0.1 only)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from clearlm.cli import DType, ModelOpt, app, err
+
+
+@app.command()
+def ui(
+    model: ModelOpt = None,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 to serve the page on.")] = 8000,
+    dtype: DType = "float32",
+) -> None:
+    """Serve a page on http://127.0.0.1:PORT: type a prompt and see its tokens, attention
+    heatmaps per layer and head, the logit lens and the next-token distribution; move the
+    sampling sliders to see which tokens survive, and sample one to append it."""
+    import uvicorn
+
+    import clearlm
+    from clearlm.ui import create_app
+
+    m = clearlm.load(model, dtype=dtype)
+    err.print(f"serving {m.path} on http://127.0.0.1:{port}  (Ctrl+C to stop)", soft_wrap=True)
+    uvicorn.run(create_app(m), host="127.0.0.1", port=port, log_level="warning")

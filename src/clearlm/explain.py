@@ -1,0 +1,243 @@
+"""`clearlm explain`'s numbers: one prompt through a real model, every stage, as plain data.
+
+One traced forward pass (:meth:`clearlm.api.Model.run_with_trace`) gives everything: the tokens,
+the embeddings, the attention patterns of the chosen layers, each block's residual stream and
+FFN activations, and the logits. The logit lens reads each block's output through the final
+norm and the output projection (as :meth:`~clearlm.api.Model.logit_lens`, but at every
+position). The sampling rows come from :func:`clearlm.sampling_explain.explain_sampling`.
+Printing (cli/explain_cmd.py), pictures (explain_plots.py) and the page (explain_html.py) only
+lay these numbers out, so the tests check numbers here, not text.
+
+Shape letters: T prompt tokens, N blocks, H heads, D d_model, F d_ff, V vocab, k top entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from clearlm.errors import ClearLMError, SamplingParamsError
+from clearlm.sampling import SamplingParams, apply_temperature, softmax
+from clearlm.sampling_explain import SamplingExplanation, explain_sampling
+
+if TYPE_CHECKING:
+    from clearlm.api import Model
+
+# Temperatures of the "next-token probabilities at several temperatures" picture.
+TEMPERATURES = (0.5, 1.0, 2.0)
+# The sampling settings the last stage compares; seeded, so the picks are reproducible.
+SAMPLING_SETTINGS: tuple[tuple[str, SamplingParams], ...] = (
+    ("greedy (T = 0)", SamplingParams(temperature=0.0)),
+    ("temperature 0.7", SamplingParams(temperature=0.7, seed=0)),
+    ("temperature 1.5", SamplingParams(temperature=1.5, seed=0)),
+    ("top-k 5", SamplingParams(temperature=1.0, top_k=5, seed=0)),
+    ("top-p 0.9", SamplingParams(temperature=1.0, top_p=0.9, seed=0)),
+    ("T 0.7, top-k 50, top-p 0.9", SamplingParams(temperature=0.7, top_k=50, top_p=0.9, seed=0)),
+)
+
+
+@dataclass(frozen=True)
+class HeadFocus:
+    """Where one head of one layer looks from the last token.
+
+    Attributes:
+        layer, head: the block and head index.
+        positions: key positions with the largest attention weight, largest first (≤ k).
+        weights: their weights, pattern[0, head, -1, positions].
+    """
+
+    layer: int
+    head: int
+    positions: tuple[int, ...]
+    weights: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Every stage of one forward pass over a prompt.
+
+    Attributes:
+        tokens: the prompt's ids (T,); text: each one decoded on its own.
+        position: "rope", "learned" or "sinusoidal"; rope_theta: RoPE's base.
+        embed_norms: (T,) L2 norm of each token's embedding vector (what block 0 gets, before
+            any additive position); pos_norms: (T,) norms of the additive position vectors, or
+            None for RoPE (positions rotate q and k inside attention instead).
+        layers, heads: the blocks and heads shown in the attention stage.
+        patterns: layer → (H, T, T) float32 attention weights (all heads), for the chosen layers.
+        focus: per chosen layer and head, the keys the last token attends to most.
+        resid_norms: (N,) L2 norm of blocks.i.resid_post at the last position.
+        ffn_mean, ffn_std, ffn_positive: (N,) mean, std and fraction > 0 of blocks.i.ffn.act at
+            the last position (over its F units).
+        lens_ids, lens_probs: (N + 1, T) the logit lens's top token and its probability at every
+            position: row 0 reads block 0's input, row i the output of block i − 1.
+        logits: (V,) float32 logits at the last position; probs: softmax of them.
+        top_ids: (k,) the most likely next tokens, most likely first.
+        temperature_probs: temperature → (k,) probabilities of top_ids at that temperature.
+        sampling: (label, explanation) for each of SAMPLING_SETTINGS.
+        decoded: token id → its text, for every id above.
+    """
+
+    prompt: str
+    tokens: list[int]
+    text: list[str]
+    n_layers: int
+    n_heads: int
+    position: str
+    rope_theta: float
+    embed_norms: Tensor
+    pos_norms: Tensor | None
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    patterns: dict[int, Tensor]
+    focus: tuple[HeadFocus, ...]
+    resid_norms: Tensor
+    ffn_mean: Tensor
+    ffn_std: Tensor
+    ffn_positive: Tensor
+    lens_ids: Tensor
+    lens_probs: Tensor
+    logits: Tensor
+    probs: Tensor
+    top_ids: Tensor
+    temperature_probs: dict[float, Tensor]
+    sampling: tuple[tuple[str, SamplingExplanation], ...]
+    decoded: dict[int, str]
+
+    def text_of(self, token: int) -> str:
+        """The text of a token id that appears anywhere in this explanation."""
+        return self.decoded[token]
+
+
+def default_layers(n_layers: int) -> tuple[int, ...]:
+    """First, middle and last block (fewer when the model has fewer than three)."""
+    return tuple(sorted({0, n_layers // 2, n_layers - 1}))
+
+
+def check_choices(
+    n_layers: int, n_heads: int, layer: int | None, head: int | None, top: int
+) -> None:
+    """Raise ClearLMError for a layer or head outside the model, or top < 1."""
+    if layer is not None and not 0 <= layer < n_layers:
+        raise ClearLMError(
+            f"--layer {layer} is out of range: the model has {n_layers} layers (0–{n_layers - 1})"
+        )
+    if head is not None and not 0 <= head < n_heads:
+        raise ClearLMError(
+            f"--head {head} is out of range: the model has {n_heads} heads (0–{n_heads - 1})"
+        )
+    if top < 1:
+        raise SamplingParamsError(f"--top must be at least 1, got {top}")
+
+
+def lens_rows(resid: Tensor, unembed: Callable[[Tensor], Tensor]) -> Tensor:
+    """(N + 1, T, D) residual streams → (N + 1, T, V) float32 probabilities via `unembed`."""
+    return softmax(unembed(resid).float())
+
+
+@torch.inference_mode()
+def explain_data(
+    model: Model,
+    prompt: str | Sequence[int],
+    layer: int | None = None,
+    head: int | None = None,
+    top: int = 10,
+    attn_top: int = 3,
+) -> Explanation:
+    """Run `prompt` through `model` (a :class:`clearlm.api.Model`) once and collect every stage.
+
+    Args:
+        layer: the one block whose attention to show; None: first, middle and last.
+        head: the one head to show; None: all.
+        top: how many next tokens to list; attn_top: how many keys per head.
+
+    Raises:
+        ClearLMError: layer/head out of range; SamplingParamsError: top < 1;
+        ContextLengthError: empty or too-long prompt.
+    """
+    cfg = model.config
+    N, H = cfg.n_layers, cfg.n_heads
+    check_choices(N, H, layer, head, top)
+    layers = default_layers(N) if layer is None else (layer,)
+    heads = tuple(range(H)) if head is None else (head,)
+    names = ["embed", "blocks.0.resid_pre", "logits"]
+    if cfg.position != "rope":
+        names.append("pos")
+    names += [f"blocks.{i}.resid_post" for i in range(N)]
+    names += [f"blocks.{i}.ffn.act" for i in range(N)]
+    names += [f"blocks.{i}.attn.pattern" for i in layers]
+    tr = model.run_with_trace(prompt, names)
+
+    embed_norms = tr["embed"][0].float().norm(dim=-1)  # (T, D) → (T,)
+    pos_norms = tr["pos"].float().norm(dim=-1) if "pos" in tr else None  # (T, D) → (T,)
+
+    patterns = {i: tr[f"blocks.{i}.attn.pattern"][0].float() for i in layers}  # (H, T, T)
+    focus = []
+    for i in layers:
+        for h in heads:
+            row = patterns[i][h, -1]  # (T,) the last query's weights over the keys
+            order = torch.sort(row, descending=True, stable=True).indices[:attn_top]
+            focus.append(HeadFocus(i, h, tuple(order.tolist()), tuple(row[order].tolist())))
+
+    resid = [tr[f"blocks.{i}.resid_post"][0].float() for i in range(N)]  # N × (T, D)
+    resid_norms = torch.stack([r[-1].norm() for r in resid])  # (N,)
+    acts = torch.stack([tr[f"blocks.{i}.ffn.act"][0, -1].float() for i in range(N)])  # (N, F)
+
+    # Row 0 is what block 0 receives (embeddings, plus additive positions where the model has
+    # them): the same input the logit lens of api.Model reads.
+    stream = torch.stack([tr["blocks.0.resid_pre"][0].float()] + resid)  # (N + 1, T, D)
+    stream = stream.to(next(model.transformer.parameters()).dtype)
+    lens = lens_rows(stream, model.transformer.unembed)  # (N + 1, T, V)
+    lens_probs, lens_ids = lens.max(dim=-1)  # (N + 1, T) each
+
+    logits = tr["logits"][0, -1].float()  # (V,)
+    probs = softmax(logits)  # (V,)
+    k = min(top, probs.numel())
+    top_ids = torch.sort(probs, descending=True, stable=True).indices[:k]  # (k,)
+    temperature_probs = {
+        t: softmax(apply_temperature(logits, t))[top_ids] for t in TEMPERATURES
+    }  # each (k,)
+    history = torch.tensor(tr.tokens, dtype=torch.long)  # (T,)
+    sampling = tuple(
+        (label, explain_sampling(logits, history, params, top=k))
+        for label, params in SAMPLING_SETTINGS
+    )
+    ids = set(tr.tokens) | set(top_ids.tolist()) | set(lens_ids.flatten().tolist())
+    for _, why in sampling:
+        ids |= {why.token} | {i for s in why.steps for i, _ in s.top}
+    decoded = {i: model.tokenizer.decode([i]) for i in sorted(ids)}
+    return Explanation(
+        prompt=prompt if isinstance(prompt, str) else model.tokenizer.decode(list(prompt)),
+        tokens=list(tr.tokens),
+        text=list(tr.text),
+        n_layers=N,
+        n_heads=H,
+        position=cfg.position,
+        rope_theta=float(cfg.rope_theta),
+        embed_norms=embed_norms,
+        pos_norms=pos_norms,
+        layers=layers,
+        heads=heads,
+        patterns=patterns,
+        focus=tuple(focus),
+        resid_norms=resid_norms,
+        ffn_mean=acts.mean(dim=-1),
+        ffn_std=acts.std(dim=-1),
+        ffn_positive=(acts > 0).float().mean(dim=-1),
+        lens_ids=lens_ids,
+        lens_probs=lens_probs,
+        logits=logits,
+        probs=probs,
+        top_ids=top_ids,
+        temperature_probs=temperature_probs,
+        sampling=sampling,
+        decoded=decoded,
+    )
+
+
+def show(text: str) -> str:
+    """A token's text made visible: spaces as ␣, newlines and tabs escaped."""
+    return text.replace(" ", "␣").replace("\n", "\\n").replace("\t", "\\t") or "∅"

@@ -1,0 +1,9 @@
+"""``clearlm ui``: a local web page showing every stage of one forward pass, live.
+
+``create_app(model)`` builds the FastAPI app (see :mod:`clearlm.ui.app`); the numbers come
+from :mod:`clearlm.ui.analysis`; the page is ``static/index.html`` (no external resources).
+"""
+
+from clearlm.ui.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,153 @@
+"""The web app behind ``clearlm ui``: one static page and a small JSON API over one model.
+
+Endpoints (all POST a JSON body holding the prompt, so any request can be replayed alone):
+
+- ``/api/analyze``   tokens, logit lens, next-token distribution (and layer/head counts)
+- ``/api/attention`` one layer/head's attention pattern
+- ``/api/sampling``  what temperature / top-k / top-p / min-p keep (explain_sampling)
+- ``/api/sample``    draw one token and return the prompt with it appended
+
+The server computes, the page renders. A prompt is run once and kept in a small LRU cache, so
+moving a slider only reruns the sampling chain on the cached last logits. Every error is JSON
+``{"error": message}`` with a 4xx status. Model calls are serialised with a lock: tracing
+records into the model's shared hook registry.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from importlib.resources import files
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from clearlm.api import Model
+from clearlm.errors import ClearLMError
+from clearlm.sampling import SamplingParams
+from clearlm.ui import analysis
+from clearlm.ui.analysis import Analysis
+
+CACHE_SIZE = 8
+
+
+class PromptIn(BaseModel):
+    """A request about one prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: str
+
+
+class AttentionIn(PromptIn):
+    """Which head's pattern to return."""
+
+    layer: int = 0
+    head: int = 0
+
+
+class SamplingIn(PromptIn):
+    """The sliders: SamplingParams' fields (validated there, with its messages)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = 0
+    top: int = Field(default=analysis.TOP, ge=1, le=100)
+
+    def params(self) -> SamplingParams:
+        """The settings as SamplingParams (raises SamplingParamsError with a clear message)."""
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            seed=self.seed,
+        )
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    """Pydantic's error list as one line: ``top_k: Input should be a valid integer``."""
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "request"
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def create_app(model: Model, title: str | None = None) -> FastAPI:
+    """A FastAPI app serving the page and the JSON API for ``model``.
+
+    Args:
+        model: a loaded :class:`~clearlm.api.Model`.
+        title: shown in the page header; default the model file's name.
+    """
+    app = FastAPI(title="clearlm ui", docs_url=None, redoc_url=None, openapi_url=None)
+    lock = threading.Lock()
+    cache: OrderedDict[str, Analysis] = OrderedDict()
+    name = title or str(model.path).rsplit("/", 1)[-1]
+    page = files("clearlm.ui").joinpath("static/index.html").read_text(encoding="utf-8")
+
+    def run(prompt: str) -> Analysis:
+        """The prompt's analysis, from the cache or computed now (under the lock)."""
+        with lock:
+            if prompt in cache:
+                cache.move_to_end(prompt)
+                return cache[prompt]
+            a = analysis.analyze(model, prompt)
+            cache[prompt] = a
+            if len(cache) > CACHE_SIZE:
+                cache.popitem(last=False)
+            return a
+
+    @app.exception_handler(ClearLMError)
+    async def clearlm_error(_: Request, exc: ClearLMError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"error": _validation_message(exc)}, status_code=422)
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> str:
+        return page
+
+    @app.get("/api/info")
+    def info() -> dict[str, Any]:
+        c = model.config
+        return {
+            "model": name,
+            "n_layers": c.n_layers,
+            "n_heads": c.n_heads,
+            "vocab_size": c.vocab_size,
+            "max_prompt_tokens": min(analysis.MAX_PROMPT_TOKENS, c.context_length - 1),
+        }
+
+    @app.post("/api/analyze")
+    def analyze(body: PromptIn) -> dict[str, Any]:
+        return analysis.summary(model, run(body.prompt))
+
+    @app.post("/api/attention")
+    def attention(body: AttentionIn) -> dict[str, Any]:
+        return analysis.attention(run(body.prompt), body.layer, body.head)
+
+    @app.post("/api/sampling")
+    def sampling(body: SamplingIn) -> dict[str, Any]:
+        params = body.params()  # validate before running the prompt
+        a = run(body.prompt)
+        with lock:
+            return analysis.sampling(model, a, params, body.top)
+
+    @app.post("/api/sample")
+    def sample(body: SamplingIn) -> dict[str, Any]:
+        params = body.params()
+        a = run(body.prompt)
+        with lock:
+            return analysis.sample(model, a, body.prompt, params)
+
+    return app
