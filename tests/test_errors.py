@@ -258,3 +258,19 @@ def test_ctrl_c_keeps_output_and_says_so(tmp_path):
     assert first and proc.returncode == 130, err
     assert "Traceback" not in err
     assert "interrupted" in err
+
+
+def test_explain_unwritable_output_fails_before_work(tiny):
+    proc = run_cli("explain", "hi", "--model", str(tiny), "--png", "/proc/nope/pics")
+    assert_one_line_error(proc, "cannot write /proc/nope/pics")
+
+
+def test_ui_busy_port_is_one_line(tiny):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = run_cli("ui", "--model", str(tiny), "--port", str(port))
+    assert_one_line_error(proc, f"cannot serve on 127.0.0.1:{port}")

@@ -43,6 +43,11 @@ def explain(
     from clearlm.explain import explain_data
     from clearlm.explain_report import html_page, sections
 
+    # Check the output places before the (slow) model load and computation.
+    for folder in [png] if png is not None else []:
+        _writable(folder)
+    if html is not None:
+        _writable(html.parent)
     m = clearlm.load(model, dtype=dtype)
     ex = explain_data(m, prompt, layer, head, top)
 
@@ -76,3 +81,17 @@ def explain(
             out.print(f"wrote {html}")
     except OSError as e:
         raise ClearLMError(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+def _writable(folder: Path) -> None:
+    """Create `folder` if needed; ClearLMError (one line) if it cannot be written."""
+    import os
+
+    from clearlm.errors import ClearLMError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ClearLMError(f"cannot write {folder}: {e.strerror}") from None
+    if not os.access(folder, os.W_OK):
+        raise ClearLMError(f"cannot write {folder}: permission denied")

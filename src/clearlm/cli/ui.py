@@ -12,17 +12,33 @@ from clearlm.cli import DType, ModelOpt, app, err
 @app.command()
 def ui(
     model: ModelOpt = None,
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1 to serve the page on.")] = 8000,
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, help="Port on 127.0.0.1 to serve the page on.")
+    ] = 8000,
     dtype: DType = "float32",
 ) -> None:
     """Serve a page on http://127.0.0.1:PORT: type a prompt and see its tokens, attention
     heatmaps per layer and head, the logit lens and the next-token distribution; move the
     sampling sliders to see which tokens survive, and sample one to append it."""
+    import socket
+
     import uvicorn
 
     import clearlm
+    from clearlm.errors import ClearLMError
     from clearlm.ui import create_app
 
+    # Take the port before the (slow) load, so a busy port is one clear line, not a server log.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as e:
+        sock.close()
+        raise ClearLMError(f"cannot serve on 127.0.0.1:{port}: {e.strerror}; try --port") from None
     m = clearlm.load(model, dtype=dtype)
     err.print(f"serving {m.path} on http://127.0.0.1:{port}  (Ctrl+C to stop)", soft_wrap=True)
-    uvicorn.run(create_app(m), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(m), host="127.0.0.1", port=port, log_level="warning")
+    )
+    server.run(sockets=[sock])
