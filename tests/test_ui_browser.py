@@ -131,9 +131,11 @@ def test_prompt_slider_and_screenshot(page, server, tmp_path):
 def test_bad_input_shows_the_servers_message(page):
     _set_slider(page, "top_k", 3)
     _set_slider(page, "top_p", 0)  # the range input clamps to its min, 0.01: still valid
+    # Let the sliders' own requests finish first: a late reply to them would clear the message.
+    page.wait_for_load_state("networkidle")
     page.fill("#prompt", "")
     page.click("#run")
-    page.wait_for_function("() => document.querySelector('#error').textContent !== ''")
+    page.wait_for_function("() => document.querySelector('#error').textContent.includes('empty')")
     assert "the prompt is empty" in page.text_content("#error")
 
 
