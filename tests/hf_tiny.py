@@ -96,3 +96,26 @@ def dequantized_reference(hf_model, arch: str, path: Path, back: dict[str, str])
     missing, unexpected = ref.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
     return ref.eval()
+
+
+def build_case(cases: dict, name: str, tmp_path_factory):
+    """Fixture body shared by the family tests: (name, transformers model, its folder)."""
+    model_cls, config = cases[name]
+    folder = tmp_path_factory.mktemp(name)
+    return name, save_tiny(model_cls, config, folder), folder
+
+
+def check_logits(case, tol: float = 1e-4) -> None:
+    """Logits over a batch of 2 × 20 tokens equal transformers' within tol (float32)."""
+    name, hf_model, folder = case
+    diff = max_logit_diff(hf_model, folder, batch_tokens(length=20))
+    print(f"\n{name}: max |Δlogit| = {diff:.2e}")
+    assert diff <= tol
+
+
+def check_greedy(case) -> None:
+    """24 greedy tokens after an 8-token prompt (past the small sliding windows the family
+    tests configure) equal transformers' generate."""
+    _, hf_model, folder = case
+    prompt = batch_tokens(seed=2, batch=1, length=8)[0].tolist()
+    assert greedy_ours(folder, prompt, 24) == greedy_reference(hf_model, prompt, 24)

@@ -29,10 +29,10 @@ from gguf.quants import quantize
 from hf_tiny import (
     TINY,
     batch_tokens,
+    build_case,
+    check_greedy,
+    check_logits,
     dequantized_reference,
-    greedy_ours,
-    greedy_reference,
-    max_logit_diff,
     save_tiny,
 )
 from transformers import (
@@ -107,23 +107,16 @@ CASES = {
 
 @pytest.fixture(scope="module", params=list(CASES))
 def tiny(request, tmp_path_factory):
-    model_cls, config = CASES[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    return request.param, save_tiny(model_cls, config, folder), folder
+    return build_case(CASES, request.param, tmp_path_factory)
 
 
 def test_logits_match_transformers(tiny):
-    name, hf_model, folder = tiny
-    diff = max_logit_diff(hf_model, folder, batch_tokens(length=20))
-    print(f"\n{name}: max |Δlogit| = {diff:.2e}")
-    assert diff <= TOL
+    check_logits(tiny, TOL)
 
 
 def test_greedy_with_cache_matches_transformers(tiny):
     """24 new tokens after an 8-token prompt: well past the 4- and 5-token windows."""
-    name, hf_model, folder = tiny
-    prompt = batch_tokens(seed=2, batch=1, length=8)[0].tolist()
-    assert greedy_ours(folder, prompt, 24) == greedy_reference(hf_model, prompt, 24)
+    check_greedy(tiny)
 
 
 def test_every_decode_step_matches_full_forward(tiny):

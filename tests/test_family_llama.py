@@ -7,6 +7,9 @@ import pytest
 from hf_tiny import (
     TINY,
     batch_tokens,
+    build_case,
+    check_greedy,
+    check_logits,
     dequantized_reference,
     greedy_ours,
     greedy_reference,
@@ -52,23 +55,16 @@ CASES = {
 
 @pytest.fixture(scope="module", params=list(CASES))
 def tiny(request, tmp_path_factory):
-    model_cls, config = CASES[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    return request.param, save_tiny(model_cls, config, folder), folder
+    return build_case(CASES, request.param, tmp_path_factory)
 
 
 def test_logits_match_transformers(tiny):
-    name, hf_model, folder = tiny
-    diff = max_logit_diff(hf_model, folder, batch_tokens(length=20))
-    print(f"\n{name}: max |Δlogit| = {diff:.2e}")
-    assert diff <= 1e-4
+    check_logits(tiny, 1e-4)
 
 
 def test_greedy_with_cache_matches_transformers(tiny):
     """24 new tokens after an 8-token prompt: past the Mistral case's 5-token window."""
-    name, hf_model, folder = tiny
-    prompt = batch_tokens(seed=2, batch=1, length=8)[0].tolist()
-    assert greedy_ours(folder, prompt, 24) == greedy_reference(hf_model, prompt, 24)
+    check_greedy(tiny)
 
 
 def test_config_mapping(tiny):
