@@ -15,6 +15,9 @@ from clearlm.families.base import Family, HFConfig, activation_from_hf, decoder_
 
 
 def llama_config(c: HFConfig) -> dict[str, Any]:
+    """LlamaConfig keys → ModelConfig fields (transformers' modeling_llama); raises
+    InvalidModelFileError for a missing required key, UnsupportedModelError for an unknown
+    activation or RoPE scaling."""
     return dict(
         decoder_core(c),
         **rope_from_hf(c),
@@ -26,11 +29,13 @@ def llama_config(c: HFConfig) -> dict[str, Any]:
 
 
 def mistral_config(c: HFConfig) -> dict[str, Any]:
+    """Llama's fields plus ``sliding_window`` on every layer (transformers' modeling_mistral)."""
     window = c.get("sliding_window")
     return dict(llama_config(c), sliding_window=int(window) if window else None)
 
 
 def qwen2_config(c: HFConfig) -> dict[str, Any]:
+    """Llama's fields with Q/K/V biases; the window only when ``use_sliding_window`` is set."""
     cfg = dict(llama_config(c), attn_bias=True, attn_out_bias=False)
     window = c.get("sliding_window")
     if c.get("use_sliding_window", False) and window:
@@ -42,6 +47,7 @@ def qwen2_config(c: HFConfig) -> dict[str, Any]:
 
 
 def qwen3_config(c: HFConfig) -> dict[str, Any]:
+    """Qwen2's fields with per-head q/k RMSNorm; biases only when ``attention_bias`` is set."""
     cfg = dict(qwen2_config(c), qk_norm=True)
     cfg["attn_bias"] = cfg["attn_out_bias"] = bool(c.get("attention_bias", False))
     return cfg

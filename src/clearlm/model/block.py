@@ -51,6 +51,7 @@ class Block(nn.Module):
         positions: torch.Tensor,
         cache: KVCache | None,
     ) -> torch.Tensor:
+        """x (B, T, D) → (B, T, D); rope (cos, sin) of (T, rope_dim) or None; positions (T,)."""
         hooks, p = self.hooks, self.prefix
         if hooks.active:
             x = hooks(p + ".resid_pre", x)
