@@ -119,3 +119,24 @@ def check_greedy(case) -> None:
     _, hf_model, folder = case
     prompt = batch_tokens(seed=2, batch=1, length=8)[0].tolist()
     assert greedy_ours(folder, prompt, 24) == greedy_reference(hf_model, prompt, 24)
+
+
+def llama_like_gguf_writer(model, arch: str, path: Path):
+    """A GGUFWriter with the keys llama.cpp's converter writes for every Llama-style config
+    (context, widths, heads, RMSNorm ε, vocab size); the caller adds its family's own keys.
+
+    Returns (writer, HF-name → GGUF-name map)."""
+    import gguf
+
+    c = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    return w, names

@@ -20,11 +20,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from hf_tiny import (
     TINY,
@@ -33,6 +32,7 @@ from hf_tiny import (
     check_greedy,
     check_logits,
     dequantized_reference,
+    llama_like_gguf_writer,
     save_tiny,
 )
 from transformers import (
@@ -198,16 +198,7 @@ def write_gguf(model, arch: str, path: Path, qtype: GGMLQuantizationType) -> dic
         GGUF tensor name → transformers parameter name.
     """
     c = model.config
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
-    w = GGUFWriter(str(path), arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
+    w, names = llama_like_gguf_writer(model, arch, path)
     w.add_bos_token_id(c.bos_token_id)  # gguf.SpecialVocab's keys (no vocabulary needed here)
     w.add_eos_token_id(c.eos_token_id)
     w.add_pad_token_id(c.pad_token_id)

@@ -13,6 +13,7 @@ from hf_tiny import (
     dequantized_reference,
     greedy_ours,
     greedy_reference,
+    llama_like_gguf_writer,
     max_logit_diff,
     save_tiny,
 )
@@ -107,22 +108,12 @@ def write_llama_like_gguf(model, arch: str, path, qtype) -> dict[str, str]:
     Qwen2Model / Qwen3Model: its metadata keys and tensor names, Q/K rows permuted into
     llama.cpp's RoPE layout for "llama" only; matrices in `qtype`, vectors in F32.
     Returns GGUF name → transformers name."""
-    import gguf
-    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
     c = model.config
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], c.num_hidden_layers)
-    w = GGUFWriter(str(path), arch)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w, names = llama_like_gguf_writer(model, arch, path)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_vocab_size(c.vocab_size)
     if arch == "qwen3":
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)

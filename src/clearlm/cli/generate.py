@@ -14,7 +14,7 @@ MaxNew = Annotated[
     int, typer.Option("--max-new-tokens", "-n", min=0, help="Most tokens to generate.")
 ]
 # Sampling options default to None: then the model folder's generation_config.json decides,
-# and failing that the command's own default (see _sampling).
+# and failing that the command's own default (see _run).
 Temp = Annotated[
     float | None,
     typer.Option(help="Divide logits by this before softmax; 0 = greedy. [default: 0.8, chat 0]"),
@@ -95,10 +95,6 @@ def _run(
     )
 
 
-def _sampling(**kw: Any) -> dict[str, Any]:
-    return kw
-
-
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="Text to continue (no chat template).")],
@@ -116,7 +112,7 @@ def generate(
     """Continue PROMPT, streaming the text as it is generated."""
     from clearlm.api import GENERATE_DEFAULTS
 
-    sampling = _sampling(
+    sampling = dict(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
@@ -150,7 +146,7 @@ def chat(
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": message}
     ]
-    sampling = _sampling(
+    sampling = dict(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
