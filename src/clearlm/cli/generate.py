@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.text import clean_arg
 
 MaxNew = Annotated[
     int, typer.Option("--max-new-tokens", "-n", min=0, help="Most tokens to generate.")
@@ -120,9 +121,9 @@ def generate(
         repetition_penalty=repetition_penalty,
         seed=seed,
     )
-    _run(
-        model, dtype, lambda m: m.encode(prompt), max_new_tokens, stop, sampling, GENERATE_DEFAULTS
-    )
+    text = clean_arg(prompt)  # undecodable bytes → U+FFFD
+    stops = [clean_arg(s) for s in stop or ()]
+    _run(model, dtype, lambda m: m.encode(text), max_new_tokens, stops, sampling, GENERATE_DEFAULTS)
 
 
 @app.command()
@@ -143,8 +144,8 @@ def chat(
     """Answer MESSAGE, rendered with the model's own chat template (greedy by default)."""
     from clearlm.api import CHAT_DEFAULTS
 
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": message}
+    messages = ([{"role": "system", "content": clean_arg(system)}] if system else []) + [
+        {"role": "user", "content": clean_arg(message)}
     ]
     sampling = dict(
         temperature=temperature,
@@ -159,7 +160,7 @@ def chat(
         dtype,
         lambda m: m.chat_prompt(messages),
         max_new_tokens,
-        stop,
+        [clean_arg(s) for s in stop or ()],
         sampling,
         CHAT_DEFAULTS,
     )

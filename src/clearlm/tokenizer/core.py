@@ -16,6 +16,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as Backend
 
+from clearlm.text import clean_text
 from clearlm.tokenizer.chat import pick_template, render_chat
 from clearlm.tokenizer.stream import DecodeRule, TextStream
 
@@ -97,8 +98,13 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``. Special-token text ('<|im_start|>') always maps to its one id;
-        ``add_special_tokens`` only controls the BOS/EOS the model asks for (add_bos / add_eos)."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        ``add_special_tokens`` only controls the BOS/EOS the model asks for (add_bos / add_eos).
+        Lone surrogates become U+FFFD first (:func:`clearlm.text.clean_text`).
+
+        Raises:
+            ClearLMError: ``text`` is not a str.
+        """
+        return self.backend.encode(clean_text(text), add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD. ``skip_special_tokens`` drops special
