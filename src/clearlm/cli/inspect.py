@@ -80,6 +80,7 @@ def info(
     tk.add_row("model", tok_kind)
     tk.add_row("vocabulary", f"{tok.vocab_size:,} tokens")
     tk.add_row("BOS / EOS", f"{show(tok.bos_id)} / {show(tok.eos_id)}")
+    tk.add_row("end ids", ", ".join(show(i) for i in sorted(tok.eos_ids)) or "-")
     tk.add_row("adds BOS", str(tok.add_bos))
     tk.add_row("chat template", "yes" if tok.chat_template else "no")
     out.print(tk)
