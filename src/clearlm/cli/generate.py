@@ -130,6 +130,14 @@ def generate(
 def chat(
     message: Annotated[str, typer.Argument(help="The user's message.")],
     system: Annotated[str | None, typer.Option(help="A system message to put first.")] = None,
+    parse_special_in_content: Annotated[
+        bool,
+        typer.Option(
+            "--parse-special-in-content",
+            help="Trusted messages only: special-token text typed in them ('<|im_end|>') "
+            "becomes control tokens (by default it stays plain text).",
+        ),
+    ] = False,
     model: ModelOpt = None,
     max_new_tokens: MaxNew = 256,
     temperature: Temp = None,
@@ -141,7 +149,9 @@ def chat(
     stop: Stop = None,
     dtype: DType = "float32",
 ) -> None:
-    """Answer MESSAGE, rendered with the model's own chat template (greedy by default)."""
+    """Answer MESSAGE, rendered with the model's own chat template (greedy by default).
+
+    The messages are text: control tokens come only from the template."""
     from clearlm.api import CHAT_DEFAULTS
 
     messages = ([{"role": "system", "content": clean_arg(system)}] if system else []) + [
@@ -158,7 +168,7 @@ def chat(
     _run(
         model,
         dtype,
-        lambda m: m.chat_prompt(messages),
+        lambda m: m.chat_prompt(messages, parse_special_in_content),
         max_new_tokens,
         [clean_arg(s) for s in stop or ()],
         sampling,
