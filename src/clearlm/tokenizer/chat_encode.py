@@ -9,7 +9,8 @@ contents are text, always:
    the ``text`` of a content part) replaced by a unique sentinel. Splitting the sentinel render
    gives the template's own text around each content; matching it against the real render (the
    content as is, or stripped as jinja's ``trim`` does) gives where each content lies.
-2. Special tokens are looked for only in the template's text: these are the control tokens.
+2. The control tokens are the special tokens that the one-go encoding finds in the template's
+   own text (not in a content; a token with lstrip/rstrip may take whitespace along).
 3. The text between two control tokens (template text and contents together) is encoded with
    a copy of the pipeline in which special tokens are plain text (`tokenizers`'
    ``encode_special_tokens``), each piece behind a marker token so that it is encoded exactly as
@@ -108,7 +109,12 @@ def content_spans(
 ) -> tuple[list[str], list[tuple[int, int]] | None]:
     """(the contents, their char spans in ``text`` or None if they cannot be located)."""
     contents: list[str] = []
-    _map_contents(messages, lambda s, i: contents.append(s) or s)
+
+    def collect(s: str, _: int) -> str:
+        contents.append(s)
+        return s
+
+    _map_contents(messages, collect)
     nonce = secrets.token_hex(8)
     sentinel = re.compile(f"\ue000{nonce}:(\\d+)\ue001")
     marked = render(_map_contents(messages, lambda s, i: f"\ue000{nonce}:{i}\ue001"))
@@ -120,6 +126,25 @@ def content_spans(
 def _has_special(tok: Tokenizer, text: str) -> bool:
     special = tok.special_ids
     return any(i in special for i in tok.backend.encode(text, add_special_tokens=False).ids)
+
+
+def _control_tokens(
+    tok: Tokenizer, text: str, spans: list[tuple[int, int]]
+) -> list[tuple[int, int, int]]:
+    """(start, end, id) of the special tokens that the one-go encoding of ``text`` finds in the
+    template's own text: the token itself lies outside every content span. start/end include
+    the whitespace a token with lstrip/rstrip takes along (that whitespace is dropped)."""
+    out = []
+    enc = tok.backend.encode(text, add_special_tokens=False)
+    for i, (s, e) in zip(enc.ids, enc.offsets, strict=True):
+        if i not in tok.special_ids:
+            continue
+        spelled = tok.backend.id_to_token(i) or ""
+        core = text.find(spelled, s, e) if spelled else -1
+        a, b = (core, core + len(spelled)) if core >= 0 else (s, e)
+        if not any(a < c_end and c_start < b for c_start, c_end in spans):
+            out.append((s, e, i))
+    return out
 
 
 def encode_chat(
@@ -149,16 +174,7 @@ def encode_chat(
                 "trusted"
             )
         return tok.encode(text, add_special_tokens=False)  # nothing a user could forge
-    # control tokens: special tokens inside the template's own text (between the contents)
-    control: list[tuple[int, int, int]] = []  # (start, end, id)
-    bounds = [0, *(p for span in spans for p in span), len(text)]
-    for start, end in zip(bounds[0::2], bounds[1::2], strict=True):
-        enc = tok.backend.encode(text[start:end], add_special_tokens=False)
-        control += [
-            (start + s, start + e, i)
-            for i, (s, e) in zip(enc.ids, enc.offsets, strict=True)
-            if i in tok.special_ids
-        ]
+    control = _control_tokens(tok, text, spans)
     plain, marker = tok.text_backend
     ids: list[int] = []
     pos = 0
