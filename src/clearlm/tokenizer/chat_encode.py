@@ -8,7 +8,8 @@ contents are text, always:
 1. The template is rendered twice: with the real messages, and with each content (a string, or
    the ``text`` of a content part) replaced by a unique sentinel. Splitting the sentinel render
    gives the template's own text around each content; matching it against the real render (the
-   content as is, or stripped as jinja's ``trim`` does) gives where each content lies.
+   content as is, stripped as jinja's ``trim`` does, or JSON-escaped by ``tojson``) gives where
+   each content lies.
 2. The control tokens are the special tokens that the one-go encoding finds in the template's
    own text (not in a content; a token with lstrip/rstrip may take whitespace along).
 3. The text between two control tokens (template text and contents together) is encoded with
@@ -17,12 +18,13 @@ contents are text, always:
    `tokenizers` encodes a piece that follows a special token (no SentencePiece prefix space).
 
 With no special-token text in the contents, the ids equal the one-go encoding. A template that
-reshapes contents beyond ``trim`` cannot be matched; then a conversation whose contents hold
+reshapes contents otherwise cannot be matched; then a conversation whose contents hold
 special-token text is refused (ChatTemplateError) rather than encoded unsafely.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Callable, Sequence
@@ -38,7 +40,20 @@ if TYPE_CHECKING:
     from clearlm.tokenizer.core import Tokenizer
 
 MARKER = "\ue000clearlm-piece\ue001"  # a private-use string no vocabulary holds
-_TRANSFORMS: tuple[Callable[[str], str], ...] = (str, str.strip, str.lstrip, str.rstrip)
+
+
+def _json_body(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]  # `content | tojson`, less its quotes
+
+
+# What templates do to a content on its way out: nothing, jinja's trim, tojson.
+_TRANSFORMS: tuple[Callable[[str], str], ...] = (
+    str,
+    str.strip,
+    str.lstrip,
+    str.rstrip,
+    _json_body,
+)
 
 
 def text_only_backend(backend: Backend) -> tuple[Backend, int]:
