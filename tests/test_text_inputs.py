@@ -202,3 +202,11 @@ def test_crlf_model_files_read_as_transformers_reads_them(tmp_path: Path) -> Non
     text = ref.apply_chat_template(messages, tokenize=False)
     assert ours.apply_chat_template(messages) == text
     assert ours.encode_chat(messages) == ref.encode(text, add_special_tokens=False)
+
+
+def test_api_bytes_and_non_text_prompts(tiny: Path) -> None:
+    model = clearlm.load(tiny)
+    assert model.encode(b"caf\xe9 \xff ok") == model.encode("caf\ufffd \ufffd ok")
+    assert model.encode("café".encode()) == model.encode("café")
+    with pytest.raises(ClearLMError, match="a prompt is text or a list of token ids, not NoneType"):
+        model.encode(None)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from clearlm.loading.load import load_gguf_model
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
 from clearlm.sampling import SamplingParams, softmax
+from clearlm.text import decode_utf8
 from clearlm.tokenizer import Tokenizer
 from clearlm.trace import HookFn, HookHandle, Trace, check_hook_name, resolve_names
 
@@ -93,13 +94,20 @@ class Model:
             return params
         return SamplingParams(**{**(fallback or {}), **self.generation_defaults, **given})
 
-    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def encode(self, prompt: str | bytes | Sequence[int]) -> list[int]:
         """Text → token ids (BOS added when the file asks for it); ids pass through unchanged.
+        Bytes are UTF-8 text; invalid bytes and lone surrogates become U+FFFD.
 
-        Raises ClearLMError for an id outside the vocabulary."""
+        Raises ClearLMError for an id outside the vocabulary, or a prompt that is neither."""
+        if isinstance(prompt, bytes | bytearray):
+            prompt = decode_utf8(bytes(prompt), "prompt")
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        ids = [int(i) for i in prompt]
+        try:
+            ids = [int(i) for i in prompt]
+        except (TypeError, ValueError):
+            msg = f"a prompt is text or a list of token ids, not {type(prompt).__name__}"
+            raise ClearLMError(msg) from None
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
         if bad:
             raise ClearLMError(
