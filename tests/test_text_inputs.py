@@ -210,3 +210,10 @@ def test_api_bytes_and_non_text_prompts(tiny: Path) -> None:
     assert model.encode("café".encode()) == model.encode("café")
     with pytest.raises(ClearLMError, match="a prompt is text or a list of token ids, not NoneType"):
         model.encode(None)  # type: ignore[arg-type]
+
+
+def test_issue_cli_input_on_the_default_model(smollm2) -> None:
+    proc = cli("generate", b"caf\xe9 \xff ok", "-n", "2", "--temperature", "0")
+    err = _no_traceback(proc)
+    assert proc.returncode == 0, err
+    assert _prompt_tokens(err) == len(smollm2.encode("caf\ufffd \ufffd ok"))
