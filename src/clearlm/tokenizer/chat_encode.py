@@ -185,8 +185,8 @@ def encode_chat(
             raise ChatTemplateError(
                 f"the chat template of {tok.source} changes message contents, so special-token "
                 "text typed in a message cannot be kept apart from the template's control "
-                "tokens; remove it, or pass parse_special_in_content=True if the messages are "
-                "trusted"
+                "tokens; remove it, or if the messages are trusted pass "
+                "parse_special_in_content=True (CLI: --parse-special-in-content)"
             )
         return tok.encode(text, add_special_tokens=False)  # nothing a user could forge
     control = _control_tokens(tok, text, spans)
