@@ -93,7 +93,7 @@ def create_app(model: Model, title: str | None = None) -> FastAPI:
     lock = threading.Lock()
     cache: OrderedDict[str, Analysis] = OrderedDict()
     name = title or str(model.path).rsplit("/", 1)[-1]
-    page = files("clearlm.ui").joinpath("static/index.html").read_text(encoding="utf-8")
+    page = files("clearlm.ui").joinpath("static/index.html").read_bytes().decode("utf-8")
 
     def run(prompt: str) -> Analysis:
         """The prompt's analysis, from the cache or computed now (under the lock)."""
