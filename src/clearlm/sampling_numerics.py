@@ -73,7 +73,7 @@ def shifted_penalty(z: Tensor, seen: Tensor, penalty: float) -> Tensor:
     """The repetition penalty in float64, shifted so each row's maximum is 0, back to float32.
 
     ``z`` ``(..., V)`` float32, ``seen`` ``(..., V)`` bool. Raises SamplingError when even
-    float64 overflows (a penalty below about 1e-270 on a positive logit).
+    float64 overflows (logit / penalty > 1.8e308: a penalty below 1e-308 on a logit of 1).
     """
     z64 = z.to(torch.float64)
     out = torch.where(seen, torch.where(z64 < 0, z64 * penalty, z64 / penalty), z64)
