@@ -144,3 +144,13 @@ def test_filters_pass_an_all_minus_inf_row_through() -> None:
         assert out.dtype == torch.float32
         assert torch.isneginf(out[1]).all()
         assert softmax(out[:1]).sum().item() == pytest.approx(1.0)
+
+
+def test_the_explanation_follows_the_sampler_on_half_logits() -> None:
+    x = torch.tensor(ISSUE, dtype=torch.float16)
+    params = SamplingParams(temperature=1e-4, top_p=0.9, seed=0)
+    e = explain_sampling(x, None, params)
+    token, logprob = make_sampler(params)(x, None)
+    assert (e.token, e.probability, e.logprob) == (int(token), 1.0, float(logprob))
+    assert e.steps[2].name == "temperature" and e.steps[2].kept == (0, 1, 2, 3)
+    assert e.steps[2].top[0] == (2, 1.0)
