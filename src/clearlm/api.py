@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from clearlm.config import ModelConfig
+from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS, read_generation_config
 from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.loading.load import load_gguf_model
@@ -20,11 +21,6 @@ from clearlm.tokenizer import Tokenizer
 from clearlm.trace import HookFn, HookHandle, Trace, check_hook_name, resolve_names
 
 Messages = Sequence[dict[str, str]]
-
-# Defaults when neither the caller nor the model's generation_config.json sets a value: free
-# text is sampled (temperature 0.8), chat answers are greedy. The CLI uses the same ones.
-GENERATE_DEFAULTS: dict[str, Any] = {"temperature": 0.8}
-CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
 
 DTYPES = {
     "float32": torch.float32,
@@ -60,7 +56,8 @@ class Model:
 
     Build one with :func:`load`. Every method takes text (or token ids) and runs on the CPU in
     the parameters' dtype. ``generation_defaults`` holds the sampling values of the folder's
-    generation_config.json (empty for GGUF files).
+    generation_config.json as transformers reads it (see :mod:`clearlm.defaults`; empty for
+    GGUF files and for a file that sets no sampling key).
     """
 
     transformer: Transformer
@@ -301,11 +298,11 @@ def load(
     path = resolve_model(model)
     defaults: dict[str, Any] = {}
     if path.is_dir():
-        from clearlm.loading.hf import generation_defaults, load_hf_model
+        from clearlm.loading.hf import load_hf_model
 
         loaded = load_hf_model(path, dtype)
         tokenizer = Tokenizer.from_hf_folder(path)
-        defaults = generation_defaults(path)
+        defaults = read_generation_config(path).values
     else:
         loaded = load_gguf_model(path, dtype)
         tokenizer = Tokenizer.from_gguf_metadata(loaded.metadata, source=path.name)

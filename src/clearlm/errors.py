@@ -46,6 +46,11 @@ class SamplingParamsError(ClearLMError, ValueError):
     exit_code = 7
 
 
+class SamplingError(ClearLMError, ValueError):
+    """The logits give no distribution to sample from: a row is all -inf (every token removed),
+    or holds NaN or +inf."""
+
+
 class ChatTemplateError(ClearLMError):
     """The model has no chat template, or its template failed on these messages."""
 
