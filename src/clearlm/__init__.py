@@ -13,6 +13,7 @@ from clearlm.errors import (
     ContextLengthError,
     InvalidModelFileError,
     ModelNotFoundError,
+    PromptTypeError,
     SamplingParamsError,
     UnsupportedModelError,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "Model",
     "ModelConfig",
     "ModelNotFoundError",
+    "PromptTypeError",
     "SamplingParams",
     "SamplingParamsError",
     "UnsupportedModelError",

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from clearlm.config import ModelConfig
-from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
+from clearlm.errors import ChatTemplateError, ClearLMError, PromptTypeError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.loading.load import load_gguf_model
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
 from clearlm.sampling import SamplingParams, softmax
+from clearlm.token_pieces import token_pieces
 from clearlm.tokenizer import Tokenizer
 from clearlm.trace import HookFn, HookHandle, Trace, check_hook_name, resolve_names
 
@@ -96,9 +98,16 @@ class Model:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Text → token ids (BOS added when the file asks for it); ids pass through unchanged.
 
-        Raises ClearLMError for an id outside the vocabulary."""
+        Raises ClearLMError for an id outside the vocabulary, PromptTypeError for anything
+        but a string or integers (a list of strings is a batch: not supported yet)."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
+        if not all(isinstance(i, int) or getattr(i, "ndim", 1) == 0 for i in prompt):
+            kinds = sorted({type(i).__name__ for i in prompt})
+            raise PromptTypeError(
+                f"a prompt is a string or a list of token ids, got a list of {'/'.join(kinds)}; "
+                "batches of prompts are not supported yet: call once per prompt"
+            )
         ids = [int(i) for i in prompt]
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
         if bad:
@@ -120,6 +129,11 @@ class Model:
             raise ChatTemplateError("the conversation is empty; give at least one message")
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def to_str_tokens(self, prompt: str | Sequence[int]) -> list[str]:
+        """One readable string per token of the prompt (as TransformerLens's to_str_tokens);
+        bytes of a partial character show as ``<0xE6>`` (see clearlm.token_pieces)."""
+        return token_pieces(self.tokenizer, self.encode(prompt))
 
     def _ids_tensor(self, prompt: str | Sequence[int]) -> torch.Tensor:
         ids = self.encode(prompt)
@@ -172,7 +186,7 @@ class Model:
         if wanted is None or "probs" in wanted:
             recorded["probs"] = softmax(logits.float())
         tokens = ids[0].tolist()
-        return Trace(recorded, tokens, [self.tokenizer.decode([t]) for t in tokens])
+        return Trace(recorded, tokens, token_pieces(self.tokenizer, tokens))
 
     def add_hook(self, name: str, fn: HookFn) -> HookHandle:
         """Call fn(tensor, name) whenever the forward pass reaches hook point `name`; if fn
@@ -187,6 +201,19 @@ class Model:
             raise ClearLMError("'probs' is computed after the forward pass; hook 'logits' instead")
         self.transformer.hooks.fns.setdefault(name, []).append(fn)
         return HookHandle(self.transformer.hooks, name, fn)
+
+    @contextmanager
+    def hooks(self, fns: Mapping[str, HookFn]) -> Iterator[Model]:
+        """``with model.hooks({"blocks.5.attn.z": fn}):`` — hooks that are removed when the
+        block ends, also when it raises. Raises ClearLMError for an unknown name (none added)."""
+        for name in fns:
+            self.add_hook(name, fns[name]).remove()  # validate every name before adding any
+        handles = [self.add_hook(name, fn) for name, fn in fns.items()]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
 
     def clear_hooks(self) -> None:
         """Remove every hook."""
