@@ -195,7 +195,7 @@ def test_to_str_tokens_shows_partial_characters_as_bytes(tiny):
     # The tiny vocabulary has one token per byte: "日本" is six byte tokens, none a character.
     text = "日本 he"
     pieces = tiny.to_str_tokens(text)
-    expected_bytes = ["<0x%02X>" % b for b in "日本".encode()]
+    expected_bytes = [f"<0x{b:02X}>" for b in "日本".encode()]
     assert pieces == expected_bytes + [" ", "he"]
     assert "�" not in "".join(pieces)
     assert tiny.run_with_trace(text, names=["embed"]).text == pieces
