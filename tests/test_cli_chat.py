@@ -86,6 +86,18 @@ def test_json_output_and_logprobs_match_a_direct_computation(tiny, tiny_path):
         prefix = prefix + [tok]
 
 
+def test_chat_message_from_stdin_with_json(tiny, tiny_path):
+    proc = cli("chat", "-", "-m", str(tiny_path), "-n", "5", "--json", stdin=b"hi there")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    ref = tiny.chat("hi there", max_new_tokens=5)  # chat is greedy by default
+    assert out["prompt_token_ids"] == tiny.chat_prompt("hi there")
+    assert out["token_ids"] == ref.tokens and out["text"] == ref.text
+    assert "logprobs" not in out
+    proc = cli("chat", "-m", str(tiny_path), "--json", stdin=b"hi\n")  # no conversation in JSON
+    assert proc.returncode == 2 and b"need a MESSAGE" in proc.stderr
+
+
 def test_closed_pipe_ends_quietly_with_status_0(tiny_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "clearlm", "generate", "hello", "-m", str(tiny_path), "-n", "80",

@@ -64,7 +64,8 @@ def test_eos_stops_generation(tiny, monkeypatch):
             logits[..., eos] = logits.max() + 10.0
             return logits
 
-    monkeypatch.setattr(tiny.transformer, "lm_head", EOSHead())
+    # setitem, not setattr: undoing a setattr would delete the submodule for later tests
+    monkeypatch.setitem(tiny.transformer._modules, "lm_head", EOSHead())
     res = tiny.generate("abc", max_new_tokens=10, temperature=0)
     assert res.finish_reason == "eos"
     assert res.tokens == [eos]
