@@ -109,6 +109,10 @@ def run_repl(
     interactive = sys.stdin.isatty()
     conv = Conversation(system)
     if interactive:
+        try:  # line editing and ↑ history for input()
+            import readline  # noqa: F401
+        except ImportError:  # not on every platform; input() still works
+            pass
         err.print(f"[dim]chat with {model.path} · {HELP}[/]", soft_wrap=True)
     while True:
         try:
@@ -125,4 +129,9 @@ def run_repl(
                 return
             continue
         conv.turns.append({"role": "user", "content": line})
-        _answer(model, conv, params, max_new_tokens, stop)
+        try:
+            _answer(model, conv, params, max_new_tokens, stop)
+        except KeyboardInterrupt:  # Ctrl-C just outside the generation: keep turns paired
+            if conv.turns and conv.turns[-1]["role"] == "user":
+                conv.turns.pop()
+            write_out("\n")
