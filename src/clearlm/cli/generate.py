@@ -1,4 +1,6 @@
-"""`clearlm generate` and `clearlm chat`: text streamed to the terminal as it is produced."""
+"""`clearlm generate` and `clearlm chat`: text streamed to the terminal as it is produced, or one
+JSON object (``--json``); the prompt from the argument, standard input (``-``) or ``-f FILE``;
+``clearlm chat`` with no message runs the conversation loop of :mod:`clearlm.cli.repl`."""
 
 from __future__ import annotations
 
