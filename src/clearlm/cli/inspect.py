@@ -137,7 +137,8 @@ def perplexity(
         )
     print(f"perplexity {res.perplexity:.4f}")
     err.print(
-        f"[dim]{res.n_predicted} tokens predicted in {res.n_windows} windows · "
+        f"[dim]{res.n_predicted} tokens predicted in {res.n_windows} "
+        f"window{'' if res.n_windows == 1 else 's'} · "
         f"mean NLL {res.mean_nll:.4f} nats/token[/]",
         soft_wrap=True,
     )
