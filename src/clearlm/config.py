@@ -18,7 +18,9 @@ NORMS = ("rms", "layer")
 BLOCKS = ("pre", "post", "sandwich")
 FFNS = ("gated", "mlp")
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
-ROPE_SCALINGS = ("linear", "dynamic", "llama3")
+ROPE_SCALINGS = ("linear", "dynamic", "llama3")  # the rope types of config.json we run
+# + "factors": per-frequency divisors, llama.cpp's rope_freqs.weight tensor (Llama 3.1+ GGUFs)
+ROPE_KINDS = (*ROPE_SCALINGS, "factors")
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,9 @@ class RopeScaling:
     kind: "linear" (positions ÷ factor; Chen et al. 2023), "dynamic" (NTK-aware base growth once
     the sequence passes ``original_context``; bloc97/emozilla), or "llama3" (per-band
     interpolation; Meta's Llama 3.1 reference). Formulas follow transformers'
-    ``modeling_rope_utils``.
+    ``modeling_rope_utils``. "factors" divides each frequency θ_j by ``freq_factors[j]``, the
+    way llama.cpp applies a GGUF's ``rope_freqs.weight`` (ggml_rope_ext's freq_factors); its
+    converter bakes Llama 3's scaling into that tensor.
     """
 
     kind: str
@@ -36,12 +40,13 @@ class RopeScaling:
     original_context: int = 0  # tokens; dynamic and llama3
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 4.0  # llama3
+    freq_factors: tuple[float, ...] = field(default=(), repr=False)  # factors: (d/2,)
 
     def __post_init__(self) -> None:
-        if self.kind not in ROPE_SCALINGS:
+        if self.kind not in ROPE_KINDS:
             raise UnsupportedModelError(
                 f"rope scaling {self.kind!r} is not supported; supported: "
-                + ", ".join(ROPE_SCALINGS)
+                + ", ".join(ROPE_KINDS)
             )
 
 

@@ -45,7 +45,8 @@ def rope_inv_freq(
 
     Scalings follow transformers' modeling_rope_utils: "linear" divides every θ_j by the
     factor; "dynamic" (NTK) grows the base once seq_len passes the original context;
-    "llama3" divides low frequencies by the factor, keeps high ones, and blends in between.
+    "llama3" divides low frequencies by the factor, keeps high ones, and blends in between;
+    "factors" divides each θ_j by its own factor (a GGUF's rope_freqs tensor).
     """
     exponents = torch.arange(0, rope_dim, 2, dtype=torch.int64).float() / rope_dim
     if scaling is not None and scaling.kind == "dynamic":
@@ -59,6 +60,8 @@ def rope_inv_freq(
         return inv_freq
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
+    if scaling.kind == "factors":  # llama.cpp: θ_j / freq_factors[j] (ggml rope_yarn, ggml.c)
+        return inv_freq / torch.tensor(scaling.freq_factors, dtype=torch.float32)  # (d/2,)
     # llama3: wavelengths longer than original_context / low_freq_factor are stretched fully,
     # shorter than original_context / high_freq_factor are kept, the band between is blended.
     orig, f = scaling.original_context, scaling.factor
