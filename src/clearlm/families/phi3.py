@@ -93,7 +93,9 @@ def phi3_gguf_config(m: dict[str, Any], a: str) -> dict[str, Any]:
     layer, as in transformers' Phi3 on the original folder; llama.cpp's loader and transformers'
     GGUF loader leave it out, which changes the numbers only past the window. 0: no window."""
     if f"{a}.rope.scaling.attn_factor" in m:
-        raise UnsupportedModelError(f"{a}: rope scaling 'longrope' is not supported")
+        raise UnsupportedModelError(
+            f"{a}.rope.scaling.attn_factor is set: rope scaling 'longrope' is not supported"
+        )
     window = int(m.get(f"{a}.attention.sliding_window", 0))
     return {"sliding_window": window or None}
 
