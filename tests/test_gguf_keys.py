@@ -31,12 +31,16 @@ from transformers import (
     MistralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 from clearlm.loading.gguf_arch import ARCHITECTURES
 from clearlm.loading.gguf_keys import INERT_KEYS
+from clearlm.loading.hf import load_hf_model
 from clearlm.loading.load import inspect_gguf, load_gguf_model
+from clearlm.model.positions import rope_inv_freq
 
 FOUR = dict(TINY, num_hidden_layers=4)
 S, F = "sliding_attention", "full_attention"
@@ -176,7 +180,42 @@ def test_rope_freqs_tensor_matches_llama3_scaling(tmp_path):
         inspect_gguf(both)
 
 
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+YARN_BETAS = YARN | {"beta_fast": 4.0, "beta_slow": 0.5}  # ramp over pairs 1–4
+
+
+@pytest.mark.parametrize("rope", [YARN, YARN_BETAS], ids=["yarn", "yarn-betas"])
+def test_yarn_hf_folder_matches_transformers(rope, tmp_path):
+    """YaRN from config.json (transformers' rope_type "yarn"): its ramp blends pairs 1–2 (default
+    betas) or 1–3 (4, 0.5) of the 8 between kept and stretched frequencies."""
+    config = Qwen2Config(**TINY, rope_parameters=rope | {"rope_theta": 10000.0})
+    hf_model = save_tiny(Qwen2ForCausalLM, config, tmp_path)
+    scaling = load_hf_model(tmp_path).config.rope_scaling
+    assert scaling.kind == "yarn" and scaling.attention_factor == 0.1 * math.log(4.0) + 1
+    changed = rope_inv_freq(16, 1e4, scaling, 40) != rope_inv_freq(16, 1e4, None, 40)
+    assert 0 < int(changed.sum()) < 8  # the ramp keeps the fastest pairs, stretches the rest
+    tokens = batch_tokens(length=40)
+    with torch.inference_mode():
+        diff = (load_hf_model(tmp_path).model(tokens) - hf_model(tokens).logits).abs().max().item()
+    print(f"\n{rope}: max |Δlogit| = {diff:.2e}")
+    assert diff <= 1e-4
+
+
 PARITY = {
+    # Qwen 2.5/3 long-context GGUFs: YaRN with llama.cpp's keys.
+    "qwen2-yarn": (
+        Qwen2ForCausalLM,
+        Qwen2Config(**TINY, rope_parameters=YARN_BETAS | {"rope_theta": 10000.0}),
+        "qwen2",
+        {
+            "rope.freq_base": 10000.0,
+            "rope.scaling.type": "yarn",
+            "rope.scaling.factor": 4.0,
+            "rope.scaling.original_context_length": 128,
+            "rope.scaling.yarn_beta_fast": 4.0,
+            "rope.scaling.yarn_beta_slow": 0.5,
+        },
+    ),
     # llama.cpp writes Mistral as "llama"; a window in the file means Mistral's.
     "llama-window": (
         MistralForCausalLM,
@@ -274,7 +313,10 @@ EXTRA = {"gemma2": {"attention.sliding_window": 4}, "gemma3": {"attention.slidin
 
 # A value unlike the default for the keys where 3 would not be (type or meaning).
 TEST_VALUES = {
-    "rope.scaling.type": "yarn",
+    "rope.scaling.type": "longrope",
+    "rope.scaling.original_context_length": 16,
+    "rope.scaling.yarn_beta_fast": 16.0,
+    "rope.scaling.yarn_beta_slow": 2.0,
     "rope.scaling.factor": 4.0,
     "rope.scale_linear": 4.0,
     "rope.freq_base": 5000.0,
@@ -297,6 +339,15 @@ TEST_VALUES = {
     "feed_forward_length": 32,
     "context_length": 32,
 }
+# Keys that act only together with others: walked on top of these.
+WITH = {
+    k: {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}
+    for k in (
+        "rope.scaling.original_context_length",
+        "rope.scaling.yarn_beta_fast",
+        "rope.scaling.yarn_beta_slow",
+    )
+}
 # The old name of rope.scaling.factor, which llama.cpp still reads (LLM_KV_ROPE_SCALE_LINEAR).
 OLD_KEYS = ("{arch}.rope.scale_linear",)
 
@@ -311,11 +362,11 @@ def all_arch_keys() -> list[str]:
     return sorted(out)
 
 
-def base_file(arch: str, path: Path, key: str | None = None, value=None) -> Path:
+def base_file(arch: str, path: Path, key: str | None = None, value=None, with_=None) -> Path:
     """A tensor-less GGUF with what the converter writes for `arch`, plus one key."""
     norm_key = ARCHITECTURES[arch].norm_eps_key
     w = gguf.GGUFWriter(str(path), arch)
-    for k, v in (SIZES | {norm_key: 1e-5} | EXTRA.get(arch, {})).items():
+    for k, v in (SIZES | {norm_key: 1e-5} | EXTRA.get(arch, {}) | (with_ or {})).items():
         if k != key:
             add_key(w, f"{arch}.{k}", v)
     if key is not None:
@@ -331,11 +382,12 @@ def base_file(arch: str, path: Path, key: str | None = None, value=None) -> Path
 def test_every_key_is_mapped_or_refused(arch, tmp_path):
     """Each key, set alone to a non-default value: the config changes, or loading raises
     UnsupportedModelError naming the key; only the listed inert keys do neither."""
-    base, _, _ = inspect_gguf(base_file(arch, tmp_path / "base.gguf"))
     outcome = {}
     for key in all_arch_keys():
         value = TEST_VALUES.get(key, 3)
-        path = base_file(arch, tmp_path / "k.gguf", key, value)
+        with_ = WITH.get(key) if "rope.scaling.type" in ARCHITECTURES[arch].keys else None
+        base, _, _ = inspect_gguf(base_file(arch, tmp_path / "base.gguf", with_=with_))
+        path = base_file(arch, tmp_path / "k.gguf", key, value, with_)
         try:
             cfg, _, _ = inspect_gguf(path)
         except UnsupportedModelError as e:

@@ -26,6 +26,7 @@ from typing import Any
 
 from clearlm.config import RopeScaling
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
+from clearlm.families.base import yarn_mscale
 
 # Every architecture: sizes. Lists (one value per layer) are accepted when uniform.
 SIZE_KEYS = frozenset(
@@ -45,9 +46,12 @@ ROPE_KEYS = frozenset(
     {
         "rope.freq_base",  # → rope_theta
         "rope.dimension_count",  # → rope_dim (partial rotary)
-        "rope.scaling.type",  # "none" | "linear"; yarn / longrope refused
-        "rope.scaling.factor",  # → RopeScaling("linear", factor)
+        "rope.scaling.type",  # "none" | "linear" | "yarn"; longrope refused
+        "rope.scaling.factor",  # → RopeScaling(type, factor)
         "rope.scale_linear",  # the factor's older name (llama.cpp reads it when factor is absent)
+        "rope.scaling.original_context_length",  # yarn (default: context_length)
+        "rope.scaling.yarn_beta_fast",  # yarn (default 32)
+        "rope.scaling.yarn_beta_slow",  # yarn (default 1)
     }
 )
 HEAD_KEYS = frozenset({"attention.key_length", "attention.value_length"})  # → head_dim
@@ -55,7 +59,6 @@ HEAD_KEYS = frozenset({"attention.key_length", "attention.value_length"})  # →
 # Read by llama.cpp but changing nothing clearlm computes.
 INERT_KEYS = {
     "rope.scaling.finetuned": "llama.cpp stores it in hparams.rope_finetuned and never uses it",
-    "rope.scaling.original_context_length": "used only by YaRN and LongRoPE, both refused",
 }
 
 # Keys accepted only at the value that turns their feature off (llama.cpp's defaults).
@@ -144,20 +147,38 @@ def rope_from_gguf(
 
     llama.cpp: ``rope.scaling.type`` defaults to "linear"; the factor comes from
     ``rope.scaling.factor`` or, in older files, ``rope.scale_linear``; 0 or 1 mean no scaling,
-    and type "none" ignores the factor. A ``rope_freqs.weight`` tensor (``freq_factors``, d/2
-    values) divides each frequency on its own; its converter writes it in place of Llama 3's
-    rope_scaling, so a file with both is refused.
+    and type "none" ignores the factor. "yarn" also reads ``original_context_length`` (default:
+    the training context) and ``yarn_beta_fast``/``yarn_beta_slow`` (32, 1), and scales cos/sin
+    by 0.1·ln(factor) + 1 (ggml's rope_yarn mscale); its ``yarn_ext_factor``,
+    ``yarn_attn_factor`` and ``yarn_log_multiplier`` are not read, so a file with one is
+    refused. A ``rope_freqs.weight`` tensor (``freq_factors``, d/2 values) divides each
+    frequency on its own; its converter writes it in place of Llama 3's rope_scaling, so a file
+    with both is refused.
 
     Raises:
-        UnsupportedModelError: a scaling type other than none/linear (yarn, longrope).
+        UnsupportedModelError: a scaling type other than none/linear/yarn (longrope).
     """
     kind = m.get(f"{arch}.rope.scaling.type", "linear")
     factor_key = f"{arch}.rope.scaling.factor"
     if factor_key not in m:
         factor_key = f"{arch}.rope.scale_linear"
     factor = float(m.get(factor_key, 0.0))
-    if kind not in ("none", "linear"):
-        raise refuse(source, f"{arch}.rope.scaling.type", kind, "supported: none, linear")
+    if kind not in ("none", "linear", "yarn"):
+        raise refuse(source, f"{arch}.rope.scaling.type", kind, "supported: none, linear, yarn")
+    if kind == "yarn" and factor not in (0.0, 1.0):
+        if freq_factors is not None:
+            raise refuse(source, factor_key, factor, "together with a rope_freqs tensor")
+        pre = f"{arch}.rope.scaling."
+        return RopeScaling(
+            "yarn",
+            factor,
+            original_context=int(
+                m.get(pre + "original_context_length", m[f"{arch}.context_length"])
+            ),
+            beta_fast=float(m.get(pre + "yarn_beta_fast", 32.0)),
+            beta_slow=float(m.get(pre + "yarn_beta_slow", 1.0)),
+            attention_factor=yarn_mscale(factor),
+        )
     linear = kind == "linear" and factor not in (0.0, 1.0)
     if freq_factors is not None:
         if linear:
