@@ -178,6 +178,11 @@ def test_rope_freqs_tensor_matches_llama3_scaling(tmp_path):
     )
     with pytest.raises(UnsupportedModelError, match="llama.rope.scaling.factor"):
         inspect_gguf(both)
+    # any tensor the architecture's table does not name (here Phi-3's LongRoPE factors)
+    extra = {"rope_factors_long.weight": factors}
+    other = write_gguf(hf_model, "llama", tmp_path / "o.gguf", {"rope.freq_base": 1e4}, extra)
+    with pytest.raises(UnsupportedModelError, match="rope_factors_long.weight"):
+        load_gguf_model(other)
 
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}

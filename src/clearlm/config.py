@@ -54,6 +54,20 @@ class RopeScaling:
                 f"rope scaling {self.kind!r} is not supported; supported: " + ", ".join(ROPE_KINDS)
             )
 
+    def __str__(self) -> str:
+        """What ``clearlm info`` shows: the kind and the parameters it uses."""
+        if self.kind == "factors":
+            return f"factors ({len(self.freq_factors)} from rope_freqs.weight)"
+        extra = {
+            "linear": "",
+            "dynamic": f" (original {self.original_context})",
+            "llama3": f" (original {self.original_context}, low {self.low_freq_factor:g}, "
+            f"high {self.high_freq_factor:g})",
+            "yarn": f" (original {self.original_context}, beta {self.beta_fast:g}/"
+            f"{self.beta_slow:g}, attention ×{self.attention_factor:.4g})",
+        }[self.kind]
+        return f"{self.kind} ×{self.factor:g}{extra}"
+
 
 @dataclass(frozen=True)
 class ModelConfig:

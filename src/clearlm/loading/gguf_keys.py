@@ -120,7 +120,7 @@ def check_keys(metadata: dict[str, Any], arch: str, read: frozenset[str], source
                     f"{source}: metadata key 'split.count' = {value}: the model is split over "
                     "several files; merge them with llama.cpp's gguf-split --merge"
                 )
-            if not key.startswith(OTHER_NAMESPACES) and key != "general.architecture":
+            if not key.startswith(OTHER_NAMESPACES):
                 raise refuse(source, key, value, "not a key of this architecture")
             continue
         name = key[len(prefix) :]
