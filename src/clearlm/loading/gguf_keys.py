@@ -9,7 +9,7 @@ no sign of it, so the rule is: every key under ``{arch}.`` is
 - SIZE: a width or count every architecture has (read by ``config_from_gguf``; a wrong value
   fails the tensor shape check), or
 - READ by this architecture's config builder (its ``GGUFArch.keys``; unsupported *values* are
-  refused there, e.g. ``rope.scaling.type = "yarn"``), or
+  refused there, e.g. ``rope.scaling.type = "longrope"``), or
 - INERT: read by llama.cpp but without effect on what clearlm computes (the reason is listed), or
 - NEUTRAL: set to the value that switches its feature off (``expert_count = 0``), or else
 - refused with an UnsupportedModelError naming the key.
