@@ -1,7 +1,7 @@
 """GGUF metadata that changes the numbers is read or refused, never ignored (issue 7, item 1).
 
 - Parity: tiny transformers models written as GGUF files with the keys llama.cpp reads (linear
-  RoPE scaling, Llama 3's rope_freqs tensor, sliding windows, partial rotary, Gemma 2's
+  and YaRN RoPE scaling, Llama 3's rope_freqs tensor, sliding windows, partial rotary, Gemma 2's
   soft-caps, Gemma 3's scaled global layers) give transformers' logits on the same weights.
 - The walk: every ``{arch}.*`` key the ``gguf`` package defines (gguf.constants.Keys, the names
   llama.cpp's llama-arch.cpp uses), set to a non-default value in a tiny file of every
