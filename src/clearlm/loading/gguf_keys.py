@@ -96,8 +96,7 @@ def refuse(source: str, key: str, value: Any, why: str = "") -> UnsupportedModel
     what = f" ({why})" if why else ""
     return UnsupportedModelError(
         f"{source}: metadata key {key!r} = {shown}{what} changes the computation and clearlm "
-        "does not implement it; run this file with llama.cpp, or load the original Hugging "
-        "Face folder"
+        "does not implement it; run this file with llama.cpp instead"
     )
 
 
