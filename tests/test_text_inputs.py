@@ -208,7 +208,7 @@ def test_api_bytes_and_non_text_prompts(tiny: Path) -> None:
     model = clearlm.load(tiny)
     assert model.encode(b"caf\xe9 \xff ok") == model.encode("caf\ufffd \ufffd ok")
     assert model.encode("café".encode()) == model.encode("café")
-    with pytest.raises(ClearLMError, match="a prompt is text or a list of token ids, not NoneType"):
+    with pytest.raises(ClearLMError, match="a prompt is text or a list of token ids, not None"):
         model.encode(None)  # type: ignore[arg-type]
 
 

@@ -1,0 +1,30 @@
+"""Where a prompt comes from: the argument, standard input (``-``) or a file (``-f FILE``).
+
+Everything goes through :mod:`clearlm.text`: files and standard input are read as bytes and
+decoded as UTF-8 with invalid bytes replaced by U+FFFD, with no newline translation (a "\\r\\n"
+stays "\\r\\n"); an argument's undecodable bytes become U+FFFD too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from clearlm.errors import ClearLMError
+from clearlm.text import clean_arg, read_stdin_text, read_text_file
+
+
+def resolve_prompt(argument: str | None, file: Path | None, what: str = "PROMPT") -> str | None:
+    """The prompt text: ``-`` reads standard input, ``-f FILE`` a file, else the argument itself
+    (None when neither was given). Raises typer.BadParameter (a usage error) when both are
+    given, ClearLMError when the file is missing or unreadable."""
+    if argument is not None and file is not None:
+        raise typer.BadParameter(f"give {what} or -f FILE, not both", param_hint="'-f'")
+    if file is not None:
+        if not Path(file).is_file():
+            raise ClearLMError(f"prompt file not found: {clean_arg(str(file))}")
+        return read_text_file(file)
+    if argument == "-":
+        return read_stdin_text()
+    return None if argument is None else clean_arg(argument)
