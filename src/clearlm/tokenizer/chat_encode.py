@@ -12,14 +12,15 @@ contents are text, always:
    each content lies.
 2. The control tokens are the special tokens that the one-go encoding finds in the template's
    own text (not in a content; a token with lstrip/rstrip may take whitespace along).
-3. The text between two control tokens (template text and contents together) is encoded with
-   a copy of the pipeline in which special tokens are plain text (`tokenizers`'
-   ``encode_special_tokens``), each piece behind a marker token so that it is encoded exactly as
-   `tokenizers` encodes a piece that follows a special token (no SentencePiece prefix space).
+3. If the one-go encoding found no special token inside a content, its ids are the answer
+   (exactly transformers'). Otherwise the text between two control tokens (template text and
+   contents together) is encoded with a copy of the pipeline in which special tokens are plain
+   text (`tokenizers`' ``encode_special_tokens``), each piece behind a marker token so that it
+   is encoded as `tokenizers` encodes a piece that follows a special token (no SentencePiece
+   prefix space). On harmless contents this equals the one-go encoding (tested).
 
-With no special-token text in the contents, the ids equal the one-go encoding. A template that
-reshapes contents otherwise cannot be matched; then a conversation whose contents hold
-special-token text is refused (ChatTemplateError) rather than encoded unsafely.
+A template that reshapes contents otherwise cannot be matched; then a conversation whose
+contents hold special-token text is refused (ChatTemplateError) rather than encoded unsafely.
 """
 
 from __future__ import annotations
@@ -143,23 +144,47 @@ def _has_special(tok: Tokenizer, text: str) -> bool:
     return any(i in special for i in tok.backend.encode(text, add_special_tokens=False).ids)
 
 
-def _control_tokens(
+def control_tokens(
     tok: Tokenizer, text: str, spans: list[tuple[int, int]]
-) -> list[tuple[int, int, int]]:
-    """(start, end, id) of the special tokens that the one-go encoding of ``text`` finds in the
-    template's own text: the token itself lies outside every content span. start/end include
-    the whitespace a token with lstrip/rstrip takes along (that whitespace is dropped)."""
+) -> tuple[list[tuple[int, int, int]], list[int] | None]:
+    """The special tokens that the one-go encoding of ``text`` finds in the template's own text
+    (the token itself lies outside every content span), as (start, end, id); start/end include
+    the whitespace a token with lstrip/rstrip takes along. Second: the one-go ids when every
+    special token it found is such a control token (then they are already safe), else None."""
     out = []
     enc = tok.backend.encode(text, add_special_tokens=False)
+    found = 0
     for i, (s, e) in zip(enc.ids, enc.offsets, strict=True):
         if i not in tok.special_ids:
             continue
+        found += 1
         spelled = tok.backend.id_to_token(i) or ""
         core = text.find(spelled, s, e) if spelled else -1
         a, b = (core, core + len(spelled)) if core >= 0 else (s, e)
         if not any(a < c_end and c_start < b for c_start, c_end in spans):
             out.append((s, e, i))
-    return out
+    return out, (enc.ids if found == len(out) else None)
+
+
+def encode_pieces(tok: Tokenizer, text: str, control: list[tuple[int, int, int]]) -> list[int]:
+    """``text`` as ids: the ``control`` tokens, and the text between them encoded with special
+    tokens read as text, each piece as `tokenizers` encodes a piece after a special token."""
+    plain, marker = tok.text_backend
+    ids: list[int] = []
+    pos = 0
+    for start, end, i in [*control, (len(text), len(text), -1)]:
+        if start > pos:
+            piece = text[pos:start]
+            if pos == 0:
+                ids += plain.encode(piece, add_special_tokens=False).ids
+            else:  # behind a marker: no SentencePiece prefix space, as after a special token
+                got = plain.encode(MARKER + piece, add_special_tokens=False).ids
+                assert got[0] == marker
+                ids += got[1:]
+        if i >= 0:
+            ids.append(i)
+        pos = end
+    return ids
 
 
 def encode_chat(
@@ -189,23 +214,8 @@ def encode_chat(
                 "parse_special_in_content=True (CLI: --parse-special-in-content)"
             )
         return tok.encode(text, add_special_tokens=False)  # nothing a user could forge
-    control = _control_tokens(tok, text, spans)
-    plain, marker = tok.text_backend
-    ids: list[int] = []
-    pos = 0
-    for start, end, i in [*control, (len(text), len(text), -1)]:
-        if start > pos:
-            piece = text[pos:start]
-            if pos == 0:
-                ids += plain.encode(piece, add_special_tokens=False).ids
-            else:  # behind a marker: encoded as a piece that follows a special token
-                got = plain.encode(MARKER + piece, add_special_tokens=False).ids
-                assert got[0] == marker
-                ids += got[1:]
-        if i >= 0:
-            ids.append(i)
-        pos = end
-    return ids
+    control, safe = control_tokens(tok, text, spans)
+    return safe if safe is not None else encode_pieces(tok, text, control)
 
 
 def clean_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
