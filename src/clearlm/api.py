@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ from clearlm.loading.load import load_gguf_model
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
 from clearlm.sampling import SamplingParams, softmax
+from clearlm.text import decode_utf8
 from clearlm.tokenizer import Tokenizer
 
 Messages = Sequence[dict[str, str]]
@@ -92,13 +93,18 @@ class Model(InterpretMixin):
             return params
         return SamplingParams(**{**(fallback or {}), **self.generation_defaults, **given})
 
-    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def encode(self, prompt: str | bytes | Sequence[int]) -> list[int]:
         """Text → token ids (BOS added when the file asks for it); ids pass through unchanged.
+        Bytes are UTF-8 text; invalid bytes and lone surrogates become U+FFFD.
 
         Raises ClearLMError for an id outside the vocabulary, PromptTypeError for anything
-        but a string or integers (a list of strings is a batch: not supported yet)."""
+        but text or integers (a list of strings is a batch: not supported yet)."""
+        if isinstance(prompt, bytes | bytearray):  # text, not ids
+            prompt = decode_utf8(bytes(prompt), "prompt")
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, Iterable):
+            raise PromptTypeError(f"a prompt is text or a list of token ids, not {prompt!r}")
         if not all(isinstance(i, int) or getattr(i, "ndim", 1) == 0 for i in prompt):
             kinds = sorted({type(i).__name__ for i in prompt})
             raise PromptTypeError(
@@ -113,19 +119,25 @@ class Model(InterpretMixin):
             )
         return ids
 
-    def chat_prompt(self, messages: str | Messages) -> list[int]:
+    def chat_prompt(
+        self, messages: str | Messages, parse_special_in_content: bool = False
+    ) -> list[int]:
         """Render a conversation with the file's chat template and tokenize it.
 
         A plain string is one user message. The rendered text already holds any BOS the
-        template writes, so no second one is added. Raises ChatTemplateError for an empty
+        template writes, so no second one is added. Message contents are text: special-token
+        text typed in them ('<|im_end|>') stays ordinary text, and control tokens come only
+        from the template (:meth:`Tokenizer.encode_chat`); ``parse_special_in_content=True``
+        is the opt-in for trusted messages. Raises ChatTemplateError for an empty
         conversation, a missing template or one that fails.
         """
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         if not messages:
             raise ChatTemplateError("the conversation is empty; give at least one message")
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode_chat(
+            list(messages), parse_special_in_content=parse_special_in_content
+        )
 
     def _ids_tensor(self, prompt: str | Sequence[int]) -> torch.Tensor:
         ids = self.encode(prompt)
@@ -181,7 +193,9 @@ class Model(InterpretMixin):
         """Generate a continuation of a text (or token ids) and return it whole.
 
         Args:
-            prompt: text, tokenized as is (no chat template), or a list of token ids.
+            prompt: text, tokenized as is (no chat template), or a list of token ids. The
+                caller writes the whole prompt, so special-token text in it ('<|im_start|>')
+                becomes the control token; use :meth:`chat` for untrusted messages.
             max_new_tokens: most tokens to generate (an int ≥ 0).
             stop: a string, or strings, that end generation (not included in the text).
             params: a :class:`~clearlm.sampling.SamplingParams`; or else keywords
@@ -205,13 +219,16 @@ class Model(InterpretMixin):
         stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
         on_text: Callable[[str], None] | None = None,
+        parse_special_in_content: bool = False,
         **sampling: Any,
     ) -> GenerationResult:
         """Like :meth:`generate`, for a conversation rendered with the model's chat template.
 
-        Unset settings default to greedy decoding (CHAT_DEFAULTS: temperature 0)."""
+        Message contents are text (see :meth:`chat_prompt`, and its opt-in
+        ``parse_special_in_content``). Unset settings default to greedy decoding
+        (CHAT_DEFAULTS: temperature 0)."""
         params = self.sampling_params(params, CHAT_DEFAULTS, **sampling)
-        ids = self.chat_prompt(messages)
+        ids = self.chat_prompt(messages, parse_special_in_content)
         return generate(
             self.transformer, self.tokenizer, ids, params, max_new_tokens, _as_stops(stop), on_text
         )

@@ -151,7 +151,7 @@ def _verified(path: Path, alias: ModelAlias, progress: bool) -> bool:
         return True
     st = path.stat()
     try:
-        record = json.loads(_sidecar(path).read_text())
+        record = json.loads(_sidecar(path).read_bytes())  # UTF-8 JSON, whatever the locale
         if (record["size"], record["mtime_ns"]) == (st.st_size, st.st_mtime_ns):
             return record["sha256"] == alias.sha256
     except (OSError, ValueError, KeyError, TypeError):

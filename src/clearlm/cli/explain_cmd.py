@@ -42,6 +42,7 @@ def explain(
     import clearlm
     from clearlm.explain import explain_data
     from clearlm.explain_report import html_page, sections
+    from clearlm.text import clean_arg
 
     # Check the output places before the (slow) model load and computation.
     for folder in [png] if png is not None else []:
@@ -49,7 +50,7 @@ def explain(
     if html is not None:
         _writable(html.parent)
     m = clearlm.load(model, dtype=dtype)
-    ex = explain_data(m, prompt, layer, head, top)
+    ex = explain_data(m, clean_arg(prompt), layer, head, top)  # bad bytes → U+FFFD
 
     out = Console(highlight=False)
     stage = None

@@ -14,6 +14,7 @@ import typer
 from clearlm.cli import DType, ModelOpt, app, err
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
+from clearlm.text import clean_arg
 
 MaxNew = Annotated[
     int, typer.Option("--max-new-tokens", "-n", min=0, help="Most tokens to generate.")
@@ -158,7 +159,7 @@ def generate(
         dtype,
         lambda m: m.encode(text),
         max_new_tokens,
-        stop,
+        [clean_arg(x) for x in stop or ()],
         sampling,
         GENERATE_DEFAULTS,
         as_json,
@@ -176,6 +177,14 @@ def chat(
     ] = None,
     file: File = None,
     system: Annotated[str | None, typer.Option(help="A system message to put first.")] = None,
+    parse_special_in_content: Annotated[
+        bool,
+        typer.Option(
+            "--parse-special-in-content",
+            help="Trusted messages only: special-token text typed in them ('<|im_end|>') "
+            "becomes control tokens (by default it stays plain text).",
+        ),
+    ] = False,
     model: ModelOpt = None,
     max_new_tokens: MaxNew = 256,
     temperature: Temp = None,
@@ -190,10 +199,13 @@ def chat(
     logprobs: Logprobs = None,
 ) -> None:
     """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
-    a conversation: one message a line, /help for commands, Ctrl-D to leave."""
+    a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
+    text: control tokens come only from the template."""
     from clearlm.api import CHAT_DEFAULTS
 
     text = resolve_prompt(message, file, "MESSAGE")
+    system = None if system is None else clean_arg(system)  # undecodable bytes → U+FFFD
+    stops, special = [clean_arg(x) for x in stop or ()], parse_special_in_content
     sampling = dict(
         temperature=temperature,
         top_k=top_k,
@@ -207,7 +219,7 @@ def chat(
             raise typer.BadParameter(
                 "--json and --logprobs need a MESSAGE (not a conversation)", param_hint="'--json'"
             )
-        _conversation(model, dtype, system, max_new_tokens, stop, sampling)
+        _conversation(model, dtype, system, max_new_tokens, stops, sampling, special)
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text}
@@ -215,9 +227,9 @@ def chat(
     _run(
         model,
         dtype,
-        lambda m: m.chat_prompt(messages),
+        lambda m: m.chat_prompt(messages, special),
         max_new_tokens,
-        stop,
+        stops,
         sampling,
         CHAT_DEFAULTS,
         as_json,
@@ -232,6 +244,7 @@ def _conversation(
     max_new_tokens: int,
     stop: list[str] | None,
     sampling: dict[str, Any],
+    parse_special_in_content: bool = False,
 ) -> None:
     """Load once, then the read-answer loop of clearlm.cli.repl."""
     from clearlm.api import CHAT_DEFAULTS, load, parse_dtype
@@ -241,4 +254,5 @@ def _conversation(
     given = {k: v for k, v in sampling.items() if v is not None}
     SamplingParams(**{**CHAT_DEFAULTS, **given})  # bad values fail before the slow load
     m = load(model_name, parse_dtype(dtype))
-    run_repl(m, m.sampling_params(None, CHAT_DEFAULTS, **given), max_new_tokens, stop or [], system)
+    params = m.sampling_params(None, CHAT_DEFAULTS, **given)
+    run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clearlm.cli import DType, ModelOpt, app, err
-from clearlm.errors import ClearLMError
+from clearlm.text import read_text_file
 
 
 @app.command()
@@ -80,6 +80,7 @@ def info(
     tk.add_row("model", tok_kind)
     tk.add_row("vocabulary", f"{tok.vocab_size:,} tokens")
     tk.add_row("BOS / EOS", f"{show(tok.bos_id)} / {show(tok.eos_id)}")
+    tk.add_row("end ids", ", ".join(show(i) for i in sorted(tok.eos_ids)) or "-")
     tk.add_row("adds BOS", str(tok.add_bos))
     tk.add_row("chat template", "yes" if tok.chat_template else "no")
     out.print(tk)
@@ -110,20 +111,13 @@ def perplexity(
     dtype: DType = "float32",
 ) -> None:
     """Perplexity of TEXT_FILE under the model, with a sliding window and a progress bar."""
-    from pathlib import Path
-
     from rich.progress import Progress
 
     from clearlm.api import load
     from clearlm.evaluation import perplexity as compute
 
-    p = Path(text_file)
-    if not p.is_file():
-        raise ClearLMError(f"text file not found: {text_file}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ClearLMError(f"{text_file} is not UTF-8 text") from None
+    # the file's exact characters: bytes decoded as UTF-8, no newline translation
+    text = read_text_file(text_file, strict=True)
     m = load(model, dtype)
     ids = m.tokenizer.encode(text)
     with Progress(console=err, transient=True) as bar:

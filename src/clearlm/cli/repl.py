@@ -76,11 +76,12 @@ def _answer(
     params: SamplingParams,
     max_new_tokens: int,
     stop: Sequence[str],
+    parse_special_in_content: bool = False,
 ) -> None:
     """Stream one answer to the last user message and keep it; on Ctrl-C or an error the
     unanswered message is dropped so the conversation stays well formed."""
     try:
-        ids = model.chat_prompt(conv.messages())
+        ids = model.chat_prompt(conv.messages(), parse_special_in_content)
         result = generate(
             model.transformer, model.tokenizer, ids, params, max_new_tokens, stop, write_out
         )
@@ -104,8 +105,10 @@ def run_repl(
     max_new_tokens: int,
     stop: Sequence[str],
     system: str | None,
+    parse_special_in_content: bool = False,
 ) -> None:
-    """Read messages until end of input or /bye, answering each with the whole history."""
+    """Read messages until end of input or /bye, answering each with the whole history
+    (message text stays text unless ``parse_special_in_content``, see Model.chat_prompt)."""
     interactive = sys.stdin.isatty()
     conv = Conversation(system)
     if interactive:
@@ -130,7 +133,7 @@ def run_repl(
             continue
         conv.turns.append({"role": "user", "content": line})
         try:
-            _answer(model, conv, params, max_new_tokens, stop)
+            _answer(model, conv, params, max_new_tokens, stop, parse_special_in_content)
         except KeyboardInterrupt:  # Ctrl-C just outside the generation: keep turns paired
             if conv.turns and conv.turns[-1]["role"] == "user":
                 conv.turns.pop()

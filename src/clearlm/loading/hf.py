@@ -25,7 +25,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON file as a dict. Raises InvalidModelFileError naming the file if it is not JSON."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_bytes().decode("utf-8"))  # bytes: no newline translation
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidModelFileError(f"{path} is not valid JSON ({e})") from None
 
@@ -122,4 +122,3 @@ def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> Loa
     state = {k: v.to(dtype) for k, v in state.items()}
     model = assemble(config, state, folder.name)
     return LoadedModel(model, config, {"hf.config": raw}, infos)
-

@@ -16,6 +16,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as Backend
 
+from clearlm.text import clean_text
 from clearlm.tokenizer.chat import pick_template, render_chat
 from clearlm.tokenizer.stream import DecodeRule, TextStream
 
@@ -97,13 +98,26 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``. Special-token text ('<|im_start|>') always maps to its one id;
-        ``add_special_tokens`` only controls the BOS/EOS the model asks for (add_bos / add_eos)."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        ``add_special_tokens`` only controls the BOS/EOS the model asks for (add_bos / add_eos).
+        Lone surrogates become U+FFFD first (:func:`clearlm.text.clean_text`).
+
+        Raises:
+            ClearLMError: ``text`` is not a str.
+        """
+        return self.backend.encode(clean_text(text), add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD. ``skip_special_tokens`` drops special
         tokens ('<|im_end|>') but keeps other added tokens."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @cached_property
+    def text_backend(self) -> tuple[Backend, int]:
+        """A copy of the pipeline that reads special-token text as text, and its marker id
+        (see :mod:`clearlm.tokenizer.chat_encode`)."""
+        from clearlm.tokenizer.chat_encode import text_only_backend
+
+        return text_only_backend(self.backend)
 
     def id_to_token(self, i: int) -> str:
         """Token ``i`` as the source spells it (byte-level BPE: 'Ġhello' for ' hello')."""
@@ -145,6 +159,40 @@ class Tokenizer:
             {**self.special_tokens, **variables},
             self.source,
         )
+
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        parse_special_in_content: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        **variables: Any,
+    ) -> list[int]:
+        """Token ids of the conversation rendered by :meth:`apply_chat_template` (no BOS is
+        added: the template writes it).
+
+        Message contents are text: special-token text typed in a message ('<|im_end|>') is
+        encoded as ordinary pieces, and control tokens come only from the template (see
+        :mod:`clearlm.tokenizer.chat_encode`). ``parse_special_in_content=True`` is the opt-in
+        for trusted messages: the rendered text is encoded in one go, as transformers does.
+        Lone surrogates in contents become U+FFFD.
+
+        Raises:
+            ChatTemplateError: no template, it failed, or it reshapes contents that hold
+                special-token text so that they cannot be kept apart from its control tokens.
+        """
+        from clearlm.tokenizer.chat_encode import clean_messages, encode_chat
+
+        def render(msgs: list[dict[str, Any]]) -> str:
+            return self.apply_chat_template(
+                msgs, add_generation_prompt, tools, documents, **variables
+            )
+
+        messages = clean_messages(messages)
+        if parse_special_in_content:
+            return self.encode(render(messages), add_special_tokens=False)
+        return encode_chat(self, messages, render)
 
 
 class StreamingDetokenizer:

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer as Backend
 
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 from clearlm.tokenizer.core import Tokenizer
+from clearlm.tokenizer.end_ids import id_list
 from clearlm.tokenizer.stream import BYTE_TO_CHAR, CHAR_TO_BYTE
 
 # llama.cpp's token types (llama.h, enum llama_token_type).
@@ -213,11 +214,9 @@ _TOKENIZER_MODELS: dict[str, tuple[Callable[..., Backend], bool]] = {
 }
 
 
-def _token_id(metadata: Mapping[str, Any], name: str, vocab_size: int, source: str) -> int | None:
-    i = metadata.get(f"tokenizer.ggml.{name}_token_id")
-    if i is not None and not 0 <= i < vocab_size:
-        raise InvalidModelFileError(f"{source}: {name}_token_id {i} is outside the vocabulary")
-    return i
+def _token_ids(metadata: Mapping[str, Any], name: str, vocab_size: int, source: str) -> list[int]:
+    key = f"tokenizer.ggml.{name}_token_id"  # an int, or (eos/eot/eom) a list of end ids
+    return id_list(metadata.get(key), f"{source}: {key}", vocab_size)
 
 
 def bos_eos_processor(bos: tuple[str, int] | None, eos: tuple[str, int] | None) -> Any:
@@ -240,7 +239,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str) -> Tokenizer:
     if len(types) != len(tokens):
         raise InvalidModelFileError(f"{source}: token_type and tokens differ in length")
     backend = build(tokens, types, metadata, source)
-    ids = {name: _token_id(metadata, name, len(tokens), source) for name in _NAMED_IDS}
+    all_ids = {name: _token_ids(metadata, name, len(tokens), source) for name in _NAMED_IDS}
+    ids = {name: (found[0] if found else None) for name, found in all_ids.items()}
     # CONTROL → special (skippable when decoding); USER_DEFINED → plain added token. Both are
     # matched whole in the text before the model, as in llama.cpp and transformers, which adds
     # a USER_DEFINED token only if the vocabulary spells it the same (not Gemma's "  ").
@@ -278,7 +278,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str) -> Tokenizer:
         (tokens[bos], bos) if add_bos else None, (tokens[eos], eos) if add_eos else None
     )
     special = frozenset(i for i, a in backend.get_added_tokens_decoder().items() if a.special)
-    ends = {ids[n] for n in ("eos", "eot", "eom")} | {
+    ends = {i for n in ("eos", "eot", "eom") for i in all_ids[n]} | {
         i for i, t in enumerate(tokens) if t in EOG_TEXTS
     }
     return Tokenizer(
@@ -287,7 +287,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str) -> Tokenizer:
         special_ids=special,
         bos_id=bos,
         eos_id=eos,
-        eos_ids=frozenset(i for i in ends if i is not None),
+        eos_ids=frozenset(ends),
         add_bos=add_bos,
         add_eos=add_eos,
         chat_template=metadata.get("tokenizer.chat_template"),

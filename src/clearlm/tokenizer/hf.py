@@ -8,7 +8,8 @@ Files read (as transformers' ``AutoTokenizer.from_pretrained(folder)`` reads the
   texts that adding a token again does not shrink), ``chat_template`` (a string, or a list of
   {'name', 'template'}), ``add_bos_token`` / ``add_eos_token``;
 - ``chat_template.jinja`` and ``additional_chat_templates/*.jinja`` (they win over the config);
-- ``generation_config.json``: ``eos_token_id`` (int or list), every id that ends generation.
+- ``config.json`` and ``generation_config.json``: ``eos_token_id`` (an int or a list); every
+  id that ends generation is their union with ``eos_token`` (:mod:`clearlm.tokenizer.end_ids`).
 
 BOS/EOS: tokenizer.json's post-processor decides, and ``add_bos_token`` is ignored when there is
 one, as in transformers 5 (which pops the flags whenever tokenizer.json exists): so BOS is never
@@ -28,6 +29,7 @@ from tokenizers import Tokenizer as Backend
 
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
 from clearlm.tokenizer.core import Tokenizer
+from clearlm.tokenizer.end_ids import id_list
 from clearlm.tokenizer.gguf import bos_eos_processor
 
 _ADDED_TOKEN_FLAGS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
@@ -42,7 +44,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidModelFileError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(value, dict):
@@ -79,20 +81,37 @@ def _chat_templates(folder: Path, config: dict[str, Any]) -> dict[str, str]:
         templates = {"default": value} if isinstance(value, str) else {}
     extra = folder / "additional_chat_templates"
     if extra.is_dir():
-        templates.update({f.stem: f.read_text(encoding="utf-8") for f in extra.glob("*.jinja")})
+        templates.update({f.stem: _read_template(f) for f in extra.glob("*.jinja")})
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        templates["default"] = jinja.read_text(encoding="utf-8")
+        templates["default"] = _read_template(jinja)
     return templates
 
 
-def _eos_ids(value: Any, path: Path) -> set[int]:
-    if value is None:
-        return set()
-    ids = [value] if isinstance(value, int) else value
-    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-        raise InvalidModelFileError(f"{path}: eos_token_id {value!r} is not an int or a list")
-    return set(ids)
+def _read_template(path: Path) -> str:
+    """A .jinja file as transformers reads it: UTF-8, with open()'s universal newlines (a CRLF
+    template renders with LF, as in transformers); the one text file not kept byte for byte.
+
+    Raises:
+        InvalidModelFileError: the file is not UTF-8.
+    """
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidModelFileError(f"{path} is not UTF-8 text ({e})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _end_ids(folder: Path) -> set[int]:
+    """eos_token_id (an int or a list) of config.json (and its text_config, as multimodal
+    configs such as Gemma 3's nest it) and generation_config.json, all together."""
+    ends: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        config = _read_json(folder / name)
+        for part in (config, config.get("text_config")):
+            if isinstance(part, dict):
+                ends |= set(id_list(part.get("eos_token_id"), f"{folder / name}: eos_token_id"))
+    return ends
 
 
 def _register_tokens(
@@ -165,11 +184,9 @@ def tokenizer_from_hf_folder(folder: Path) -> Tokenizer:
         raise InvalidModelFileError(f"{path} is not a tokenizers pipeline ({e})") from None
     config_path = folder / "tokenizer_config.json"
     config = _read_json(config_path)
-    generation = _read_json(folder / "generation_config.json")
     named, special = _register_tokens(backend, config, config_path)
     bos, eos, add_bos, add_eos = _bos_eos(backend, config, named)
-    ends = _eos_ids(generation.get("eos_token_id"), folder / "generation_config.json")
-    ends |= {eos} if eos is not None else set()
+    ends = _end_ids(folder) | ({eos} if eos is not None else set())
     size = max(backend.get_vocab(with_added_tokens=True).values(), default=-1) + 1
     templates = _chat_templates(folder, config)
     return Tokenizer(

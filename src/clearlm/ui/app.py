@@ -18,16 +18,17 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from importlib.resources import files
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from clearlm.api import Model
 from clearlm.errors import ClearLMError
 from clearlm.sampling import SamplingParams
+from clearlm.text import clean_text
 from clearlm.ui import analysis
 from clearlm.ui.analysis import Analysis
 
@@ -38,7 +39,8 @@ class PromptIn(BaseModel):
     """A request about one prompt."""
 
     model_config = ConfigDict(extra="forbid")
-    prompt: str
+    # a JSON "\ud800" escape arrives as a lone surrogate: it becomes U+FFFD, as in the API
+    prompt: Annotated[str, AfterValidator(clean_text)]
 
 
 class AttentionIn(PromptIn):
@@ -91,7 +93,7 @@ def create_app(model: Model, title: str | None = None) -> FastAPI:
     lock = threading.Lock()
     cache: OrderedDict[str, Analysis] = OrderedDict()
     name = title or str(model.path).rsplit("/", 1)[-1]
-    page = files("clearlm.ui").joinpath("static/index.html").read_text(encoding="utf-8")
+    page = files("clearlm.ui").joinpath("static/index.html").read_bytes().decode("utf-8")
 
     def run(prompt: str) -> Analysis:
         """The prompt's analysis, from the cache or computed now (under the lock)."""
