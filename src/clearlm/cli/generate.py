@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 
 MaxNew = Annotated[
     int, typer.Option("--max-new-tokens", "-n", min=0, help="Most tokens to generate.")
@@ -17,24 +18,26 @@ MaxNew = Annotated[
 # and failing that the command's own default (see _run).
 Temp = Annotated[
     float | None,
-    typer.Option(help="Divide logits by this before softmax; 0 = greedy. [default: 0.8, chat 0]"),
+    typer.Option(help="Divide logits by this before softmax; 0 = greedy (default 0.8; chat 0)."),
 ]
 TopK = Annotated[
-    int | None, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off. [default: 0]")
+    int | None, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off (default 0).")
 ]
 TopP = Annotated[
     float | None,
     typer.Option(
-        "--top-p", help="Keep the smallest set with this much probability; 1 = off. [default: 1]"
+        "--top-p", help="Keep the smallest set with this much probability; 1 = off (default 1)."
     ),
 ]
 MinP = Annotated[
     float | None,
-    typer.Option("--min-p", help="Drop tokens below min_p × the top probability; 0 = off."),
+    typer.Option(
+        "--min-p", help="Drop tokens below min_p × the top probability; 0 = off (default 0)."
+    ),
 ]
 RepPen = Annotated[
     float | None,
-    typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off."),
+    typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off (default 1)."),
 ]
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed reproduces a run.")]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")]
@@ -48,19 +51,25 @@ def _run(
     stop: list[str] | None,
     sampling: dict[str, Any],
     fallback: dict[str, Any],
+    threads: int | None = None,
+    quiet: bool = False,
 ) -> None:
     """Load, build the prompt, stream the text; stats (and any interruption) go to stderr.
 
     Sampling values: the user's options over the model's generation_config.json over the
     command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
     """
-    from clearlm.api import load, parse_dtype
-    from clearlm.generation import generate
+    from clearlm.generation import check_fits, generate
     from clearlm.sampling import SamplingParams
 
     given = {k: v for k, v in sampling.items() if v is not None}
     SamplingParams(**{**fallback, **given})  # validate the user's values before the slow load
-    model = load(model_name, parse_dtype(dtype))
+    # The prompt is built on the header first: no chat template, or too long, fails before the
+    # weights are read.
+    model = load_model(
+        model_name, dtype, threads, quiet,
+        check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length),
+    )  # fmt: skip
     params = model.sampling_params(None, fallback, **given)
     ids = build_prompt(model)
     shown: list[str] = []
@@ -86,6 +95,8 @@ def _run(
             f"[yellow]stopped: prompt + generated tokens reached the context length "
             f"({model.config.context_length} tokens)[/]"
         )
+    if quiet:
+        return
     err.print(
         f"[dim]prompt {result.prompt_tokens} tokens · generated {len(result.tokens)} tokens · "
         f"prefill {result.prefill_tokens_per_s:.1f} tok/s · "
@@ -108,6 +119,8 @@ def generate(
     seed: Seed = None,
     stop: Stop = None,
     dtype: DType = "float32",
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Continue PROMPT, streaming the text as it is generated."""
     from clearlm.api import GENERATE_DEFAULTS
@@ -121,8 +134,9 @@ def generate(
         seed=seed,
     )
     _run(
-        model, dtype, lambda m: m.encode(prompt), max_new_tokens, stop, sampling, GENERATE_DEFAULTS
-    )
+        model, dtype, lambda m: m.encode(prompt), max_new_tokens, stop, sampling, GENERATE_DEFAULTS,
+        threads, quiet,
+    )  # fmt: skip
 
 
 @app.command()
@@ -139,6 +153,8 @@ def chat(
     seed: Seed = None,
     stop: Stop = None,
     dtype: DType = "float32",
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Answer MESSAGE, rendered with the model's own chat template (greedy by default)."""
     from clearlm.api import CHAT_DEFAULTS
@@ -162,4 +178,6 @@ def chat(
         stop,
         sampling,
         CHAT_DEFAULTS,
+        threads,
+        quiet,
     )
