@@ -120,7 +120,7 @@ def perplexity(
         raise ClearLMError(f"{text_file} is not UTF-8 text") from None
     m = load_model(model, dtype, threads, quiet)
     ids = m.tokenizer.encode(text)
-    with Progress(console=err, transient=True) as bar:
+    with Progress(console=err, transient=True, disable=quiet) as bar:
         task = bar.add_task("scoring windows", total=None)
         res = compute(
             m.transformer,
