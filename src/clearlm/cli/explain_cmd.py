@@ -50,7 +50,13 @@ def explain(
         _writable(folder)
     if html is not None:
         _writable(html.parent)
-    m = load_model(model, dtype, threads, quiet)
+    from clearlm.explain import check_choices
+
+    # --layer / --head are checked on the model's header, before the weights are read.
+    m = load_model(
+        model, dtype, threads, quiet,
+        check=lambda h: check_choices(h.config.n_layers, h.config.n_heads, layer, head, top),
+    )  # fmt: skip
     ex = explain_data(m, prompt, layer, head, top)
 
     out = Console(highlight=False)
