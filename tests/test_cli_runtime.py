@@ -195,7 +195,7 @@ def test_chat_without_template_fails_before_the_weights(no_template, monkeypatch
     def no_weights(*args, **kwargs):
         raise AssertionError("the weights must not be loaded")
 
-    monkeypatch.setattr(clearlm.api, "load", no_weights)
+    monkeypatch.setattr(clearlm.api, "load_gguf_model", no_weights)
     res = CliRunner().invoke(app, ["chat", "hi", "-m", str(no_template)])
     assert isinstance(res.exception, ChatTemplateError), res.output
     assert "chat template" in str(res.exception)
@@ -212,6 +212,25 @@ def test_chat_without_template_is_one_line_and_no_loading(no_template):
 def test_too_long_prompt_fails_before_the_weights(tiny, monkeypatch):
     import clearlm.api
 
-    monkeypatch.setattr(clearlm.api, "load", lambda *a, **k: pytest.fail("weights loaded"))
+    monkeypatch.setattr(clearlm.api, "load_gguf_model", lambda *a, **k: pytest.fail("weights read"))
     res = CliRunner().invoke(app, ["generate", "x" * 60, "-m", str(tiny)])
     assert "context length is 48" in str(res.exception)
+
+
+def test_load_opens_the_file_once_when_checking(tiny, monkeypatch):
+    """The header read for the check is reused: one open, and the check sees no weights."""
+    import clearlm
+    import clearlm.loading.header as header
+    import clearlm.loading.load as load_mod
+
+    opened, seen = [], []
+    real = header.open_gguf
+
+    def counting(path):
+        opened.append(path)
+        return real(path)
+
+    monkeypatch.setattr(header, "open_gguf", counting)
+    monkeypatch.setattr(load_mod, "open_gguf", counting)
+    model = clearlm.load(tiny, check=lambda m: seen.append((m.transformer, m.encode("hello"))))
+    assert len(opened) == 1 and seen == [(None, model.encode("hello"))]

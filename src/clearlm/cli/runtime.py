@@ -58,29 +58,6 @@ def model_size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
-def header_model(path: Path) -> Any:
-    """A :class:`clearlm.api.Model` with tokenizer, config and metadata but no weights
-    (``transformer`` is None): enough for ``encode`` and ``chat_prompt``. Reads headers only.
-
-    Raises:
-        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
-    """
-    from clearlm.api import Model
-    from clearlm.tokenizer import Tokenizer
-
-    if path.is_dir():
-        from clearlm.loading.hf import inspect_hf
-
-        config, meta, _ = inspect_hf(path)
-        tokenizer = Tokenizer.from_hf_folder(path)
-    else:
-        from clearlm.loading.load import inspect_gguf
-
-        config, meta, _ = inspect_gguf(path)
-        tokenizer = Tokenizer.from_gguf_metadata(meta, source=path.name)
-    return Model(None, tokenizer, config, meta, {}, str(path))  # type: ignore[arg-type]
-
-
 @contextmanager
 def spinner(label: str, enabled: bool) -> Iterator[None]:
     """A transient spinner + elapsed time on stderr, started only after SPINNER_AFTER_S."""
@@ -122,15 +99,16 @@ def load_model(
     quiet: bool = False,
     check: Callable[[Any], object] | None = None,
 ) -> Any:
-    """Set the threads, check the input on the header, load the weights, say so on stderr.
+    """Set the threads, load (checking the input on the header first), say so on stderr.
 
     Args:
         name: a .gguf file, a Hugging Face folder, an alias, or None (the default model).
         dtype: parameter dtype name.
         threads: torch threads (≥ 1); None: :func:`clearlm.threads.set_threads`' default.
         quiet: print nothing on success.
-        check: called with :func:`header_model` before the weights are read; it raises to stop
-            early (a missing chat template, a prompt longer than the context).
+        check: called with a weightless Model before the weights are read (see
+            :func:`clearlm.api.load`); it raises to stop early (a missing chat template, a
+            prompt longer than the context).
 
     Returns:
         The loaded :class:`clearlm.api.Model`.
@@ -145,14 +123,12 @@ def load_model(
     torch_dtype = parse_dtype(dtype)
     path = resolve_model(name)
     n_threads = set_threads(threads)
-    if check is not None:
-        check(header_model(path))
     alias = name or DEFAULT_MODEL
     shown = alias if alias in ALIASES else path.name
     label = f"loading {shown} ({human_size(model_size(path))})"
     start = time.perf_counter()
     with spinner(label + "…", enabled=not quiet and err.is_terminal):
-        model = load(path, torch_dtype)
+        model = load(path, torch_dtype, check=check)
     if not quiet:
         s = "" if n_threads == 1 else "s"
         err.print(
