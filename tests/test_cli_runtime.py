@@ -195,10 +195,15 @@ def test_chat_without_template_fails_before_the_weights(no_template, monkeypatch
     def no_weights(*args, **kwargs):
         raise AssertionError("the weights must not be loaded")
 
+    import clearlm.loading.header
+
     monkeypatch.setattr(clearlm.api, "load_gguf_model", no_weights)
+    monkeypatch.setattr(clearlm.loading.header, "open_gguf", no_weights)  # not even the header
     res = CliRunner().invoke(app, ["chat", "hi", "-m", str(no_template)])
     assert isinstance(res.exception, ChatTemplateError), res.output
-    assert "chat template" in str(res.exception)
+    assert str(res.exception) == (
+        "plain.gguf has no chat template (a base model?); use `clearlm generate`"
+    )
 
 
 def test_chat_without_template_is_one_line_and_no_loading(no_template):
@@ -234,3 +239,33 @@ def test_load_opens_the_file_once_when_checking(tiny, monkeypatch):
     monkeypatch.setattr(load_mod, "open_gguf", counting)
     model = clearlm.load(tiny, check=lambda m: seen.append((m.transformer, m.encode("hello"))))
     assert len(opened) == 1 and seen == [(None, model.encode("hello"))]
+
+
+# ---- reading only the key names ----
+
+
+def test_gguf_keys_equal_the_gguf_readers(tiny, no_template, tmp_path):
+    from gguf import GGUFReader
+
+    from clearlm.loading.peek import gguf_keys, has_chat_template
+
+    for path in (tiny, no_template):
+        want = {k for k in GGUFReader(path).fields if not k.startswith("GGUF.")}
+        assert gguf_keys(path) == want
+    assert has_chat_template(tiny) is True and has_chat_template(no_template) is False
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny.read_bytes()[:3000])  # inside the vocabulary array
+    assert has_chat_template(text) is None and has_chat_template(cut) is None
+
+
+@pytest.mark.parametrize("name,has", [("smollm2-135m-instruct", True), ("gemma3-270m", False)])
+def test_real_models_chat_template_from_keys(name, has):
+    from clearlm.loading.peek import has_chat_template
+    from clearlm.models import ALIASES, locate
+
+    path = locate(ALIASES[name])
+    if path is None:
+        pytest.skip(f"{name} not present: run `clearlm pull {name}` (make test does)")
+    assert has_chat_template(path) is has

@@ -53,6 +53,7 @@ def _run(
     fallback: dict[str, Any],
     threads: int | None = None,
     quiet: bool = False,
+    chat: bool = False,
 ) -> None:
     """Load, build the prompt, stream the text; stats (and any interruption) go to stderr.
 
@@ -68,7 +69,7 @@ def _run(
     # weights are read.
     model = load_model(
         model_name, dtype, threads, quiet,
-        check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length),
+        check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length), chat=chat,
     )  # fmt: skip
     params = model.sampling_params(None, fallback, **given)
     ids = build_prompt(model)
@@ -180,4 +181,5 @@ def chat(
         CHAT_DEFAULTS,
         threads,
         quiet,
+        chat=True,
     )

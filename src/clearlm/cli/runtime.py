@@ -98,6 +98,7 @@ def load_model(
     threads: int | None = None,
     quiet: bool = False,
     check: Callable[[Any], object] | None = None,
+    chat: bool = False,
 ) -> Any:
     """Set the threads, load (checking the input on the header first), say so on stderr.
 
@@ -109,6 +110,8 @@ def load_model(
         check: called with a weightless Model before the weights are read (see
             :func:`clearlm.api.load`); it raises to stop early (a missing chat template, a
             prompt longer than the context).
+        chat: the command needs a chat template: a GGUF without one is refused at once, from
+            its key names alone (:func:`clearlm.loading.peek.has_chat_template`, ~0.03 s).
 
     Returns:
         The loaded :class:`clearlm.api.Model`.
@@ -122,6 +125,14 @@ def load_model(
 
     torch_dtype = parse_dtype(dtype)
     path = resolve_model(name)
+    if chat and path.is_file():
+        from clearlm.errors import ChatTemplateError
+        from clearlm.loading.peek import has_chat_template
+
+        if has_chat_template(path) is False:
+            raise ChatTemplateError(
+                f"{path.name} has no chat template (a base model?); use `clearlm generate`"
+            )
     n_threads = set_threads(threads)
     alias = name or DEFAULT_MODEL
     shown = alias if alias in ALIASES else path.name
