@@ -68,3 +68,11 @@ def test_perplexity_bad_file(tiny):
     proc = cli("perplexity", "/no/such.txt", "--model", str(tiny))
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == ["error: text file not found: /no/such.txt"]
+
+
+def test_perplexity_one_window_is_singular(tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world")  # fewer tokens than --context: one window
+    proc = cli("perplexity", str(text), "--model", str(tiny), "--context", "16", "--stride", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert " in 1 window · " in proc.stderr

@@ -128,7 +128,9 @@ def test_cli(tmp_path):
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    assert "Paris" in r.stdout and "Stage 5" in r.stdout
+    assert "Paris" in r.stdout and r.stdout.count("Stage 5") == 1  # one heading per stage
+    assert "wrote" not in r.stdout  # stdout holds only the tables; file notes go to stderr
+    assert f"wrote {html}" in r.stderr and str(tmp_path / "png" / "attention.png") in r.stderr
     for name in ("attention.png", "temperature.png", "logit_lens.png"):
         data = (tmp_path / "png" / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000
@@ -146,3 +148,27 @@ def test_cli_rejects_out_of_range(args):
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "out of range" in lines[0]
+
+
+def test_cjk_prompt_shows_byte_pieces_and_plots_without_glyph_warnings(smollm2, capfd):
+    """'東京' is split into byte tokens by SmolLM2: pieces read <0xE6>, never '�'; the pictures
+    of CJK labels (a whole character as a label too) draw without matplotlib's warnings."""
+    import dataclasses
+    import warnings
+
+    from clearlm.explain_plots import all_pngs
+    from clearlm.explain_report import sections
+
+    prompt = "東京の天気"
+    ex = explain_data(smollm2, prompt, layer=0, head=0, top=3)
+    assert ex.text == smollm2.to_str_tokens(prompt)
+    assert any(t.startswith("<0x") for t in ex.text) and "�" not in "".join(ex.text)
+    shown = " ".join(cell for s in sections(ex) for row in s.rows for cell in row)
+    assert "�" not in shown
+    ex = dataclasses.replace(ex, text=["東", "京", *ex.text[2:]])  # whole characters as labels
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pngs = all_pngs(ex)
+    assert all(p.startswith(PNG_MAGIC) for p in pngs.values())
+    assert not [w for w in caught if "Glyph" in str(w.message)]
+    assert "Glyph" not in capfd.readouterr().err

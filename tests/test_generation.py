@@ -64,7 +64,8 @@ def test_eos_stops_generation(tiny, monkeypatch):
             logits[..., eos] = logits.max() + 10.0
             return logits
 
-    monkeypatch.setattr(tiny.transformer, "lm_head", EOSHead())
+    # setitem, not setattr: undoing a setattr would delete the submodule for later tests
+    monkeypatch.setitem(tiny.transformer._modules, "lm_head", EOSHead())
     res = tiny.generate("abc", max_new_tokens=10, temperature=0)
     assert res.finish_reason == "eos"
     assert res.tokens == [eos]
@@ -105,3 +106,14 @@ def test_next_token_distribution(smollm2):
 def test_tiny_path_roundtrip(tmp_path: Path):
     p = write_tiny_llama(tmp_path / "x.gguf")
     assert clearlm.load(p).config.n_layers == 2
+
+
+def test_result_prints_as_its_text_and_batches_are_refused(tiny):
+    res = tiny.generate("hello", max_new_tokens=4, temperature=0)
+    assert str(res) == res.text and f"{res}" == res.text
+    with pytest.raises(clearlm.PromptTypeError, match="batches of prompts are not supported"):
+        tiny.generate(["a", "b"], max_new_tokens=2)
+    with pytest.raises(clearlm.ClearLMError):
+        tiny.generate(["a", "b"], max_new_tokens=2)
+    ids = tiny.encode("hello")
+    assert tiny.generate(ids, max_new_tokens=4, temperature=0).tokens == res.tokens

@@ -64,18 +64,21 @@ def test_load_folder_matches_transformers(folder):
 
 
 def test_generation_config_sets_defaults(folder):
+    """{"do_sample": true, "top_k": 7, "top_p": 0.8}: transformers samples at its default
+    temperature 1.0 (not clearlm's 0.8), in generate and chat alike; the caller still wins."""
     model = clearlm.load(folder)
-    assert model.generation_defaults == {"top_k": 7, "top_p": 0.8}
-    params = model.sampling_params(None, GENERATE_DEFAULTS)
-    assert (params.temperature, params.top_k, params.top_p) == (0.8, 7, 0.8)
+    assert model.generation_defaults == {
+        "temperature": 1.0,
+        "top_k": 7,
+        "top_p": 0.8,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+    }
+    for fallback in (GENERATE_DEFAULTS, CHAT_DEFAULTS):
+        params = model.sampling_params(None, fallback)
+        assert (params.temperature, params.top_k, params.top_p) == (1.0, 7, 0.8)
     assert model.sampling_params(None, CHAT_DEFAULTS, top_k=3).top_k == 3  # the caller wins
-
-
-def test_do_sample_false_means_greedy(tmp_path):
-    from clearlm.loading.hf import generation_defaults
-
-    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False}))
-    assert generation_defaults(tmp_path) == {"temperature": 0.0}
+    assert model.sampling_params(None, GENERATE_DEFAULTS, temperature=0).is_greedy
 
 
 def test_cli_on_a_folder(folder):
@@ -83,6 +86,11 @@ def test_cli_on_a_folder(folder):
     info = subprocess.run([*run, "info", str(folder)], capture_output=True, text=True)
     assert info.returncode == 0, info.stderr
     assert "Llama" in info.stdout and "tokenizer.json" in info.stdout
+    assert "Generation defaults" in info.stdout
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in info.stdout.splitlines()]
+    rows = {c[0]: c[1:] for c in cells if len(c) == 4}  # setting → generate, chat, source
+    assert rows["temperature"] == ["1", "1", "transformers default"]
+    assert rows["top_k"] == ["7", "7", "generation_config.json"]
     gen = subprocess.run(
         [*run, "generate", TEXT, "-m", str(folder), "-n", "5", "--seed", "0"],
         capture_output=True,

@@ -152,3 +152,60 @@ def test_learned_position_models_expose_pos(tmp_path):
         model.hooks.record = None
     assert rec["pos"].shape == (3, 64)
     assert torch.equal(rec["blocks.0.resid_pre"][0], rec["embed"][0] + rec["pos"])
+
+
+def test_hooks_context_manager_removes_hooks_on_exit_and_on_error(tiny):
+    plain = tiny.logits("hello world")
+
+    def zero_head_1(z: torch.Tensor, _: str) -> torch.Tensor:
+        z = z.clone()
+        z[:, :, 1] = 0.0  # (B, T, H, Hd)
+        return z
+
+    with tiny.hooks({"blocks.1.attn.z": zero_head_1}) as m:
+        assert m is tiny
+        ablated = tiny.logits("hello world")
+        assert tiny.transformer.hooks.active
+    assert (ablated - plain).abs().max() > 1e-4
+    assert not tiny.transformer.hooks.active
+    with pytest.raises(RuntimeError, match="boom"), tiny.hooks({"blocks.0.attn.z": zero_head_1}):
+        raise RuntimeError("boom")
+    assert not tiny.transformer.hooks.active
+    assert torch.equal(tiny.logits("hello world"), plain)
+    # one bad name: nothing is added at all
+    with pytest.raises(ClearLMError, match="unknown hook point"):
+        with tiny.hooks({"blocks.0.attn.z": zero_head_1, "blocks.0.nope": zero_head_1}):
+            pass
+    assert not tiny.transformer.hooks.active
+
+
+def _pieces_to_bytes(pieces: list[str]) -> bytes:
+    """Undo the <0xNN> spelling: the bytes the pieces stand for."""
+    import re
+
+    out = b""
+    for p in pieces:
+        for part in re.split(r"(<0x[0-9A-F]{2}>)", p):
+            m = re.fullmatch(r"<0x([0-9A-F]{2})>", part)
+            out += bytes([int(m.group(1), 16)]) if m else part.encode("utf-8")
+    return out
+
+
+def test_to_str_tokens_shows_partial_characters_as_bytes(tiny):
+    # The tiny vocabulary has one token per byte: "日本" is six byte tokens, none a character.
+    text = "日本 he"
+    pieces = tiny.to_str_tokens(text)
+    expected_bytes = [f"<0x{b:02X}>" for b in "日本".encode()]
+    assert pieces == expected_bytes + [" ", "he"]
+    assert "�" not in "".join(pieces)
+    assert tiny.run_with_trace(text, names=["embed"]).text == pieces
+
+
+def test_to_str_tokens_round_trips_the_text_on_smollm2(smollm2, hf_smollm2_tokenizer):
+    text = "The café in 東京 serves 🍣."
+    pieces = smollm2.to_str_tokens(text)
+    ids = hf_smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(pieces) == len(ids)  # one piece per reference token
+    assert _pieces_to_bytes(pieces) == text.encode()
+    assert "�" not in "".join(pieces)
+    assert " café" in pieces or " caf" in pieces  # whole characters stay text

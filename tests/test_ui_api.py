@@ -140,3 +140,21 @@ def test_cli_registers_ui():
 
     out = CliRunner().invoke(app, ["ui", "--help"])
     assert out.exit_code == 0 and "--port" in out.output
+
+
+def test_byte_tokens_show_as_hex_pieces_not_replacement_characters(client, smollm2):
+    prompt = "東京の天気"
+    a = client.post("/api/analyze", json={"prompt": prompt}).json()
+    texts = [t["text"] for t in a["tokens"]]
+    assert texts == smollm2.to_str_tokens(prompt)
+    assert any(t.startswith("<0x") for t in texts) and "�" not in "".join(texts)
+    # the same bytes, spelled out: the pieces put back together are the prompt's UTF-8
+    import re
+
+    raw = b"".join(
+        bytes([int(m[3:5], 16)]) if re.fullmatch(r"<0x[0-9A-F]{2}>", m) else m.encode()
+        for t in texts
+        for m in re.split(r"(<0x[0-9A-F]{2}>)", t)
+        if m
+    )
+    assert raw == prompt.encode()

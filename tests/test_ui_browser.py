@@ -137,6 +137,11 @@ def test_bad_input_shows_the_servers_message(page):
     page.click("#run")
     page.wait_for_function("() => document.querySelector('#error').textContent.includes('empty')")
     assert "the prompt is empty" in page.text_content("#error")
+    # the previous prompt's results are gone: nothing shown belongs to another prompt
+    assert page.locator("#tokens .tok").count() == 0
+    assert page.locator("#lens tbody tr").count() == 0
+    assert page.locator("#candidates tbody tr").count() == 0
+    assert page.text_content("#kept") == "" and page.eval_on_selector("#heat", "c => c.width") == 10
 
 
 def test_sample_appends_a_token(page):
@@ -148,3 +153,22 @@ def test_sample_appends_a_token(page):
     page.wait_for_function("p => document.querySelector('#prompt').value !== p", arg=PROMPT)
     assert page.input_value("#prompt") == PROMPT + " Paris"  # greedy
     page.wait_for_function("() => document.querySelectorAll('#tokens .tok').length === 6")
+
+
+def test_heatmap_legend_and_long_prompts_stay_readable(page, server, smollm2):
+    # the legend's ramp runs from white (weight 0) to the colour of weight 1 (sqrt scale)
+    ramp = page.eval_on_selector("#ramp", "e => getComputedStyle(e).backgroundImage")
+    assert ramp.startswith("linear-gradient") and "rgb(255, 255, 255) 0%" in ramp
+    assert "rgb(47, 95, 208) 100%" in ramp  # 255 - (208, 160, 47) at √1 = 1
+    long_prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 12)
+    n = len(smollm2.encode(long_prompt))
+    assert n > 100
+    page.fill("#prompt", long_prompt)
+    page.click("#run")
+    page.wait_for_function("n => document.querySelectorAll('#tokens .tok').length === n", arg=n)
+    # auto zoom: cells big enough for labels (12 px), not 440 / n ≈ 4 px
+    page.wait_for_function("() => document.querySelector('#heat').dataset.cell === '12'")
+    width, box = page.eval_on_selector("#heatwrap", "w => [w.scrollWidth, w.clientWidth]")
+    assert width > box  # the panel scrolls instead of shrinking the picture
+    page.select_option("#zoom", "fit")
+    page.wait_for_function("() => +document.querySelector('#heat').dataset.cell < 9")

@@ -74,6 +74,8 @@ def test_sampling_scenarios_on_example_4():
     w = [math.exp(z / 0.5) for z in LOGITS]
     assert dict(final["temperature 0.5"].top)[2] == pytest.approx(w[2] / sum(w), abs=1e-6)
     assert scenarios["greedy"].draws == (2,) * 10
+    assert scenarios["greedy"].draw_probs() == {2: 1.0}  # greedy always picks the argmax
+    assert scenarios["top-k 2"].draw_probs() == dict(final["top-k 2"].top)
     assert scenarios["greedy"].explanation.token == 2
     for sc in scenarios.values():  # each draw is what a fresh sampler with that seed picks
         assert set(sc.draws) <= set(sc.explanation.steps[-1].kept)
@@ -113,3 +115,18 @@ def test_cli_walkthrough_prints_the_steps():
         "temperature 0.5",
     ):
         assert needle in out, needle
+
+
+def test_cli_walkthrough_greedy_row_is_one_on_the_argmax_and_stage_5_appears_once():
+    proc = subprocess.run(
+        [sys.executable, "-m", "clearlm", "walkthrough"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("│ greedy"))
+    cells = [c.strip() for c in row.strip("│ ").split("│")][1:]  # 。 ， 但是 所以 呢
+    assert cells == ["–", "–", "1.0000", "–", "–"]
+    assert proc.stdout.count("Stage 5") == 1

@@ -13,6 +13,8 @@ from clearlm.errors import (
     ContextLengthError,
     InvalidModelFileError,
     ModelNotFoundError,
+    PromptTypeError,
+    SamplingError,
     SamplingParamsError,
     UnsupportedModelError,
 )
@@ -28,6 +30,8 @@ __all__ = [
     "Model",
     "ModelConfig",
     "ModelNotFoundError",
+    "SamplingError",
+    "PromptTypeError",
     "SamplingParams",
     "SamplingParamsError",
     "UnsupportedModelError",

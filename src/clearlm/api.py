@@ -10,21 +10,17 @@ from typing import Any
 import torch
 
 from clearlm.config import ModelConfig
-from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
+from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
+from clearlm.errors import ChatTemplateError, ClearLMError, PromptTypeError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
+from clearlm.interpret import InterpretMixin
 from clearlm.loading.load import load_gguf_model
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
 from clearlm.sampling import SamplingParams, softmax
 from clearlm.tokenizer import Tokenizer
-from clearlm.trace import HookFn, HookHandle, Trace, check_hook_name, resolve_names
 
 Messages = Sequence[dict[str, str]]
-
-# Defaults when neither the caller nor the model's generation_config.json sets a value: free
-# text is sampled (temperature 0.8), chat answers are greedy. The CLI uses the same ones.
-GENERATE_DEFAULTS: dict[str, Any] = {"temperature": 0.8}
-CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
 
 DTYPES = {
     "float32": torch.float32,
@@ -55,12 +51,15 @@ def _as_stops(stop: str | Sequence[str] | None) -> list[str]:
 
 
 @dataclass
-class Model:
+class Model(InterpretMixin):
     """A loaded model: the Transformer, its tokenizer, config and the file's metadata.
 
     Build one with :func:`load`. Every method takes text (or token ids) and runs on the CPU in
     the parameters' dtype. ``generation_defaults`` holds the sampling values of the folder's
-    generation_config.json (empty for GGUF files).
+    generation_config.json as transformers reads it (see :mod:`clearlm.defaults`; empty for
+    GGUF files and for a file that sets no sampling key). The interpretability methods
+    (run_with_trace, add_hook, hooks, logit_lens, to_str_tokens) come from
+    :class:`clearlm.interpret.InterpretMixin`.
     """
 
     transformer: Transformer
@@ -96,9 +95,16 @@ class Model:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Text → token ids (BOS added when the file asks for it); ids pass through unchanged.
 
-        Raises ClearLMError for an id outside the vocabulary."""
+        Raises ClearLMError for an id outside the vocabulary, PromptTypeError for anything
+        but a string or integers (a list of strings is a batch: not supported yet)."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
+        if not all(isinstance(i, int) or getattr(i, "ndim", 1) == 0 for i in prompt):
+            kinds = sorted({type(i).__name__ for i in prompt})
+            raise PromptTypeError(
+                f"a prompt is a string or a list of token ids, got a list of {'/'.join(kinds)}; "
+                "batches of prompts are not supported yet: call once per prompt"
+            )
         ids = [int(i) for i in prompt]
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
         if bad:
@@ -140,77 +146,6 @@ class Model:
         Raises ContextLengthError for an empty prompt or one longer than the context."""
         last = self.transformer(self._ids_tensor(prompt), last_only=True)[0, -1]
         return softmax(last.float())
-
-    @torch.inference_mode()
-    def run_with_trace(
-        self, prompt: str | Sequence[int], names: Sequence[str] | None = None
-    ) -> Trace:
-        """One forward pass over the prompt, recording hook points (all of them by default).
-
-        Args:
-            prompt: text or token ids.
-            names: hook point names (see clearlm.trace.HOOK_POINTS), or None for all.
-
-        Returns:
-            A :class:`~clearlm.trace.Trace`: name → tensor with B = 1 (e.g.
-            ``trace["blocks.0.attn.pattern"]`` is (1, H, T, T)), plus ``probs`` (1, T, V)
-            float32 and the tokens. Registered hooks run too (an intervention shows up in the
-            trace). The tensors are those of the plain forward pass, bit for bit.
-
-        Raises:
-            ClearLMError: an unknown hook point name. ContextLengthError: empty/too-long prompt.
-        """
-        ids = self._ids_tensor(prompt)
-        hooks = self.transformer.hooks
-        wanted = resolve_names(names, self.config.n_layers)
-        hooks.record, hooks.record_names = {}, wanted
-        try:
-            logits = self.transformer(ids)  # (1, T, V)
-            recorded = hooks.record
-        finally:
-            hooks.record, hooks.record_names = None, None
-        if wanted is None or "probs" in wanted:
-            recorded["probs"] = softmax(logits.float())
-        tokens = ids[0].tolist()
-        return Trace(recorded, tokens, [self.tokenizer.decode([t]) for t in tokens])
-
-    def add_hook(self, name: str, fn: HookFn) -> HookHandle:
-        """Call fn(tensor, name) whenever the forward pass reaches hook point `name`; if fn
-        returns a tensor, it replaces the original (same shape). Returns a handle whose
-        ``remove()`` takes the hook away. Raises ClearLMError for an unknown name.
-
-        Example, ablating head 3 of block 5: ``model.add_hook("blocks.5.attn.z",
-        lambda z, _: z.index_fill(2, torch.tensor([3]), 0.0))``.
-        """
-        check_hook_name(name, self.config.n_layers)
-        if name == "probs":
-            raise ClearLMError("'probs' is computed after the forward pass; hook 'logits' instead")
-        self.transformer.hooks.fns.setdefault(name, []).append(fn)
-        return HookHandle(self.transformer.hooks, name, fn)
-
-    def clear_hooks(self) -> None:
-        """Remove every hook."""
-        self.transformer.hooks.fns.clear()
-
-    @torch.inference_mode()
-    def logit_lens(self, prompt: str | Sequence[int], position: int = -1) -> torch.Tensor:
-        """The logit lens (nostalgebraist 2020): each block's output residual stream, read
-        through the final norm and the output projection as if it were the last layer.
-
-        Returns:
-            (N + 1, V) float32 probabilities at `position`: row 0 reads the embeddings, row
-            i the output of block i − 1; the last row is the model's own next-token
-            distribution. Raises ContextLengthError for an empty or too-long prompt.
-        """
-        names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(self.config.n_layers)]
-        trace = self.run_with_trace(prompt, names=names)
-        resid = torch.stack([trace[n][0, position] for n in names])  # (N + 1, D)
-        if self.config.position != "rope" and "pos" not in names:
-            # row 0 should be what block 0 receives: embeddings plus additive positions
-            resid[0] = self.run_with_trace(prompt, ["blocks.0.resid_pre"])["blocks.0.resid_pre"][
-                0, position
-            ]
-        return softmax(self.transformer.unembed(resid[:, None, :])[:, 0].float())  # (N + 1, V)
 
     def stream(
         self,

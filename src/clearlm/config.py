@@ -18,7 +18,9 @@ NORMS = ("rms", "layer")
 BLOCKS = ("pre", "post", "sandwich")
 FFNS = ("gated", "mlp")
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
-ROPE_SCALINGS = ("linear", "dynamic", "llama3")
+ROPE_SCALINGS = ("linear", "dynamic", "llama3", "yarn")  # the config.json rope types we run
+# + "factors": per-frequency divisors, llama.cpp's rope_freqs.weight tensor (Llama 3.1+ GGUFs)
+ROPE_KINDS = (*ROPE_SCALINGS, "factors")
 
 
 @dataclass(frozen=True)
@@ -27,22 +29,44 @@ class RopeScaling:
 
     kind: "linear" (positions ÷ factor; Chen et al. 2023), "dynamic" (NTK-aware base growth once
     the sequence passes ``original_context``; bloc97/emozilla), or "llama3" (per-band
-    interpolation; Meta's Llama 3.1 reference). Formulas follow transformers'
-    ``modeling_rope_utils``.
+    interpolation; Meta's Llama 3.1 reference) or "yarn" (Peng et al. 2023: a ramp between
+    interpolated and original frequencies set by beta_fast/beta_slow rotations over
+    ``original_context``, and cos/sin × ``attention_factor``). Formulas follow transformers'
+    ``modeling_rope_utils``. "factors" divides each frequency θ_j by ``freq_factors[j]``, the
+    way llama.cpp applies a GGUF's ``rope_freqs.weight`` (ggml_rope_ext's freq_factors); its
+    converter bakes Llama 3's scaling into that tensor.
     """
 
     kind: str
     factor: float
-    original_context: int = 0  # tokens; dynamic and llama3
+    original_context: int = 0  # tokens; dynamic, llama3 and yarn
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn: rotations where the ramp starts (kept frequencies)
+    beta_slow: float = 1.0  # yarn: rotations where it ends (interpolated frequencies)
+    attention_factor: float = 1.0  # yarn: cos/sin multiplier (0.1·ln(factor) + 1 by default)
+    truncate: bool = True  # yarn: round the ramp's ends outward (transformers' default)
+    freq_factors: tuple[float, ...] = field(default=(), repr=False)  # factors: (d/2,)
 
     def __post_init__(self) -> None:
-        if self.kind not in ROPE_SCALINGS:
+        if self.kind not in ROPE_KINDS:
             raise UnsupportedModelError(
-                f"rope scaling {self.kind!r} is not supported; supported: "
-                + ", ".join(ROPE_SCALINGS)
+                f"rope scaling {self.kind!r} is not supported; supported: " + ", ".join(ROPE_KINDS)
             )
+
+    def __str__(self) -> str:
+        """What ``clearlm info`` shows: the kind and the parameters it uses."""
+        if self.kind == "factors":
+            return f"factors ({len(self.freq_factors)} from rope_freqs.weight)"
+        extra = {
+            "linear": "",
+            "dynamic": f" (original {self.original_context})",
+            "llama3": f" (original {self.original_context}, low {self.low_freq_factor:g}, "
+            f"high {self.high_freq_factor:g})",
+            "yarn": f" (original {self.original_context}, beta {self.beta_fast:g}/"
+            f"{self.beta_slow:g}, attention ×{self.attention_factor:.4g})",
+        }[self.kind]
+        return f"{self.kind} ×{self.factor:g}{extra}"
 
 
 @dataclass(frozen=True)

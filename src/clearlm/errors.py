@@ -46,6 +46,18 @@ class SamplingParamsError(ClearLMError, ValueError):
     exit_code = 7
 
 
+class SamplingError(ClearLMError, ValueError):
+    """The logits give no distribution to sample from: a row is all -inf (every token removed),
+    or holds NaN or +inf."""
+
+
+class PromptTypeError(ClearLMError, TypeError):
+    """A prompt that is neither a string nor a list of token ids (e.g. a list of strings: batches
+    of prompts are not supported yet; call once per prompt)."""
+
+    exit_code = 7
+
+
 class ChatTemplateError(ClearLMError):
     """The model has no chat template, or its template failed on these messages."""
 

@@ -23,6 +23,7 @@ from torch import Tensor
 from clearlm.errors import ClearLMError, SamplingParamsError
 from clearlm.sampling import SamplingParams, apply_temperature, softmax
 from clearlm.sampling_explain import SamplingExplanation, explain_sampling
+from clearlm.token_pieces import token_pieces
 
 if TYPE_CHECKING:
     from clearlm.api import Model
@@ -208,7 +209,7 @@ def explain_data(
     ids = set(tr.tokens) | set(top_ids.tolist()) | set(lens_ids.flatten().tolist())
     for _, why in sampling:
         ids |= {why.token} | {i for s in why.steps for i, _ in s.top}
-    decoded = {i: model.tokenizer.decode([i]) for i in sorted(ids)}
+    decoded = dict(zip(sorted(ids), token_pieces(model.tokenizer, sorted(ids)), strict=True))
     return Explanation(
         prompt=prompt if isinstance(prompt, str) else model.tokenizer.decode(list(prompt)),
         tokens=list(tr.tokens),

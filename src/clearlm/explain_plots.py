@@ -7,7 +7,11 @@ tensors and not something else.
 
 from __future__ import annotations
 
+import functools
 import io
+import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 import matplotlib
 
@@ -15,16 +19,39 @@ matplotlib.use("Agg")  # files only, never a window
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib import font_manager  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from clearlm.explain import Explanation, show  # noqa: E402
 
+T_ = TypeVar("T_")
 MAX_LABELS = 40  # beyond this many tokens, axis labels are dropped (unreadable anyway)
+
+# Fonts with CJK and other scripts that DejaVu Sans lacks, used as fallbacks (matplotlib ≥ 3.6
+# tries each family in turn per glyph) when one is installed; missing glyphs are drawn as boxes
+# and their warnings silenced, so a CJK prompt never floods stderr.
+_FALLBACKS = ("Noto Sans CJK JP", "Noto Sans CJK SC", "WenQuanYi Zen Hei", "Droid Sans Fallback")
+_FAMILIES = ["DejaVu Sans"] + sorted(
+    {f.name for f in font_manager.fontManager.ttflist} & set(_FALLBACKS)
+)
+
+
+def _with_fonts(fn: Callable[[Explanation], T_]) -> Callable[[Explanation], T_]:
+    """Draw with the fallback font families (text takes its font when it is created)."""
+
+    @functools.wraps(fn)
+    def wrapped(ex: Explanation) -> T_:
+        with plt.rc_context({"font.family": _FAMILIES}):
+            return fn(ex)
+
+    return wrapped
 
 
 def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"Glyph \d+ .* missing from", UserWarning)
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
 
@@ -33,6 +60,7 @@ def _labels(ex: Explanation) -> list[str]:
     return [show(t) for t in ex.text]
 
 
+@_with_fonts
 def attention_png(ex: Explanation) -> tuple[bytes, dict[tuple[int, int], np.ndarray]]:
     """A layer × head grid of attention heatmaps (query rows, key columns).
 
@@ -66,6 +94,7 @@ def attention_png(ex: Explanation) -> tuple[bytes, dict[tuple[int, int], np.ndar
     return _png(fig), drawn
 
 
+@_with_fonts
 def temperature_png(ex: Explanation) -> tuple[bytes, dict[float, np.ndarray]]:
     """Bars of the top next tokens' probabilities at each temperature in ex.temperature_probs.
 
@@ -86,6 +115,7 @@ def temperature_png(ex: Explanation) -> tuple[bytes, dict[float, np.ndarray]]:
     return _png(fig), drawn
 
 
+@_with_fonts
 def lens_png(ex: Explanation) -> tuple[bytes, np.ndarray]:
     """The logit lens as a heatmap: rows are layers (0 = block 0's input), columns positions,
     colour the top token's probability, the top token written in each cell when it fits.

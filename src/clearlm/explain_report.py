@@ -102,7 +102,7 @@ def sections(ex: Explanation) -> list[Section]:
             ),
         ),
         Section(
-            "Stage 5 · output",
+            "Stage 5 · output and sampling",
             "top logits → softmax probabilities",
             "P = softmax(logits) at the last position; T columns: softmax(logits / T).",
             ("rank", "token", "id", "logit", "P")
@@ -120,7 +120,7 @@ def sections(ex: Explanation) -> list[Section]:
             ),
         ),
         Section(
-            "Stage 5 · sampling",
+            "Stage 5 · output and sampling",
             "what each strategy would pick",
             "Chain: repetition penalty → temperature → top-k → top-p → min-p, then argmax "
             "(greedy) or a draw seeded with 0. 'kept' counts the tokens left to draw from.",
@@ -152,7 +152,10 @@ p.note { color: #555; font-size: .9em; } img { max-width: 100%; border: 1px soli
 FIGURES = {
     "Stage 2 · attention": ("attention.png", "Attention weights of the chosen layers and heads"),
     "Stage 4 · logit lens": ("logit_lens.png", "Logit lens at every layer and position"),
-    "Stage 5 · output": ("temperature.png", "Next-token probabilities at several temperatures"),
+    "Stage 5 · output and sampling": (
+        "temperature.png",
+        "Next-token probabilities at several temperatures",
+    ),
 }
 
 
@@ -166,6 +169,7 @@ def html_page(ex: Explanation, pngs: dict[str, bytes]) -> str:
         f"<h1>clearlm explain: <code>{e(ex.prompt)}</code></h1>",
         f"<p>{len(ex.tokens)} tokens, {ex.n_layers} blocks, {ex.n_heads} heads.</p>",
     ]
+    placed: set[str] = set()
     for s in sections(ex):
         parts.append(f"<h2>{e(s.stage)}: {e(s.title)}</h2><p class='note'>{e(s.note)}</p>")
         parts.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in s.columns) + "</tr>")
@@ -173,7 +177,8 @@ def html_page(ex: Explanation, pngs: dict[str, bytes]) -> str:
             parts.append("<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>")
         parts.append("</table>")
         name, alt = FIGURES.get(s.stage, (None, ""))
-        if name in pngs:
+        if name in pngs and name not in placed:  # after the first table of its stage
+            placed.add(name)
             data = base64.b64encode(pngs[name]).decode("ascii")
             parts.append(f'<img alt="{e(alt)}" src="data:image/png;base64,{data}">')
     parts.append("</body></html>")

@@ -118,6 +118,10 @@ class GenerationResult:
     decode_s: float = 0.0
     logprobs: list[float] = field(default_factory=list)
 
+    def __str__(self) -> str:
+        """The generated text, so ``print(model.chat(...))`` prints the answer."""
+        return self.text
+
     @property
     def decode_tokens_per_s(self) -> float:
         n = len(self.tokens) - 1

@@ -1,10 +1,17 @@
 """Softmax and sampling: small pure functions on a logits tensor, chained by :func:`make_sampler`.
 
 Shapes: logits are ``(..., V)`` (usually ``(B, V)`` or ``(V,)``), previous tokens ``(..., S)``
-int64. Every ``apply_*`` function returns new logits with removed tokens set to ``-inf`` and
-never writes into its input; when its setting means "off" it returns the input object itself.
+int64. Logits may be float16, bfloat16, float32 or float64 and may hold ``-inf`` (an impossible
+token). Every ``apply_*`` function computes in float32 and returns float32 logits (finite or
+``-inf``) with removed tokens set to ``-inf``, and never writes into its input; when its setting
+means "off" it returns the input cast to float32 (the input object itself when already float32).
+Overflow is handled in :mod:`clearlm.sampling_numerics`. A row that is all ``-inf`` passes
+through the filters unchanged; ``softmax``, ``log_softmax``, ``greedy`` and the draw refuse it
+(and NaN / ``+inf`` logits) with a :class:`~clearlm.errors.SamplingError`.
 The filters follow Hugging Face's ``transformers.generation.logits_process`` warpers exactly
-(parity is tested), so a setting means the same thing here as in ``model.generate``.
+(parity is tested), so a setting means the same thing here as in ``model.generate``, with one
+difference: where tied tokens straddle the top-p boundary, clearlm keeps the lowest ids (HF's
+kept ids then depend on the order of an unstable sort). Ties go to the lowest id everywhere.
 :func:`clearlm.sampling_explain.explain_sampling` runs the same chain one step at a time and
 records what each step kept.
 """
@@ -21,6 +28,7 @@ import torch
 from torch import Tensor
 
 from clearlm.errors import SamplingParamsError
+from clearlm.sampling_numerics import check_logits, left_range, shifted_penalty, shifted_temperature
 
 Sampler = Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]]
 
@@ -88,10 +96,12 @@ class SamplingParams:
 def softmax(logits: Tensor) -> Tensor:
     """Probabilities P_i = e^{z_i} / Σ_j e^{z_j} over the last axis (the seeds' stage 5).
 
-    ``(..., V)`` float of any precision -> ``(..., V)`` float32; ``-inf`` logits get probability 0
-    and an all ``-inf`` row gives NaN. Written out rather than ``torch.softmax`` (equal to rounding,
-    tested): subtracting the row maximum leaves the ratio unchanged but keeps e^z from overflowing.
+    ``(..., V)`` float of any precision -> ``(..., V)`` float32; ``-inf`` logits get probability 0.
+    Written out rather than ``torch.softmax`` (equal to rounding, tested): subtracting the row
+    maximum leaves the ratio unchanged but keeps e^z from overflowing.
+    Raises SamplingError for a row that is all ``-inf``, or NaN / ``+inf`` logits.
     """
+    check_logits(logits)
     z = logits.to(torch.float32)
     z = z - z.amax(dim=-1, keepdim=True)  # (..., V), max is now 0
     e = z.exp()
@@ -99,7 +109,10 @@ def softmax(logits: Tensor) -> Tensor:
 
 
 def log_softmax(logits: Tensor) -> Tensor:
-    """log P_i = z_i - m - log Σ_j e^{z_j - m}, m = max(z); ``(..., V)`` -> ``(..., V)`` float32."""
+    """log P_i = z_i - m - log Σ_j e^{z_j - m}, m = max(z); ``(..., V)`` -> ``(..., V)`` float32.
+
+    Raises SamplingError as :func:`softmax`."""
+    check_logits(logits)
     z = logits.to(torch.float32)
     z = z - z.amax(dim=-1, keepdim=True)  # (..., V)
     return z - z.exp().sum(dim=-1, keepdim=True).log()
@@ -112,10 +125,12 @@ def apply_repetition_penalty(logits: Tensor, previous_tokens: Tensor, penalty: f
     penalty > 1 always makes it less likely; a token seen twice is penalised once. As HF
     ``RepetitionPenaltyLogitsProcessor``, ids outside ``[0, V)`` are ignored (-1 can pad rows).
     ``logits`` ``(..., V)`` float -> ``(..., V)``; ``previous_tokens`` ``(..., S)`` int64 whose
-    batch shape broadcasts to the logits'. Penalty 1.0 returns ``logits`` unchanged.
-    Raises SamplingParamsError unless 0 < penalty < inf.
+    batch shape broadcasts to the logits'. Penalty 1.0 returns ``logits`` unchanged (in float32).
+    Computed in float32 as HF; should that overflow (a tiny penalty), in float64 and shifted
+    (see :mod:`clearlm.sampling_numerics`). Raises SamplingParamsError unless 0 < penalty < inf.
     """
     _validate("repetition_penalty", penalty)
+    logits = logits.to(torch.float32)
     if penalty == 1.0 or previous_tokens.shape[-1] == 0:
         return logits
     V = logits.shape[-1]
@@ -124,27 +139,37 @@ def apply_repetition_penalty(logits: Tensor, previous_tokens: Tensor, penalty: f
     seen = torch.zeros((*logits.shape[:-1], V + 1), dtype=torch.bool, device=logits.device)
     seen = seen.scatter(-1, ids, True)[..., :V]  # (..., V), drop spare slot
     penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
-    return torch.where(seen, penalised, logits)
+    out = torch.where(seen, penalised, logits)
+    return shifted_penalty(logits, seen, penalty) if left_range(logits, out) else out
 
 
 def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
     """logits / T (HF ``TemperatureLogitsWarper``): T < 1 sharpens, T > 1 flattens.
 
-    ``(..., V)`` float -> ``(..., V)``; T == 1.0 returns ``logits`` unchanged. Greedy (T == 0) is
-    the sampler's job, not this function's. Raises SamplingParamsError unless 0 < T < inf.
+    ``(..., V)`` float -> ``(..., V)`` float32; T == 1.0 returns ``logits`` unchanged (in float32).
+    Greedy (T == 0) is the sampler's job, not this function's. Divided in float32, bit for bit
+    as HF; when that leaves the float range (a bfloat16 logit of 1e38 at T = 1e-6), the result
+    is (z - max z) / T computed in float64 instead: the same softmax, every entry <= 0.
+    Raises SamplingParamsError unless 0 < T < inf.
     """
     _validate("temperature", temperature, "temperature>0")
-    return logits if temperature == 1.0 else logits / temperature
+    z = logits.to(torch.float32)  # as HF generate casts the scores
+    if temperature == 1.0:
+        return z
+    out = z / temperature  # (..., V)
+    return shifted_temperature(z, temperature) if left_range(z, out) else out
 
 
 def apply_top_k(logits: Tensor, k: int) -> Tensor:
     """Keep the k largest logits per row, set the rest to -inf (HF ``TopKLogitsWarper``).
 
     Tokens tied with the k-th largest value are all kept, so more than k may survive (e.g.
-    k = 1 on ``[3, 1, 3]`` keeps both 3s). ``(..., V)`` float -> ``(..., V)``; k == 0 or k >= V
-    returns ``logits`` unchanged. Raises SamplingParamsError unless k is an integer >= 0.
+    k = 1 on ``[3, 1, 3]`` keeps both 3s), so the kept set does not depend on tie order.
+    ``(..., V)`` float -> ``(..., V)`` float32; k == 0 or k >= V returns ``logits`` unchanged.
+    Raises SamplingParamsError unless k is an integer >= 0.
     """
     _validate("top_k", k)
+    logits = logits.to(torch.float32)
     if k == 0 or k >= logits.shape[-1]:
         return logits
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1), the k-th largest value
@@ -152,19 +177,26 @@ def apply_top_k(logits: Tensor, k: int) -> Tensor:
 
 
 def apply_top_p(logits: Tensor, p: float) -> Tensor:
-    """Nucleus filtering (Holtzman et al. 2019) exactly as HF ``TopPLogitsWarper``.
+    """Nucleus filtering (Holtzman et al. 2019) as HF ``TopPLogitsWarper``, ties to the lowest id.
 
     Keeps the smallest set of most likely tokens whose probabilities sum to >= p, and always the
     most likely token. Computed as HF does: sort ascending, drop tokens whose cumulative
-    probability is <= 1 - p. At an exact tie (cumulative == p) float rounding decides.
-    ``(..., V)`` float -> ``(..., V)``; p == 1.0 returns ``logits`` unchanged.
+    probability is <= 1 - p. At an exact tie (cumulative == p) float rounding decides, as in HF.
+    Equal logits are ordered so that the lower id counts as the more likely, so when tied tokens
+    straddle the boundary the lowest ids stay (``torch.zeros(4)`` at p = 0.5 keeps ids 0 and 1).
+    The cumulative sums are HF's bit for bit (tied tokens have equal probabilities); only which
+    tied ids are kept can differ from HF, whose unstable sort in practice keeps the highest.
+    ``(..., V)`` float -> ``(..., V)`` float32; p == 1.0 returns ``logits`` unchanged.
     Raises SamplingParamsError unless 0 < p <= 1.
     """
     _validate("top_p", p)
+    logits = logits.to(torch.float32)
     if p == 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)  # (..., V) ascending
-    cumulative = softmax(sorted_logits).cumsum(dim=-1)  # (..., V)
+    # descending + stable puts a tie's lowest id first; flipped, ascending with it last (kept)
+    descending, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    sorted_logits, order = descending.flip(-1), order.flip(-1)  # (..., V) ascending
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)  # (..., V), as HF
     drop_sorted = cumulative <= 1 - p
     drop_sorted[..., -1] = False  # the most likely token always survives
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # (..., V) back in vocabulary order
@@ -175,13 +207,15 @@ def apply_min_p(logits: Tensor, min_p: float) -> Tensor:
     """Drop tokens whose probability is < min_p * (max probability) (HF ``MinPLogitsWarper``).
 
     The most likely token always survives (min_p = 1.0 keeps only tokens tied for the maximum).
-    ``(..., V)`` float -> ``(..., V)``; min_p == 0 returns ``logits`` unchanged.
+    A threshold, so the kept set does not depend on tie order.
+    ``(..., V)`` float -> ``(..., V)`` float32; min_p == 0 returns ``logits`` unchanged.
     Raises SamplingParamsError unless 0 <= min_p <= 1. Source: Nguyen et al. 2024, "min-p".
     """
     _validate("min_p", min_p)
+    logits = logits.to(torch.float32)
     if min_p == 0:
         return logits
-    probs = softmax(logits)  # (..., V) float32
+    probs = torch.softmax(logits, dim=-1)  # (..., V) as HF; an all -inf row: NaN, none dropped
     drop = probs < min_p * probs.amax(dim=-1, keepdim=True)
     drop = drop.scatter(-1, probs.argmax(dim=-1, keepdim=True), False)  # keep the top token
     return logits.masked_fill(drop, -math.inf)
@@ -192,7 +226,9 @@ def greedy(logits: Tensor) -> Tensor:
 
     Ties go to the lowest token id: ``torch.argmax`` documents that it returns the first maximal
     index (tested at the start and in the middle of the vocabulary).
+    Raises SamplingError for a row that is all ``-inf``, or NaN / ``+inf`` logits.
     """
+    check_logits(logits)
     return torch.argmax(logits, dim=-1)
 
 
@@ -201,6 +237,7 @@ def sample_from(logits: Tensor, generator: torch.Generator) -> Tensor:
 
     ``(..., V)`` float -> ``(...,)`` int64 (0-d for ``(V,)`` logits); ``-inf`` tokens are never
     drawn. ``generator`` is a seeded ``torch.Generator`` on the logits' device.
+    Raises SamplingError as :func:`softmax`.
     """
     probs = softmax(logits)
     flat = probs.reshape(-1, probs.shape[-1])  # (N, V), multinomial wants 1-D or 2-D

@@ -228,6 +228,13 @@ class SamplingScenario:
     explanation: SamplingExplanation  # with the scenario's seed (0)
     draws: tuple[int, ...]  # the token picked with seeds 0, 1, …: sampling is random, greedy not
 
+    def draw_probs(self) -> dict[int, float]:
+        """token id → the probability of being picked: the renormalised survivors of the chain,
+        or for greedy (temperature 0) probability 1 on the argmax and 0 elsewhere."""
+        if self.params.temperature == 0:
+            return {self.explanation.token: 1.0}
+        return dict(self.explanation.steps[-1].top)
+
 
 SCENARIOS: tuple[tuple[str, SamplingParams], ...] = (
     ("greedy", SamplingParams(temperature=0)),

@@ -121,7 +121,7 @@ def walkthrough() -> None:
     for word in ex.words:
         t.add_column(word, justify="right")
     for sc in scenarios:
-        kept = dict(sc.explanation.steps[-1].top)  # id -> probability; top lists all 5 kept
+        kept = sc.draw_probs()  # id -> probability of being picked
         t.add_row(sc.label, *(f"{kept[i]:.4f}" if i in kept else "–" for i in range(len(ex.words))))
     out.print(t)
     out.print("Picks of samplers seeded 0–9 (greedy is always the argmax):")

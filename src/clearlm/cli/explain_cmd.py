@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from clearlm.cli import DType, ModelOpt, app
+from clearlm.cli import DType, ModelOpt, app, err
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.errors import ClearLMError
 
@@ -82,11 +82,11 @@ def explain(
             png.mkdir(parents=True, exist_ok=True)
             for name, data in pngs.items():
                 (png / name).write_bytes(data)
-            out.print(f"wrote {', '.join(str(png / n) for n in pngs)}")
+            err.print(f"wrote {', '.join(str(png / n) for n in pngs)}", soft_wrap=True)
         if html is not None:
             html.parent.mkdir(parents=True, exist_ok=True)
             html.write_text(html_page(ex, pngs), encoding="utf-8")
-            out.print(f"wrote {html}")
+            err.print(f"wrote {html}", soft_wrap=True)
     except OSError as e:
         raise ClearLMError(f"cannot write {e.filename}: {e.strerror}") from None
 

@@ -1,14 +1,19 @@
-"""`clearlm generate` and `clearlm chat`: text streamed to the terminal as it is produced."""
+"""`clearlm generate` and `clearlm chat`: text streamed to the terminal as it is produced, or one
+JSON object (``--json``); the prompt from the argument, standard input (``-``) or ``-f FILE``;
+``clearlm chat`` with no message runs the conversation loop of :mod:`clearlm.cli.repl`."""
 
 from __future__ import annotations
 
-import sys
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.cli.output import print_stats, result_json, write_out
+from clearlm.cli.prompt_input import resolve_prompt
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 
 MaxNew = Annotated[
@@ -43,6 +48,26 @@ Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed repro
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")]
 
 
+Json = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="Print one JSON object (text, token ids, finish reason, timings) at the end."
+    ),
+]
+Logprobs = Annotated[
+    int | None,
+    typer.Option(
+        "--logprobs",
+        min=0,
+        help="With --json (implied): per generated token its log-probability and the N most "
+        "likely alternatives (log-softmax of the raw logits).",
+    ),
+]
+File = Annotated[
+    Path | None, typer.Option("--file", "-f", help="Read the prompt from this file (UTF-8).")
+]
+
+
 def _run(
     model_name: str | None,
     dtype: str,
@@ -51,11 +76,14 @@ def _run(
     stop: list[str] | None,
     sampling: dict[str, Any],
     fallback: dict[str, Any],
+    as_json: bool = False,
+    logprobs: int | None = None,
     threads: int | None = None,
     quiet: bool = False,
     chat: bool = False,
 ) -> None:
-    """Load, build the prompt, stream the text; stats (and any interruption) go to stderr.
+    """Load, build the prompt, stream the text (or print one JSON object at the end); stats
+    (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
 
     Sampling values: the user's options over the model's generation_config.json over the
     command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
@@ -63,6 +91,7 @@ def _run(
     from clearlm.generation import check_fits, generate
     from clearlm.sampling import SamplingParams
 
+    as_json = as_json or logprobs is not None
     given = {k: v for k, v in sampling.items() if v is not None}
     SamplingParams(**{**fallback, **given})  # validate the user's values before the slow load
     # The prompt is built on the header first: no chat template, or too long, fails before the
@@ -77,39 +106,37 @@ def _run(
 
     def echo(text: str) -> None:
         shown.append(text)
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_out(text)
 
     try:
         result = generate(
-            model.transformer, model.tokenizer, ids, params, max_new_tokens, stop or (), echo
+            model.transformer,
+            model.tokenizer,
+            ids,
+            params,
+            max_new_tokens,
+            stop or (),
+            None if as_json else echo,
         )
     except KeyboardInterrupt:  # keep what was printed; say so on stderr
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        write_out("\n")
         err.print(f"[yellow]interrupted after {len(''.join(shown))} characters[/]")
         raise typer.Exit(130) from None
-    sys.stdout.write("\n")
-    sys.stdout.flush()
-    if result.finish_reason == "context_length":
-        err.print(
-            f"[yellow]stopped: prompt + generated tokens reached the context length "
-            f"({model.config.context_length} tokens)[/]"
-        )
-    if quiet:
+    if as_json:
+        write_out(json.dumps(result_json(model, ids, result, logprobs), ensure_ascii=False) + "\n")
         return
-    err.print(
-        f"[dim]prompt {result.prompt_tokens} tokens · generated {len(result.tokens)} tokens · "
-        f"prefill {result.prefill_tokens_per_s:.1f} tok/s · "
-        f"decode {result.decode_tokens_per_s:.1f} tok/s · "
-        f"finish: {result.finish_reason}[/]",
-        soft_wrap=True,
-    )
+    write_out("\n")
+    if not quiet:
+        print_stats(result, model.config.context_length)
 
 
 @app.command()
 def generate(
-    prompt: Annotated[str, typer.Argument(help="Text to continue (no chat template).")],
+    prompt: Annotated[
+        str | None,
+        typer.Argument(help="Text to continue (no chat template); '-' reads standard input."),
+    ] = None,
+    file: File = None,
     model: ModelOpt = None,
     max_new_tokens: MaxNew = 128,
     temperature: Temp = None,
@@ -120,49 +147,17 @@ def generate(
     seed: Seed = None,
     stop: Stop = None,
     dtype: DType = "float32",
+    as_json: Json = False,
+    logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
-    """Continue PROMPT, streaming the text as it is generated."""
+    """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.api import GENERATE_DEFAULTS
 
-    sampling = dict(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        seed=seed,
-    )
-    _run(
-        model, dtype, lambda m: m.encode(prompt), max_new_tokens, stop, sampling, GENERATE_DEFAULTS,
-        threads, quiet,
-    )  # fmt: skip
-
-
-@app.command()
-def chat(
-    message: Annotated[str, typer.Argument(help="The user's message.")],
-    system: Annotated[str | None, typer.Option(help="A system message to put first.")] = None,
-    model: ModelOpt = None,
-    max_new_tokens: MaxNew = 256,
-    temperature: Temp = None,
-    top_k: TopK = None,
-    top_p: TopP = None,
-    min_p: MinP = None,
-    repetition_penalty: RepPen = None,
-    seed: Seed = None,
-    stop: Stop = None,
-    dtype: DType = "float32",
-    threads: ThreadsOpt = None,
-    quiet: QuietOpt = False,
-) -> None:
-    """Answer MESSAGE, rendered with the model's own chat template (greedy by default)."""
-    from clearlm.api import CHAT_DEFAULTS
-
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": message}
-    ]
+    text = resolve_prompt(prompt, file)
+    if text is None:
+        raise typer.BadParameter("give a PROMPT, '-' to read standard input, or -f FILE")
     sampling = dict(
         temperature=temperature,
         top_k=top_k,
@@ -174,12 +169,101 @@ def chat(
     _run(
         model,
         dtype,
+        lambda m: m.encode(text),
+        max_new_tokens,
+        stop,
+        sampling,
+        GENERATE_DEFAULTS,
+        as_json,
+        logprobs,
+        threads,
+        quiet,
+    )
+
+
+@app.command()
+def chat(
+    message: Annotated[
+        str | None,
+        typer.Argument(
+            help="The user's message ('-' reads standard input); none opens a conversation."
+        ),
+    ] = None,
+    file: File = None,
+    system: Annotated[str | None, typer.Option(help="A system message to put first.")] = None,
+    model: ModelOpt = None,
+    max_new_tokens: MaxNew = 256,
+    temperature: Temp = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    min_p: MinP = None,
+    repetition_penalty: RepPen = None,
+    seed: Seed = None,
+    stop: Stop = None,
+    dtype: DType = "float32",
+    as_json: Json = False,
+    logprobs: Logprobs = None,
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
+    a conversation: one message a line, /help for commands, Ctrl-D to leave."""
+    from clearlm.api import CHAT_DEFAULTS
+
+    text = resolve_prompt(message, file, "MESSAGE")
+    sampling = dict(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+    )
+    if text is None:
+        if as_json or logprobs is not None:
+            raise typer.BadParameter(
+                "--json and --logprobs need a MESSAGE (not a conversation)", param_hint="'--json'"
+            )
+        _conversation(model, dtype, system, max_new_tokens, stop, sampling, threads, quiet)
+        return
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": text}
+    ]
+    _run(
+        model,
+        dtype,
         lambda m: m.chat_prompt(messages),
         max_new_tokens,
         stop,
         sampling,
         CHAT_DEFAULTS,
+        as_json,
+        logprobs,
         threads,
         quiet,
         chat=True,
     )
+
+
+def _conversation(
+    model_name: str | None,
+    dtype: str,
+    system: str | None,
+    max_new_tokens: int,
+    stop: list[str] | None,
+    sampling: dict[str, Any],
+    threads: int | None = None,
+    quiet: bool = False,
+) -> None:
+    """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
+    from clearlm.api import CHAT_DEFAULTS
+    from clearlm.cli.repl import run_repl
+    from clearlm.sampling import SamplingParams
+
+    given = {k: v for k, v in sampling.items() if v is not None}
+    SamplingParams(**{**CHAT_DEFAULTS, **given})  # bad values fail before the slow load
+    m = load_model(
+        model_name, dtype, threads, quiet,
+        check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
+    )  # fmt: skip
+    run_repl(m, m.sampling_params(None, CHAT_DEFAULTS, **given), max_new_tokens, stop or [], system)

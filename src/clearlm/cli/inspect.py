@@ -89,6 +89,18 @@ def info(
     tk.add_row("chat template", "yes" if tok.chat_template else "no")
     out.print(tk)
 
+    from clearlm.defaults import FileDefaults, describe, read_generation_config
+
+    gen = read_generation_config(path) if path.is_dir() else FileDefaults()
+    gd = Table(title="Generation defaults (an option you pass wins)", title_justify="left")
+    for col in ("setting", "generate", "chat", "source"):
+        gd.add_column(col)
+    for row in describe(gen):
+        gd.add_row(*row)
+    out.print(gd)
+    if gen.ignored:
+        out.print(f"{gen.path} also sets {', '.join(gen.ignored)}: clearlm does not apply these")
+
 
 @app.command()
 def perplexity(
@@ -133,7 +145,8 @@ def perplexity(
     if quiet:
         return
     err.print(
-        f"[dim]{res.n_predicted} tokens predicted in {res.n_windows} windows · "
+        f"[dim]{res.n_predicted} tokens predicted in {res.n_windows} "
+        f"window{'' if res.n_windows == 1 else 's'} · "
         f"mean NLL {res.mean_nll:.4f} nats/token[/]",
         soft_wrap=True,
     )

@@ -7,6 +7,7 @@ rewrites (fused projections split, Conv1D transposed).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -56,18 +57,42 @@ def rope_from_hf(c: HFConfig, params: dict[str, Any] | None = None) -> dict[str,
             + ", ".join(ROPE_SCALINGS)
         )
     original = p.get("original_max_position_embeddings", c.get("max_position_embeddings", 0))
+    factor = float(p["factor"])
     scaling = RopeScaling(
         kind=kind,
-        factor=float(p["factor"]),
+        factor=factor,
         original_context=int(original),
         low_freq_factor=float(p.get("low_freq_factor", 1.0)),
         high_freq_factor=float(p.get("high_freq_factor", 4.0)),
+        **(_yarn_from_hf(p, factor) if kind == "yarn" else {}),
     )
     out: dict[str, Any] = {"rope_theta": float(theta), "rope_scaling": scaling}
     if kind == "dynamic":
         # max_position_embeddings stays the trained length; dynamic NTK exists to run past it.
         out["context_length"] = int(scaling.original_context * scaling.factor)
     return out
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature √(1/t) = 0.1·ln(s) + 1 (Peng et al. 2023, eq. 22)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_from_hf(p: dict[str, Any], factor: float) -> dict[str, Any]:
+    """YaRN's optional keys, with transformers' defaults (_compute_yarn_parameters)."""
+    attention = p.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all = p.get("mscale"), p.get("mscale_all_dim")
+        if mscale and mscale_all:  # DeepSeek's form
+            attention = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
+        else:
+            attention = yarn_mscale(factor)
+    return dict(
+        beta_fast=float(p.get("beta_fast") or 32),
+        beta_slow=float(p.get("beta_slow") or 1),
+        attention_factor=float(attention),
+        truncate=bool(p.get("truncate", True)),
+    )
 
 
 def decoder_core(c: HFConfig) -> dict[str, Any]:

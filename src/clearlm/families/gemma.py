@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from clearlm.config import RopeScaling
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 from clearlm.families.base import Family, HFConfig, activation_from_hf, decoder_core, rope_from_hf
 
@@ -199,13 +198,10 @@ def gemma2_gguf_config(m: dict[str, Any], a: str) -> dict[str, Any]:
 
 def gemma3_gguf_config(m: dict[str, Any], a: str) -> dict[str, Any]:
     """GGUF "gemma3": ``rope.freq_base`` is the global layers' base; sliding layers use
-    ``rope.freq_base_swa`` or 10 000 (llama.cpp), and a linear ``rope.scaling`` applies to
-    global layers only. No sliding window in the file (or 0) means every layer is global."""
+    ``rope.freq_base_swa`` or 10 000 (llama.cpp), and the linear ``rope.scaling`` that
+    config_from_gguf reads applies to global layers only (the Transformer gives sliding layers
+    an unscaled RoPE). No sliding window in the file (or 0) means every layer is global."""
     window = int(m.get(f"{a}.attention.sliding_window", 0))
-    kind = m.get(f"{a}.rope.scaling.type", "none")
-    if kind not in ("none", "linear"):
-        raise UnsupportedModelError(f"{a}: rope scaling {kind!r} is not supported for Gemma 3")
-    factor = float(m.get(f"{a}.rope.scaling.factor", 1.0))
     cap = m.get(f"{a}.final_logit_softcapping")
     return dict(
         gemma_gguf_config(m, a),
@@ -216,7 +212,6 @@ def gemma3_gguf_config(m: dict[str, Any], a: str) -> dict[str, Any]:
         sliding_window=window or None,
         layer_types=_gguf_layer_types(m, a, 6) if window else (),
         rope_local_theta=float(m.get(f"{a}.rope.freq_base_swa", 10_000.0)),
-        rope_scaling=RopeScaling("linear", factor) if kind == "linear" and factor != 1 else None,
     )
 
 

@@ -53,6 +53,14 @@ def qwen3_config(c: HFConfig) -> dict[str, Any]:
     return cfg
 
 
+def llama_gguf_config(m: dict[str, Any], a: str) -> dict[str, Any]:
+    """GGUF "llama": ``attention.sliding_window``, which llama.cpp's converter never writes for
+    this architecture, means Mistral's window on every layer (as transformers' Mistral reads
+    config.json's ``sliding_window``); 0 or absent means none."""
+    window = int(m.get(f"{a}.attention.sliding_window", 0))
+    return {"sliding_window": window} if window else {}
+
+
 LLAMA = Family("Llama", ("llama",), llama_config)
 MISTRAL = Family("Mistral", ("mistral",), mistral_config)
 QWEN2 = Family("Qwen2", ("qwen2",), qwen2_config)

@@ -89,11 +89,15 @@ def phi3_gguf_config(m: dict[str, Any], a: str) -> dict[str, Any]:
     """GGUF "phi3" (llama.cpp's Phi3MiniModel): ``rope.dimension_count`` already carries the
     partial rotary size. The converter writes ``rope.scaling.attn_factor`` (and the
     rope_factors_long/short tensors) only for longrope models, which are refused. Its
-    ``attention.sliding_window`` is ignored, as llama.cpp itself does for phi3 (its loader turns
-    Phi SWA off) and transformers' GGUF loader does (it does not read the key)."""
+    ``attention.sliding_window`` (config.json's, e.g. 2047 for Phi-3-mini-4k) applies to every
+    layer, as in transformers' Phi3 on the original folder; llama.cpp's loader and transformers'
+    GGUF loader leave it out, which changes the numbers only past the window. 0: no window."""
     if f"{a}.rope.scaling.attn_factor" in m:
-        raise UnsupportedModelError(f"{a}: rope scaling 'longrope' is not supported")
-    return {}
+        raise UnsupportedModelError(
+            f"{a}.rope.scaling.attn_factor is set: rope scaling 'longrope' is not supported"
+        )
+    window = int(m.get(f"{a}.attention.sliding_window", 0))
+    return {"sliding_window": window or None}
 
 
 PHI3 = Family("Phi-3", ("phi3",), phi3_config, convert=split_fused)

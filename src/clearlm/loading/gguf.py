@@ -17,9 +17,10 @@ from gguf.quants import dequantize
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
-from clearlm.loading.gguf_arch import gguf_arch
+from clearlm.loading.gguf_arch import config_from_gguf, gguf_arch
 
 GGUF_MAGIC = b"GGUF"
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's RoPE frequency factors, not a parameter
 
 # Tensor types we dequantize (through gguf.quants); anything else is refused with its name.
 SUPPORTED_TENSOR_TYPES = frozenset(
@@ -76,6 +77,23 @@ def read_metadata(reader: GGUFReader) -> dict[str, Any]:
     }
 
 
+def read_config(reader: GGUFReader, metadata: dict[str, Any], source: str) -> ModelConfig:
+    """The file's ModelConfig: its metadata, its tensor names (a missing output.weight means a
+    tied head) and the values of llama.cpp's ``rope_freqs.weight`` when present (RoPE
+    frequency factors, d/2 float32: Llama 3.1+ GGUFs carry their rope scaling there).
+
+    Raises:
+        UnsupportedModelError, InvalidModelFileError: see config_from_gguf.
+    """
+    names = {t.name for t in reader.tensors}
+    freqs = None
+    for t in reader.tensors:
+        if t.name == ROPE_FREQS:
+            values = dequantize(t.data, t.tensor_type).reshape(-1)
+            freqs = tuple(float(v) for v in values)
+    return config_from_gguf(metadata, names, source, freqs)
+
+
 def gguf_to_ours(name: str, table: dict[str, str], n_layers: int) -> str | None:
     """Map a llama.cpp tensor name to ours through an architecture's table (None if unknown)."""
     if name in table:
@@ -128,7 +146,8 @@ def load_tensors(
 
     Raises:
         UnsupportedModelError: a tensor uses a type outside SUPPORTED_TENSOR_TYPES, or the file
-            holds a tensor name its architecture's table does not know.
+            holds a tensor name its architecture's table does not know (``rope_freqs.weight``
+            is known when read_config took it into config.rope_scaling).
         InvalidModelFileError: a tensor's data is truncated.
     """
     arch = gguf_arch(config.architecture, source)
@@ -136,8 +155,9 @@ def load_tensors(
     for t in reader.tensors:
         ours = gguf_to_ours(t.name, arch.tensors, config.n_layers)
         if ours is None:
-            if t.name == "rope_freqs.weight":  # llama3 rope scaling factors: not used yet
-                raise UnsupportedModelError(f"{source}: rope scaling (rope_freqs) is not supported")
+            scaling = config.rope_scaling
+            if t.name == ROPE_FREQS and scaling is not None and scaling.kind == "factors":
+                continue  # already in the config (read_config), not a parameter
             raise UnsupportedModelError(
                 f"{source}: unknown tensor {t.name!r} for {config.architecture}"
             )

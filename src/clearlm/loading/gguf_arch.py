@@ -17,7 +17,18 @@ from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 from clearlm.families.gemma import gemma2_gguf_config, gemma3_gguf_config, gemma_gguf_config
 from clearlm.families.gpt2 import split_qkv
+from clearlm.families.llama import llama_gguf_config
 from clearlm.families.phi3 import phi3_gguf_config, split_fused
+from clearlm.loading.gguf_keys import (
+    HEAD_KEYS,
+    ROPE_KEYS,
+    check_freq_factors,
+    check_head_lengths,
+    check_keys,
+    refuse,
+    rope_from_gguf,
+    uniform,
+)
 
 # Tensors every llama.cpp decoder shares (token embedding, final norm, head, pre-norm block).
 COMMON_TENSORS = {
@@ -48,6 +59,10 @@ class GGUFArch:
         convert: rewrites the renamed, dequantized state dict (e.g. splits a fused QKV).
         norm_shift: what llama.cpp's converter added to every ``*norm.weight`` (Gemma: 1, so
             the file holds 1 + w); subtracted in float32 right after dequantizing.
+        keys: the metadata keys (after ``{arch}.``) that ``config_from_gguf`` and ``config``
+            read, beyond the sizes and ``norm_eps_key``; any other key is refused
+            (loading/gguf_keys.py).
+        rope_freqs: the file may hold llama.cpp's ``rope_freqs.weight`` (Llama 3.1+).
     """
 
     name: str
@@ -60,6 +75,8 @@ class GGUFArch:
         default=lambda s, c: s
     )
     norm_shift: float = 0.0
+    keys: frozenset[str] = ROPE_KEYS | HEAD_KEYS
+    rope_freqs: bool = False
 
 
 QKV_BIASES = {
@@ -108,9 +125,20 @@ PHI3_TENSORS = COMMON_TENSORS | {
     "blk.{i}.ffn_up.weight": "layers.{i}.mlp.gate_up_proj.weight",
 }
 
+SOFTCAPS = frozenset({"attn_logit_softcapping", "final_logit_softcapping"})
+WINDOW_KEYS = frozenset({"attention.sliding_window", "attention.sliding_window_pattern"})
+
 ARCHITECTURES: dict[str, GGUFArch] = {
     # llama.cpp writes Mistral and SmolLM2 as "llama" too.
-    "llama": GGUFArch("llama", COMMON_TENSORS, unpermute_qk=True, family="Llama"),
+    "llama": GGUFArch(
+        "llama",
+        COMMON_TENSORS,
+        unpermute_qk=True,
+        family="Llama",
+        config=llama_gguf_config,
+        keys=ROPE_KEYS | HEAD_KEYS | {"attention.sliding_window"},
+        rope_freqs=True,
+    ),
     # Qwen2/2.5: Q/K/V biases; Q/K rows are stored in transformers' order (no permutation).
     "qwen2": GGUFArch(
         "qwen2",
@@ -142,13 +170,19 @@ ARCHITECTURES: dict[str, GGUFArch] = {
         ),
         norm_eps_key="attention.layer_norm_epsilon",
         convert=split_qkv,
+        keys=HEAD_KEYS,  # learned positions: a rope.* key is refused
     ),
     # Gemma: √D embedding scale, (1 + w) norms stored as 1 + w, GeGLU; Q/K not permuted.
     "gemma": GGUFArch(
         "gemma", COMMON_TENSORS, family="Gemma", config=gemma_gguf_config, norm_shift=1.0
     ),
     "gemma2": GGUFArch(
-        "gemma2", GEMMA2_TENSORS, family="Gemma 2", config=gemma2_gguf_config, norm_shift=1.0
+        "gemma2",
+        GEMMA2_TENSORS,
+        family="Gemma 2",
+        config=gemma2_gguf_config,
+        norm_shift=1.0,
+        keys=ROPE_KEYS | HEAD_KEYS | SOFTCAPS | WINDOW_KEYS,
     ),
     "gemma3": GGUFArch(
         "gemma3",
@@ -156,9 +190,18 @@ ARCHITECTURES: dict[str, GGUFArch] = {
         family="Gemma 3",
         config=gemma3_gguf_config,
         norm_shift=1.0,
+        keys=ROPE_KEYS
+        | HEAD_KEYS
+        | WINDOW_KEYS
+        | {"final_logit_softcapping", "rope.freq_base_swa"},
     ),
     "phi3": GGUFArch(
-        "phi3", PHI3_TENSORS, family="Phi-3", config=phi3_gguf_config, convert=split_fused
+        "phi3",
+        PHI3_TENSORS,
+        family="Phi-3",
+        config=phi3_gguf_config,
+        convert=split_fused,
+        keys=ROPE_KEYS | HEAD_KEYS | {"attention.sliding_window", "rope.scaling.attn_factor"},
     ),
 }
 
@@ -173,30 +216,54 @@ def gguf_arch(name: str | None, source: str) -> GGUFArch:
     return ARCHITECTURES[name]
 
 
-def config_from_gguf(metadata: dict[str, Any], tensor_names: set[str], source: str) -> ModelConfig:
+def config_from_gguf(
+    metadata: dict[str, Any],
+    tensor_names: set[str],
+    source: str,
+    rope_freqs: tuple[float, ...] | None = None,
+) -> ModelConfig:
     """ModelConfig from GGUF metadata: the keys every architecture has, then its own extras.
 
+    Args:
+        rope_freqs: the values of the file's ``rope_freqs.weight`` tensor, when it has one.
+
     Raises:
-        UnsupportedModelError: unknown architecture. InvalidModelFileError: a key is missing.
+        UnsupportedModelError: unknown architecture; a key or value clearlm does not implement
+            (loading/gguf_keys.py). InvalidModelFileError: a key is missing.
     """
     arch_name = metadata.get("general.architecture")
     arch = gguf_arch(arch_name, source)
+    check_keys(metadata, arch_name, arch.keys | {arch.norm_eps_key}, source)
 
     def req(key: str) -> Any:
         full = f"{arch_name}.{key}"
         if full not in metadata:
             raise InvalidModelFileError(f"{source}: required metadata key {full!r} is missing")
-        return metadata[full]
+        return uniform(metadata[full], full, source)
 
     d_model = int(req("embedding_length"))
     n_heads = int(req("attention.head_count"))
     # head_count_kv is optional in the GGUF spec: absent means plain multi-head attention.
-    n_kv_heads = int(metadata.get(f"{arch_name}.attention.head_count_kv", n_heads))
+    kv_key = f"{arch_name}.attention.head_count_kv"
+    n_kv_heads = int(uniform(metadata.get(kv_key, n_heads), kv_key, source))
     head_dim = int(metadata.get(f"{arch_name}.attention.key_length", d_model // n_heads))
+    check_head_lengths(metadata, arch_name, head_dim, source)
     if "tokenizer.ggml.tokens" in metadata:
         vocab_size = len(metadata["tokenizer.ggml.tokens"])
     else:
         vocab_size = int(req("vocab_size"))
+    rope_dim_key = f"{arch_name}.rope.dimension_count"
+    rope_dim = int(metadata.get(rope_dim_key, head_dim))
+    if arch.unpermute_qk and rope_dim != head_dim:
+        # The converter's Q/K row permutation spans the whole head; llama.cpp then rotates
+        # adjacent pairs of the first rope_dim rows only, which no rotate-half layout equals.
+        raise refuse(source, rope_dim_key, rope_dim, f"partial rotary, head_dim {head_dim}")
+    if rope_freqs is not None:
+        if not arch.rope_freqs:
+            raise UnsupportedModelError(
+                f"{source}: tensor 'rope_freqs.weight' is not supported for {arch_name}"
+            )
+        check_freq_factors(rope_freqs, rope_dim, source)
     fields: dict[str, Any] = dict(
         architecture=arch_name,
         vocab_size=vocab_size,
@@ -211,8 +278,10 @@ def config_from_gguf(metadata: dict[str, Any], tensor_names: set[str], source: s
         rope_theta=float(metadata.get(f"{arch_name}.rope.freq_base", 10000.0)),
         context_length=int(req("context_length")),
         tie_word_embeddings="output.weight" not in tensor_names,
-        rope_dim=int(metadata.get(f"{arch_name}.rope.dimension_count", head_dim)),
+        rope_dim=rope_dim,
     )
+    if "rope.scaling.type" in arch.keys:
+        fields["rope_scaling"] = rope_from_gguf(metadata, arch_name, source, rope_freqs)
     fields["family"] = arch.family or arch_name
     fields.update(arch.config(metadata, arch_name))
     return ModelConfig(**fields)

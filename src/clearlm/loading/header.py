@@ -38,11 +38,12 @@ def read_header(path: Path) -> Header:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
     """
     if path.is_dir():
-        from clearlm.loading.hf import generation_defaults, inspect_hf
+        from clearlm.defaults import read_generation_config
+        from clearlm.loading.hf import inspect_hf
 
         config, metadata, _ = inspect_hf(path)
         tokenizer = Tokenizer.from_hf_folder(path)
-        return Header(config, metadata, tokenizer, None, generation_defaults(path))
+        return Header(config, metadata, tokenizer, None, read_generation_config(path).values)
     reader = open_gguf(path)
     metadata = read_metadata(reader)
     config = ModelConfig.from_gguf(metadata, {t.name for t in reader.tensors}, path.name)

@@ -123,20 +123,3 @@ def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> Loa
     model = assemble(config, state, folder.name)
     return LoadedModel(model, config, {"hf.config": raw}, infos)
 
-
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
-
-
-def generation_defaults(folder: Path) -> dict[str, Any]:
-    """Sampling defaults from generation_config.json (only the keys the file sets).
-
-    ``do_sample: false`` means greedy, i.e. temperature 0. Returns {} when there is no file.
-    """
-    path = Path(folder) / "generation_config.json"
-    if not path.is_file():
-        return {}
-    raw = read_json(path)
-    out = {k: raw[k] for k in SAMPLING_KEYS if raw.get(k) is not None}
-    if raw.get("do_sample") is False:
-        out["temperature"] = 0.0
-    return out

@@ -10,7 +10,7 @@ import torch
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError
-from clearlm.loading.gguf import load_tensors, open_gguf, read_metadata
+from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_metadata
 from clearlm.model.transformer import Transformer
 
 
@@ -55,7 +55,7 @@ def inspect_gguf(
     source = os.path.basename(os.fspath(path))
     reader = open_gguf(path)
     metadata = read_metadata(reader)
-    config = ModelConfig.from_gguf(metadata, {t.name for t in reader.tensors}, source)
+    config = read_config(reader, metadata, source)
     tensors = [
         TensorInfo(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
         for t in reader.tensors
@@ -116,12 +116,12 @@ def load_gguf_model(
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError (see open_gguf,
-        ModelConfig.from_gguf, load_tensors).
+        read_config, load_tensors).
     """
     source = os.path.basename(os.fspath(path))
     reader = reader if reader is not None else open_gguf(path)
     metadata = read_metadata(reader)
-    config = ModelConfig.from_gguf(metadata, {t.name for t in reader.tensors}, source)
+    config = read_config(reader, metadata, source)
     state = load_tensors(reader, config, dtype, source)
     tensors = [
         TensorInfo(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))

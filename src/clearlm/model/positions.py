@@ -45,7 +45,8 @@ def rope_inv_freq(
 
     Scalings follow transformers' modeling_rope_utils: "linear" divides every θ_j by the
     factor; "dynamic" (NTK) grows the base once seq_len passes the original context;
-    "llama3" divides low frequencies by the factor, keeps high ones, and blends in between.
+    "llama3" divides low frequencies by the factor, keeps high ones, and blends in between;
+    "factors" divides each θ_j by its own factor (a GGUF's rope_freqs tensor).
     """
     exponents = torch.arange(0, rope_dim, 2, dtype=torch.int64).float() / rope_dim
     if scaling is not None and scaling.kind == "dynamic":
@@ -59,6 +60,10 @@ def rope_inv_freq(
         return inv_freq
     if scaling.kind == "linear":
         return inv_freq / scaling.factor
+    if scaling.kind == "yarn":
+        return yarn_inv_freq(inv_freq, rope_dim, base, scaling)
+    if scaling.kind == "factors":  # llama.cpp: θ_j / freq_factors[j] (ggml rope_yarn, ggml.c)
+        return inv_freq / torch.tensor(scaling.freq_factors, dtype=torch.float32)  # (d/2,)
     # llama3: wavelengths longer than original_context / low_freq_factor are stretched fully,
     # shorter than original_context / high_freq_factor are kept, the band between is blended.
     orig, f = scaling.original_context, scaling.factor
@@ -71,6 +76,32 @@ def rope_inv_freq(
     blended = (1 - smooth) * scaled / f + smooth * scaled
     medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
     return torch.where(medium, blended, scaled)
+
+
+def yarn_inv_freq(
+    inv_freq: torch.Tensor, rope_dim: int, base: float, scaling: RopeScaling
+) -> torch.Tensor:
+    """YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension", §3.2 "NTK-by-parts"),
+    as transformers' _compute_yarn_parameters and llama.cpp's ggml_rope_yarn_corr_dims compute it.
+
+    Pair j makes original_context · θ_j / 2π turns over the trained context. Pairs making more
+    than beta_fast turns keep θ_j (extrapolate), fewer than beta_slow take θ_j / factor
+    (interpolate), and a linear ramp over the pair index blends the pairs in between.
+    """
+
+    def pair_for_turns(turns: float) -> float:  # the j at which θ_j makes `turns` turns
+        orig = scaling.original_context
+        return rope_dim * math.log(orig / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_for_turns(scaling.beta_fast), pair_for_turns(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rope_dim - 1)
+    if low == high:
+        high += 0.001  # transformers: avoids dividing by zero
+    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: original frequency, 0: interpolated
+    return inv_freq / scaling.factor * (1 - keep) + inv_freq * keep
 
 
 class RotaryEmbedding(nn.Module):
@@ -99,6 +130,11 @@ class RotaryEmbedding(nn.Module):
         inv_freq = rope_inv_freq(self.rope_dim, self.base, self.scaling, seq_len)
         freqs = torch.outer(positions.float(), inv_freq)  # (T, d/2): angle p·θ_j
         emb = torch.cat((freqs, freqs), dim=-1)  # (T, d): same angle for j and j + d/2
+        if self.scaling is not None and self.scaling.kind == "yarn":
+            # YaRN's attention temperature, applied to q and k alike (transformers'
+            # attention_scaling; llama.cpp's mscale).
+            a = self.scaling.attention_factor
+            return emb.cos() * a, emb.sin() * a
         return emb.cos(), emb.sin()
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ from clearlm.api import Model
 from clearlm.errors import ClearLMError
 from clearlm.sampling import SamplingParams, filter_logits, softmax
 from clearlm.sampling_explain import explain_sampling
+from clearlm.token_pieces import token_pieces
 
 # The page draws a T × T heatmap per head: beyond a few hundred tokens it is unreadable and the
 # JSON grows as T². The model's own context limit is checked by the API as well.
@@ -85,8 +86,8 @@ def analyze(model: Model, prompt: str) -> Analysis:
 
 
 def label(model: Model, i: int) -> str:
-    """A token id as text (special tokens spelled out)."""
-    return model.tokenizer.decode([int(i)])
+    """A token id as text (special tokens spelled out, partial characters as <0xE6>)."""
+    return token_pieces(model.tokenizer, [int(i)])[0]
 
 
 def top_tokens(model: Model, probs: torch.Tensor, k: int = TOP) -> list[dict[str, Any]]:
@@ -162,7 +163,7 @@ def sample(model: Model, a: Analysis, prompt: str, params: SamplingParams) -> di
     piece = label(model, why.token)
     return {
         "token": {"id": why.token, "label": piece, "p": why.probability},
-        "prompt": prompt + piece,
+        "prompt": prompt + model.tokenizer.decode([why.token]),  # the text, not the label
     }
 
 

@@ -1,0 +1,111 @@
+"""What generate and chat print: streamed text that survives a closed pipe, the stats line,
+and the ``--json`` object (with per-token log-probabilities for ``--logprobs N``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import torch
+import typer
+
+from clearlm.cli import err
+from clearlm.token_pieces import token_pieces
+
+if TYPE_CHECKING:
+    from clearlm.api import Model
+    from clearlm.generation import GenerationResult
+
+
+def pipe_closed() -> NoReturn:
+    """The reader went away (``clearlm generate ... | head -c 50``): stop quietly with status 0.
+
+    stdout is pointed at /dev/null first, so the interpreter's last flush cannot fail again
+    (the recipe of Python's signal documentation, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise typer.Exit(0)
+
+
+def write_out(text: str) -> None:
+    """Write text to stdout now (streaming); a closed pipe ends the command with status 0."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        pipe_closed()
+
+
+def print_stats(result: GenerationResult, context_length: int) -> None:
+    """One dim line on stderr: token counts, speeds, finish reason (and a context warning)."""
+    if result.finish_reason == "context_length":
+        err.print(
+            f"[yellow]stopped: prompt + generated tokens reached the context length "
+            f"({context_length} tokens)[/]"
+        )
+    err.print(
+        f"[dim]prompt {result.prompt_tokens} tokens · generated {len(result.tokens)} tokens · "
+        f"prefill {result.prefill_tokens_per_s:.1f} tok/s · "
+        f"decode {result.decode_tokens_per_s:.1f} tok/s · "
+        f"finish: {result.finish_reason}[/]",
+        soft_wrap=True,
+    )
+
+
+@torch.inference_mode()
+def token_logprobs(
+    model: Model, prompt: list[int], tokens: list[int], n_top: int
+) -> list[dict[str, Any]]:
+    """Per generated token: {token, id, logprob, top: [{token, id, logprob} × n_top]}.
+
+    The log-probabilities are log-softmax of the model's raw logits at that step, before
+    temperature, repetition penalty and top-k/top-p/min-p (as OpenAI's ``logprobs`` and
+    llama.cpp's ``n_probs`` report them): what the model thinks, not what the sampler kept.
+    They come from one forward pass over prompt + generated tokens (no cache), so they match
+    ``model.logits`` directly.
+    """
+    if not tokens:
+        return []
+    seq = prompt + tokens
+    logits = model.logits(seq[:-1])[len(prompt) - 1 :]  # (n, V): position t predicts token t+1
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (n, V) float32
+    k = min(n_top, logp.shape[-1])
+    top_v, top_i = logp.topk(k, dim=-1)  # (n, k) each
+    chosen = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]  # (n,)
+    ids = sorted(set(tokens) | set(top_i.flatten().tolist()))
+    names = dict(zip(ids, token_pieces(model.tokenizer, ids), strict=True))
+    return [
+        {
+            "token": names[t],
+            "id": t,
+            "logprob": float(chosen[n]),
+            "top": [
+                {"token": names[i], "id": i, "logprob": float(v)}
+                for v, i in zip(top_v[n].tolist(), top_i[n].tolist(), strict=True)
+            ],
+        }
+        for n, t in enumerate(tokens)
+    ]
+
+
+def result_json(
+    model: Model, prompt: list[int], result: GenerationResult, n_top: int | None
+) -> dict[str, Any]:
+    """The object ``--json`` prints: text, token ids, finish reason, timings (seconds and
+    tokens/s), and ``logprobs`` when n_top is not None."""
+    out: dict[str, Any] = {
+        "text": result.text,
+        "prompt_token_ids": prompt,
+        "token_ids": result.tokens,
+        "finish_reason": result.finish_reason,
+        "timings": {
+            "prefill_s": result.prefill_s,
+            "decode_s": result.decode_s,
+            "prefill_tokens_per_s": result.prefill_tokens_per_s,
+            "decode_tokens_per_s": result.decode_tokens_per_s,
+        },
+    }
+    if n_top is not None:
+        out["logprobs"] = token_logprobs(model, prompt, result.tokens, n_top)
+    return out

@@ -1,0 +1,125 @@
+"""The interpretability half of :class:`clearlm.api.Model`: traces of hook points, hooks (also
+as a context manager, as TransformerLens users expect), the logit lens and readable tokens.
+
+A mixin so ``api.py`` keeps to loading and generation; it uses the model's ``transformer``,
+``tokenizer``, ``config``, ``encode`` and ``_ids_tensor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+
+from clearlm.errors import ClearLMError
+from clearlm.sampling import softmax
+from clearlm.token_pieces import token_pieces
+from clearlm.trace import HookFn, HookHandle, Trace, check_hook_name, resolve_names
+
+if TYPE_CHECKING:
+    from clearlm.config import ModelConfig
+    from clearlm.model.transformer import Transformer
+    from clearlm.tokenizer import Tokenizer
+
+
+class InterpretMixin:
+    """Hook points, traces, the logit lens and token strings for a loaded model."""
+
+    if TYPE_CHECKING:
+        transformer: Transformer
+        tokenizer: Tokenizer
+        config: ModelConfig
+
+        def encode(self, prompt: str | Sequence[int]) -> list[int]: ...
+        def _ids_tensor(self, prompt: str | Sequence[int]) -> torch.Tensor: ...
+
+    def to_str_tokens(self, prompt: str | Sequence[int]) -> list[str]:
+        """One readable string per token of the prompt (as TransformerLens's to_str_tokens);
+        bytes of a partial character show as ``<0xE6>`` (see clearlm.token_pieces)."""
+        return token_pieces(self.tokenizer, self.encode(prompt))
+
+    @torch.inference_mode()
+    def run_with_trace(
+        self, prompt: str | Sequence[int], names: Sequence[str] | None = None
+    ) -> Trace:
+        """One forward pass over the prompt, recording hook points (all of them by default).
+
+        Args:
+            prompt: text or token ids.
+            names: hook point names (see clearlm.trace.HOOK_POINTS), or None for all.
+
+        Returns:
+            A :class:`~clearlm.trace.Trace`: name → tensor with B = 1 (e.g.
+            ``trace["blocks.0.attn.pattern"]`` is (1, H, T, T)), plus ``probs`` (1, T, V)
+            float32 and the tokens. Registered hooks run too (an intervention shows up in the
+            trace). The tensors are those of the plain forward pass, bit for bit.
+
+        Raises:
+            ClearLMError: an unknown hook point name. ContextLengthError: empty/too-long prompt.
+        """
+        ids = self._ids_tensor(prompt)
+        hooks = self.transformer.hooks
+        wanted = resolve_names(names, self.config.n_layers)
+        hooks.record, hooks.record_names = {}, wanted
+        try:
+            logits = self.transformer(ids)  # (1, T, V)
+            recorded = hooks.record
+        finally:
+            hooks.record, hooks.record_names = None, None
+        if wanted is None or "probs" in wanted:
+            recorded["probs"] = softmax(logits.float())
+        tokens = ids[0].tolist()
+        return Trace(recorded, tokens, token_pieces(self.tokenizer, tokens))
+
+    def add_hook(self, name: str, fn: HookFn) -> HookHandle:
+        """Call fn(tensor, name) whenever the forward pass reaches hook point `name`; if fn
+        returns a tensor, it replaces the original (same shape). Returns a handle whose
+        ``remove()`` takes the hook away. Raises ClearLMError for an unknown name.
+
+        Example, ablating head 3 of block 5: ``model.add_hook("blocks.5.attn.z",
+        lambda z, _: z.index_fill(2, torch.tensor([3]), 0.0))``.
+        """
+        check_hook_name(name, self.config.n_layers)
+        if name == "probs":
+            raise ClearLMError("'probs' is computed after the forward pass; hook 'logits' instead")
+        self.transformer.hooks.fns.setdefault(name, []).append(fn)
+        return HookHandle(self.transformer.hooks, name, fn)
+
+    @contextmanager
+    def hooks(self, fns: Mapping[str, HookFn]) -> Iterator[InterpretMixin]:
+        """``with model.hooks({"blocks.5.attn.z": fn}):`` — hooks that are removed when the
+        block ends, also when it raises. Raises ClearLMError for an unknown name (none added)."""
+        for name in fns:
+            self.add_hook(name, fns[name]).remove()  # validate every name before adding any
+        handles = [self.add_hook(name, fn) for name, fn in fns.items()]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def clear_hooks(self) -> None:
+        """Remove every hook."""
+        self.transformer.hooks.fns.clear()
+
+    @torch.inference_mode()
+    def logit_lens(self, prompt: str | Sequence[int], position: int = -1) -> torch.Tensor:
+        """The logit lens (nostalgebraist 2020): each block's output residual stream, read
+        through the final norm and the output projection as if it were the last layer.
+
+        Returns:
+            (N + 1, V) float32 probabilities at `position`: row 0 reads the embeddings, row
+            i the output of block i − 1; the last row is the model's own next-token
+            distribution. Raises ContextLengthError for an empty or too-long prompt.
+        """
+        names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(self.config.n_layers)]
+        trace = self.run_with_trace(prompt, names=names)
+        resid = torch.stack([trace[n][0, position] for n in names])  # (N + 1, D)
+        if self.config.position != "rope" and "pos" not in names:
+            # row 0 should be what block 0 receives: embeddings plus additive positions
+            resid[0] = self.run_with_trace(prompt, ["blocks.0.resid_pre"])["blocks.0.resid_pre"][
+                0, position
+            ]
+        return softmax(self.transformer.unembed(resid[:, None, :])[:, 0].float())  # (N + 1, V)

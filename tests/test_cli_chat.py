@@ -1,0 +1,164 @@
+"""generate/chat input and output: '-' and -f, --json with logprobs, a closed pipe, and the
+multi-turn chat driven through a pipe and through a pseudo-terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from tiny_gguf import write_tiny_llama
+
+import clearlm
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("chat") / "tiny.gguf", context_length=256)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    return clearlm.load(tiny_path)
+
+
+def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run(
+        [sys.executable, "-m", "clearlm", *args], input=stdin, capture_output=True, env=env,
+        timeout=300,
+    )  # fmt: skip
+
+
+def test_generate_reads_stdin_and_file_bytes_as_utf8_without_newline_translation(
+    tiny, tiny_path, tmp_path
+):
+    raw = b"hello\r\nw\xffrld -\n"  # CRLF kept, an invalid byte becomes U+FFFD
+    expected = tiny.encode("hello\r\nw\ufffdrld -\n")
+    args = ("-m", str(tiny_path), "-n", "3", "--temperature", "0", "--json")
+    proc = cli("generate", "-", *args, stdin=raw)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["prompt_token_ids"] == expected
+    f = tmp_path / "prompt.txt"
+    f.write_bytes(raw)
+    proc = cli("generate", "-f", str(f), *args)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["prompt_token_ids"] == expected
+    proc = cli("generate", "-", "-f", str(f), *args)  # both: a usage error
+    assert proc.returncode == 2 and b"not both" in proc.stderr
+    proc = cli("generate", "-f", str(tmp_path / "missing.txt"), *args)
+    assert proc.returncode == 1
+    assert proc.stderr.decode().strip().startswith("error: prompt file not found:")
+
+
+def test_json_output_and_logprobs_match_a_direct_computation(tiny, tiny_path):
+    proc = cli(
+        "generate", "hello world", "-m", str(tiny_path), "-n", "6", "--temperature", "0",
+        "--logprobs", "3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.decode().splitlines()
+    assert len(lines) == 1  # one object, nothing streamed before it
+    out = json.loads(lines[0])
+    ref = tiny.generate("hello world", max_new_tokens=6, temperature=0)
+    assert out["text"] == ref.text and out["token_ids"] == ref.tokens
+    assert out["finish_reason"] == ref.finish_reason
+    assert out["prompt_token_ids"] == tiny.encode("hello world")
+    assert set(out["timings"]) == {
+        "prefill_s", "decode_s", "prefill_tokens_per_s", "decode_tokens_per_s"
+    }  # fmt: skip
+    assert len(out["logprobs"]) == len(ref.tokens)
+    prefix = tiny.encode("hello world")
+    for step, tok in zip(out["logprobs"], ref.tokens, strict=True):
+        logp = torch.log(tiny.next_token_distribution(prefix))  # (V,) the raw model's
+        assert step["id"] == tok
+        assert step["logprob"] == pytest.approx(float(logp[tok]), abs=1e-4)
+        top = logp.topk(3)
+        assert [t["id"] for t in step["top"]] == top.indices.tolist()
+        assert [t["logprob"] for t in step["top"]] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert step["top"][0]["id"] == tok  # greedy picks the argmax
+        prefix = prefix + [tok]
+
+
+def test_chat_message_from_stdin_with_json(tiny, tiny_path):
+    proc = cli("chat", "-", "-m", str(tiny_path), "-n", "5", "--json", stdin=b"hi there")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    ref = tiny.chat("hi there", max_new_tokens=5)  # chat is greedy by default
+    assert out["prompt_token_ids"] == tiny.chat_prompt("hi there")
+    assert out["token_ids"] == ref.tokens and out["text"] == ref.text
+    assert "logprobs" not in out
+    proc = cli("chat", "-m", str(tiny_path), "--json", stdin=b"hi\n")  # no conversation in JSON
+    assert proc.returncode == 2 and b"need a MESSAGE" in proc.stderr
+
+
+def test_closed_pipe_ends_quietly_with_status_0(tiny_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clearlm", "generate", "hello", "-m", str(tiny_path), "-n", "80",
+         "--temperature", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout.read(5)  # `| head -c 5`: read a little, then close the pipe
+    proc.stdout.close()
+    rc = proc.wait(timeout=300)
+    stderr = proc.stderr.read().decode()
+    assert rc == 0, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+
+
+def test_chat_without_message_keeps_history_through_a_pipe(tiny, tiny_path):
+    lines = "hi\n/system You are terse.\nhello\n\n/reset\nyo\n/nope\n"
+    proc = cli("chat", "-m", str(tiny_path), "-n", "6", stdin=lines.encode())
+    assert proc.returncode == 0, proc.stderr
+    system = {"role": "system", "content": "You are terse."}
+    a1 = tiny.chat([{"role": "user", "content": "hi"}], max_new_tokens=6).text
+    a2 = tiny.chat(
+        [system, {"role": "user", "content": "hi"}, {"role": "assistant", "content": a1},
+         {"role": "user", "content": "hello"}],
+        max_new_tokens=6,
+    ).text  # fmt: skip
+    a3 = tiny.chat([system, {"role": "user", "content": "yo"}], max_new_tokens=6).text
+    assert proc.stdout.decode() == f"{a1}\n{a2}\n{a3}\n"
+    err = proc.stderr.decode()
+    assert "conversation cleared" in err and "unknown command /nope" in err
+    assert err.count("finish:") == 3
+
+
+def _read_until(fd: int, needle: bytes, buf: bytearray, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while needle not in buf:
+        assert time.monotonic() < end, f"no {needle!r} in {bytes(buf)!r}"
+        if select.select([fd], [], [], 0.5)[0]:
+            try:
+                buf += os.read(fd, 4096)
+            except OSError:  # the child closed the terminal
+                break
+    assert needle in buf, bytes(buf)
+
+
+def test_chat_in_a_pseudo_terminal_ctrl_c_stops_an_answer_and_ctrl_d_leaves(tiny_path):
+    argv = [sys.executable, "-m", "clearlm", "chat", "-m", str(tiny_path), "-n", "200"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its controlling terminal is the pty, so ^C is SIGINT
+        os.execv(sys.executable, argv)
+    buf = bytearray()
+    _read_until(fd, b">>> ", buf)
+    os.write(fd, b"hi\r")
+    _read_until(fd, b"hi\r\n", buf)  # the echo, then the answer streams
+    start = len(buf)
+    while len(buf) == start:  # wait for the first bytes of the answer
+        if select.select([fd], [], [], 0.5)[0]:
+            buf += os.read(fd, 4096)
+    os.write(fd, b"\x03")  # Ctrl-C during the answer: stops it, back to the prompt
+    _read_until(fd, b"answer stopped", buf)
+    _read_until(fd, b">>> ", buf[buf.index(b"answer stopped") :])
+    os.write(fd, b"\x04")  # Ctrl-D at the prompt leaves
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
