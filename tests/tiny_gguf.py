@@ -54,8 +54,10 @@ def write_tiny_llama(
     tied: bool = True,
     matrix_type: GGMLQuantizationType = GGMLQuantizationType.F32,
     seed: int = 0,
+    chat_template: str | None = CHATML,
 ) -> Path:
-    """Write a random tiny model: 256 byte tokens, 3 merges, 3 special tokens; return its path."""
+    """Write a random tiny model: 256 byte tokens, 3 merges, 3 special tokens; return its path.
+    ``chat_template=None`` leaves the template out (as in Gemma 3 270M base)."""
     rng = np.random.default_rng(seed)
     merged = ["he", "ll", "ĠĠ"]  # a few merges so the BPE has some to apply
     tokens = byte_level_alphabet() + merged + SPECIALS
@@ -79,7 +81,8 @@ def write_tiny_llama(
     w.add_bos_token_id(tokens.index("<|im_start|>"))
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     def mat(n_out: int, n_in: int) -> np.ndarray:
         return (rng.standard_normal((n_out, n_in)) * 0.1).astype(np.float32)

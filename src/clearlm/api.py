@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from clearlm.config import ModelConfig
-from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS, read_generation_config
+from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
 from clearlm.errors import ChatTemplateError, ClearLMError, PromptTypeError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.interpret import InterpretMixin
@@ -235,7 +235,9 @@ class Model(InterpretMixin):
 
 
 def load(
-    model: str | os.PathLike[str] | None = None, dtype: str | torch.dtype = torch.float32
+    model: str | os.PathLike[str] | None = None,
+    dtype: str | torch.dtype = torch.float32,
+    check: Callable[[Model], object] | None = None,
 ) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
@@ -244,29 +246,35 @@ def load(
             tokenizer.json, an alias (see ``clearlm.models.ALIASES``), or None (the default).
         dtype: parameter dtype: "float32" (reference numerics), "bfloat16" or "float16", or
             the torch dtype.
+        check: called with a weightless Model (``transformer`` None; tokenizer, config and
+            metadata set: enough for ``encode`` and ``chat_prompt``) before any weight is read;
+            whatever it raises stops the load (the CLI refuses a missing chat template or a
+            too-long prompt this way).
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
-        (unknown dtype).
+        (unknown dtype), and what ``check`` raises.
     """
+    from clearlm.loading.header import read_header
+
     dtype = parse_dtype(dtype)
     path = resolve_model(model)
-    defaults: dict[str, Any] = {}
+    head = read_header(path)
+    if check is not None:
+        weightless = Model(None, head.tokenizer, head.config, head.metadata, {}, str(path))  # type: ignore[arg-type]
+        check(weightless)
     if path.is_dir():
         from clearlm.loading.hf import load_hf_model
 
         loaded = load_hf_model(path, dtype)
-        tokenizer = Tokenizer.from_hf_folder(path)
-        defaults = read_generation_config(path).values
     else:
-        loaded = load_gguf_model(path, dtype)
-        tokenizer = Tokenizer.from_gguf_metadata(loaded.metadata, source=path.name)
+        loaded = load_gguf_model(path, dtype, reader=head.reader)
     return Model(
         loaded.model,
-        tokenizer,
+        head.tokenizer,
         loaded.config,
         loaded.metadata,
         loaded.tensor_types,
         str(path),
-        defaults,
+        head.generation_defaults,
     )

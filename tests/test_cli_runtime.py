@@ -1,0 +1,271 @@
+"""The command line a llama.cpp / ollama user expects: threads, the loading line, --quiet, help
+that shows its defaults, --version, command order, info -m, and checks that fail before the
+weights are read. A tiny GGUF keeps every CLI run to about a second."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+
+import pytest
+import torch
+from rich.console import Console
+from tiny_gguf import write_tiny_llama
+from typer.testing import CliRunner
+
+from clearlm import threads
+from clearlm.cli import app, runtime
+from clearlm.errors import ChatTemplateError, SamplingParamsError
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("rt") / "tiny.gguf", context_length=48)
+
+
+@pytest.fixture(scope="module")
+def no_template(tmp_path_factory):
+    """A tiny model without a chat template, like Gemma 3 270M base."""
+    path = tmp_path_factory.mktemp("nt") / "plain.gguf"
+    return write_tiny_llama(path, context_length=48, chat_template=None)
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clearlm", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+
+
+# ---- threads: the rule as a pure function, then applied ----
+
+
+@pytest.mark.parametrize(
+    "physical,allowed,busy,want",
+    [
+        (2, 2, 0.0, 2),  # an idle 2-core machine: both
+        (2, 2, 0.4, 2),  # background noise rounds away
+        (2, 2, 1.0, 1),  # one core busy elsewhere: one thread
+        (2, 2, 1.7, 1),  # both busy (the issue's second process): one thread, never zero
+        (2, 2, 5.0, 1),
+        (8, 4, 0.0, 4),  # taskset / a container allows 4 of 8 cores
+        (4, 8, 0.0, 4),  # 8 hyper-threads, 4 physical cores
+        (8, 8, 3.2, 5),
+    ],
+)
+def test_choose_threads(physical, allowed, busy, want):
+    assert threads.choose_threads(physical, allowed, busy) == want
+
+
+def test_busy_cpus_reads_proc_stat(tmp_path, monkeypatch):
+    # columns: user nice system idle iowait irq softirq steal
+    before = "cpu  9 9 9 9 9 9 9 9\ncpu0 100 0 0 100 0 0 0 0\ncpu1 0 0 0 200 0 0 0 0\n"
+    # cpu0: 50 busy + 50 idle; cpu1: 100 idle; cpu2 (not ours): all busy
+    after = (
+        "cpu  9 9 9 9 9 9 9 9\ncpu0 150 0 0 150 0 0 0 0\ncpu1 0 0 0 300 0 0 0 0\n"
+        "cpu2 500 0 0 0 0 0 0 0\n"
+    )
+    stat = tmp_path / "stat"
+    stat.write_text(before)
+    monkeypatch.setattr(threads.time, "sleep", lambda s: stat.write_text(after))
+    # idle 150 of 200 jiffies over 2 CPUs: 2 × (1 − 150/200) = 0.5 busy CPUs
+    assert threads.busy_cpus({0, 1}, stat_path=str(stat)) == pytest.approx(0.5)
+    assert threads.busy_cpus({0}, stat_path=str(tmp_path / "missing")) == 0.0
+
+
+def test_set_threads(monkeypatch):
+    old = torch.get_num_threads()
+    try:
+        assert threads.set_threads(1) == 1 and torch.get_num_threads() == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert threads.set_threads(None) == torch.get_num_threads()  # left as torch read it
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        monkeypatch.setattr(threads, "busy_cpus", lambda cpus: float(len(cpus)))  # all busy
+        assert threads.set_threads(None) == 1
+        for bad in (0, -2, 1.5, True):
+            with pytest.raises(SamplingParamsError, match="threads must be an integer"):
+                threads.set_threads(bad)
+    finally:
+        torch.set_num_threads(old)
+
+
+# ---- the loading line, --threads, --quiet ----
+
+
+def test_loading_line_names_model_size_time_and_threads(tiny):
+    proc = cli("generate", "hello", "-m", str(tiny), "-n", "3", "--threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    size = runtime.human_size(tiny.stat().st_size)
+    assert first.startswith(f"loading tiny.gguf ({size})… done in ") and first.endswith(
+        " s · 1 thread"
+    ), first
+    assert "generated 3 tokens" in proc.stderr
+    proc = cli("generate", "hello", "-m", str(tiny), "-n", "3", "-t", "2")
+    assert proc.stderr.splitlines()[0].endswith(" s · 2 threads")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_quiet_prints_only_the_text(tiny, command):
+    loud = cli(command, "hello", "-m", str(tiny), "-n", "4", "--temperature", "0")
+    quiet = cli(command, "hello", "-m", str(tiny), "-n", "4", "--temperature", "0", "--quiet")
+    assert loud.returncode == quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == "" and "loading" in loud.stderr
+    assert quiet.stdout == loud.stdout  # same text, only the chatter is gone
+
+
+def test_perplexity_takes_threads_and_quiet(tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello hello hello world, a small text to score.\n")
+    proc = cli("perplexity", str(text), "-m", str(tiny), "--context", "16", "-t", "1", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "" and proc.stdout.startswith("perplexity ")
+
+
+def test_spinner_shows_on_a_terminal_only_when_slow(monkeypatch):
+    screen = io.StringIO()
+    monkeypatch.setattr(runtime, "err", Console(file=screen, force_terminal=True, width=80))
+    monkeypatch.setattr(runtime, "SPINNER_AFTER_S", 0.05)
+    with runtime.spinner("loading big (1.1 GB)…", enabled=True):
+        time.sleep(0.4)
+    assert "loading big (1.1 GB)…" in screen.getvalue()
+    screen.truncate(0)
+    monkeypatch.setattr(runtime, "SPINNER_AFTER_S", 5.0)
+    with runtime.spinner("loading small…", enabled=True):
+        pass  # quicker than SPINNER_AFTER_S: nothing drawn
+    assert "loading small" not in screen.getvalue()
+
+
+@pytest.mark.parametrize(
+    "n,text", [(0, "0 B"), (369_000, "369 kB"), (98_000_000, "98 MB"), (1_120_000_000, "1.1 GB")]
+)
+def test_human_size(n, text):
+    assert runtime.human_size(n) == text
+
+
+# ---- help, --version, order, info -m ----
+
+
+def test_help_shows_the_sampling_defaults():
+    out = cli("generate", "--help", COLUMNS="200").stdout
+    assert "0 = greedy (default 0.8; chat 0)." in out
+    assert "Keep the k most likely tokens; 0 = off (default 0)." in out
+    assert "this much probability; 1 = off (default 1)." in out
+    assert "--threads" in out and "--quiet" in out
+
+
+def test_version():
+    proc = cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"clearlm {version('clearlm')}"
+
+
+def test_generate_and_chat_come_first():
+    out = cli("--help", COLUMNS="120").stdout
+    listed = [
+        line.split()[1]
+        for line in out[out.index("Commands") :].splitlines()[1:]
+        if line.startswith("│ ") and line[2] != " "
+    ]
+    assert listed[:2] == ["generate", "chat"], listed
+    assert {"info", "models", "pull", "rm", "perplexity", "explain", "ui"} <= set(listed)
+
+
+def test_info_takes_m_like_every_other_command(tiny):
+    positional, option = cli("info", str(tiny)), cli("info", "-m", str(tiny))
+    assert option.returncode == 0, option.stderr
+    assert option.stdout == positional.stdout and "n_layers" in option.stdout
+    both = cli("info", str(tiny), "-m", "gemma3-270m")
+    assert both.returncode == 2 and "two models given" in both.stderr
+
+
+# ---- checks on the header, before the weights ----
+
+
+def test_chat_without_template_fails_before_the_weights(no_template, monkeypatch):
+    import clearlm.api
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights must not be loaded")
+
+    import clearlm.loading.header
+
+    monkeypatch.setattr(clearlm.api, "load_gguf_model", no_weights)
+    monkeypatch.setattr(clearlm.loading.header, "open_gguf", no_weights)  # not even the header
+    res = CliRunner().invoke(app, ["chat", "hi", "-m", str(no_template)])
+    assert isinstance(res.exception, ChatTemplateError), res.output
+    assert str(res.exception) == (
+        "plain.gguf has no chat template (a base model?); use `clearlm generate`"
+    )
+
+
+def test_chat_without_template_is_one_line_and_no_loading(no_template):
+    proc = cli("chat", "hi", "-m", str(no_template))
+    assert proc.returncode == ChatTemplateError.exit_code
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error:") and "chat template" in line
+    assert cli("generate", "hi", "-m", str(no_template), "-n", "2").returncode == 0
+
+
+def test_too_long_prompt_fails_before_the_weights(tiny, monkeypatch):
+    import clearlm.api
+
+    monkeypatch.setattr(clearlm.api, "load_gguf_model", lambda *a, **k: pytest.fail("weights read"))
+    res = CliRunner().invoke(app, ["generate", "x" * 60, "-m", str(tiny)])
+    assert "context length is 48" in str(res.exception)
+
+
+def test_load_opens_the_file_once_when_checking(tiny, monkeypatch):
+    """The header read for the check is reused: one open, and the check sees no weights."""
+    import clearlm
+    import clearlm.loading.header as header
+    import clearlm.loading.load as load_mod
+
+    opened, seen = [], []
+    real = header.open_gguf
+
+    def counting(path):
+        opened.append(path)
+        return real(path)
+
+    monkeypatch.setattr(header, "open_gguf", counting)
+    monkeypatch.setattr(load_mod, "open_gguf", counting)
+    model = clearlm.load(tiny, check=lambda m: seen.append((m.transformer, m.encode("hello"))))
+    assert len(opened) == 1 and seen == [(None, model.encode("hello"))]
+
+
+# ---- reading only the key names ----
+
+
+def test_gguf_keys_equal_the_gguf_readers(tiny, no_template, tmp_path):
+    from gguf import GGUFReader
+
+    from clearlm.loading.peek import gguf_keys, has_chat_template
+
+    for path in (tiny, no_template):
+        want = {k for k in GGUFReader(path).fields if not k.startswith("GGUF.")}
+        assert gguf_keys(path) == want
+    assert has_chat_template(tiny) is True and has_chat_template(no_template) is False
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny.read_bytes()[:3000])  # inside the vocabulary array
+    assert has_chat_template(text) is None and has_chat_template(cut) is None
+
+
+@pytest.mark.parametrize("name,has", [("smollm2-135m-instruct", True), ("gemma3-270m", False)])
+def test_real_models_chat_template_from_keys(name, has):
+    from clearlm.loading.peek import has_chat_template
+    from clearlm.models import ALIASES, locate
+
+    path = locate(ALIASES[name])
+    if path is None:
+        pytest.skip(f"{name} not present: run `clearlm pull {name}` (make test does)")
+    assert has_chat_template(path) is has
