@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from clearlm.cli import err
+from clearlm.cli.app import err
 
 ThreadsOpt = Annotated[
     int | None,
