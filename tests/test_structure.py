@@ -187,3 +187,34 @@ def test_imports_of_reads_every_kind(tmp_path: Path) -> None:
     }
     got = imports_of("clearlm.sub.mod", pkg / "mod.py", modules)
     assert got == {"clearlm.a", "clearlm.b", "clearlm.d", "clearlm.sub", "clearlm.sub.sibling"}
+
+
+# --- the layering issue 9 asks for, read from the same graph
+
+
+def test_readers_build_the_config_and_tokenizer_not_the_other_way() -> None:
+    graph = import_graph()
+    assert not {
+        m for m in graph["clearlm.config"] if m.startswith(("clearlm.loading", "clearlm.families"))
+    }
+    readers = {"clearlm.tokenizer.gguf", "clearlm.tokenizer.hf", "clearlm.tokenizer.gguf_vocab"}
+    assert not graph["clearlm.tokenizer.core"] & readers
+
+
+def test_generic_loading_steps_know_no_family() -> None:
+    """loading/transforms.py and the GGUF key rule serve every family and import none."""
+    graph = import_graph()
+    for name in ("clearlm.loading.transforms", "clearlm.loading.gguf_keys", "clearlm.loading.load"):
+        assert not {m for m in graph[name] if m.startswith("clearlm.families")}, name
+
+
+def test_every_family_module_is_registered() -> None:
+    """Adding a family is one module in families/ plus its name in MODULES: a module left out
+    of the list would silently not load."""
+    from clearlm import families
+
+    files = {p.stem for p in (SRC / PACKAGE / "families").glob("*.py")} - {"__init__", "base"}
+    assert {m.__name__.rsplit(".", 1)[1] for m in families.MODULES} == files
+    for module in families.MODULES:
+        assert module.FAMILIES, module.__name__
+        assert isinstance(module.GGUF_ARCHS, tuple), module.__name__
