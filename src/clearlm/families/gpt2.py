@@ -36,6 +36,12 @@ CONV1D = (
 )
 
 
+# GPT-2's choices at each stage, whichever format the checkpoint comes in.
+GPT2_LAYERS: dict[str, Any] = dict(
+    position="learned", attn_bias=True, attn_out_bias=True, norm="layer", ffn="mlp", mlp_bias=True
+)
+
+
 def gpt2_config(c: HFConfig) -> dict[str, Any]:
     """config.json → ModelConfig fields. GPT-2 files use their own key names (n_embd, n_layer,
     n_head, n_positions); absent optional keys take GPT2Config's defaults."""
@@ -57,14 +63,9 @@ def gpt2_config(c: HFConfig) -> dict[str, Any]:
         norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
         context_length=int(c.req("n_positions")),
         tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
-        position="learned",
-        attn_bias=True,
-        attn_out_bias=True,
+        **GPT2_LAYERS,
         attn_scale=None if c.get("scale_attn_weights", True) else 1.0,
-        norm="layer",
-        ffn="mlp",
         activation=activation_from_hf(c.get("activation_function", "gelu_new"), c.source),
-        mlp_bias=True,
     )
 
 
@@ -128,15 +129,8 @@ GGUF_ARCHS = (
         "gpt2",
         GPT2_TENSORS,
         family="GPT-2",
-        config=lambda m, a: dict(
-            position="learned",
-            norm="layer",
-            ffn="mlp",
-            activation="gelu_tanh",
-            attn_bias=True,
-            attn_out_bias=True,
-            mlp_bias=True,
-        ),
+        # llama.cpp's GPT-2 graph always runs GELU (tanh), "gelu_new".
+        config=lambda m, a: dict(GPT2_LAYERS, activation="gelu_tanh"),
         norm_eps_key="attention.layer_norm_epsilon",
         convert=split_qkv,
         keys=HEAD_KEYS,  # learned positions: a rope.* key is refused
