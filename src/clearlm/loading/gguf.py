@@ -18,7 +18,7 @@ from gguf.quants import dequantize
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
-from clearlm.families import gguf_arch
+from clearlm.families import GGUFArch, gguf_arch
 from clearlm.loading.gguf_config import config_from_gguf
 from clearlm.loading.load import TensorInfo
 from clearlm.loading.transforms import unpermute_qk, unshift_norm
@@ -100,10 +100,7 @@ def read_config(reader: GGUFReader, metadata: dict[str, Any], source: str) -> Mo
 
 def tensor_infos(reader: GGUFReader) -> list[TensorInfo]:
     """The file's tensors as stored: name, type, shape in (out, in) order (nothing is read)."""
-    return [
-        TensorInfo(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
-        for t in reader.tensors
-    ]
+    return [TensorInfo(t.name, t.tensor_type.name, _stored_shape(t)) for t in reader.tensors]
 
 
 def gguf_to_ours(name: str, table: dict[str, str], n_layers: int) -> str | None:
@@ -142,31 +139,59 @@ def load_tensors(
     arch = gguf_arch(config.architecture, source)
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        ours = gguf_to_ours(t.name, arch.tensors, config.n_layers)
+        ours = _rename(t, arch, config, source)
         if ours is None:
-            scaling = config.rope_scaling
-            if t.name == ROPE_FREQS and scaling is not None and scaling.kind == "factors":
-                continue  # already in the config (read_config), not a parameter
-            raise UnsupportedModelError(
-                f"{source}: unknown tensor {t.name!r} for {config.architecture}"
-            )
-        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
-            raise UnsupportedModelError(
-                f"{source}: tensor {t.name} has type {t.tensor_type.name}, which clearlm does not "
-                "dequantize; supported: "
-                + ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))
-            )
-        # GGUF lists shapes innermost-first ([n_in, n_out]); numpy wants [n_out, n_in].
-        shape = tuple(int(d) for d in reversed(t.shape))
-        try:
-            w = dequantize(t.data, t.tensor_type).reshape(shape)
-        except ValueError as e:
-            raise InvalidModelFileError(f"{source}: tensor {t.name} is truncated ({e})") from None
+            continue  # rope_freqs.weight: already in the config (read_config), not a parameter
+        w = _dequantize(t, source)  # (out, in) float32
         if arch.unpermute_qk:
             w = unpermute_qk(ours, w, config)
         w = unshift_norm(ours, w, arch.norm_shift)  # Gemma GGUFs store 1 + w
-        w = np.ascontiguousarray(w, dtype=np.float32)
-        if not w.flags.writeable:  # F32 tensors come straight from the read-only memory map
-            w = w.copy()
-        state[ours] = torch.from_numpy(w).to(dtype)
+        state[ours] = _to_torch(w, dtype)
     return arch.convert(state, config)
+
+
+def _stored_shape(t: Any) -> tuple[int, ...]:
+    """GGUF lists shapes innermost-first ([n_in, n_out]); ours are [n_out, n_in]."""
+    return tuple(int(d) for d in reversed(t.shape))
+
+
+def _rename(t: Any, arch: GGUFArch, config: ModelConfig, source: str) -> str | None:
+    """Our name for tensor ``t``; None for ``rope_freqs.weight`` once taken into the config.
+
+    Raises:
+        UnsupportedModelError: a name the family's table does not know.
+    """
+    ours = gguf_to_ours(t.name, arch.tensors, config.n_layers)
+    if ours is None:
+        scaling = config.rope_scaling
+        if t.name == ROPE_FREQS and scaling is not None and scaling.kind == "factors":
+            return None
+        raise UnsupportedModelError(
+            f"{source}: unknown tensor {t.name!r} for {config.architecture}"
+        )
+    return ours
+
+
+def _dequantize(t: Any, source: str) -> np.ndarray:
+    """The tensor's values in float32, shape (out, in).
+
+    Raises:
+        UnsupportedModelError: a type outside SUPPORTED_TENSOR_TYPES.
+        InvalidModelFileError: the data is truncated.
+    """
+    if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+        raise UnsupportedModelError(
+            f"{source}: tensor {t.name} has type {t.tensor_type.name}, which clearlm does not "
+            "dequantize; supported: " + ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))
+        )
+    try:
+        return dequantize(t.data, t.tensor_type).reshape(_stored_shape(t))
+    except ValueError as e:
+        raise InvalidModelFileError(f"{source}: tensor {t.name} is truncated ({e})") from None
+
+
+def _to_torch(w: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if not w.flags.writeable:  # F32 tensors come straight from the read-only memory map
+        w = w.copy()
+    return torch.from_numpy(w).to(dtype)
