@@ -104,3 +104,10 @@ def test_one_generator_factory():
 
 def test_one_sampler_type():
     assert clearlm.generation.Sampler is clearlm.sampling.Sampler
+
+
+def test_the_explanation_keeps_the_chains_output():
+    logits = torch.randn(30, generator=torch.Generator().manual_seed(2))
+    for params in (ALL_ON, SamplingParams(temperature=0, repetition_penalty=1.3)):
+        why = explain_sampling(logits, torch.tensor([4, 7]), params)
+        assert torch.equal(why.filtered, filter_logits(logits, torch.tensor([4, 7]), params))

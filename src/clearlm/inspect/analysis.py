@@ -20,7 +20,7 @@ from clearlm.errors import ClearLMError
 from clearlm.inspect.sampling_explain import explain_sampling
 from clearlm.inspect.token_pieces import token_pieces
 from clearlm.inspect.trace import lens_names, pattern_names
-from clearlm.sampling import SamplingParams, filter_logits, softmax
+from clearlm.sampling import SamplingParams, softmax
 
 # The page draws a T × T heatmap per head: beyond a few hundred tokens it is unreadable and the
 # JSON grows as T². The model's own context limit is checked by the API as well.
@@ -142,7 +142,7 @@ def sampling(model: Model, a: Analysis, params: SamplingParams, top: int = TOP) 
         alive = after > 0  # (V,) bool
         survivors = [{"id": why.token, "label": label(model, why.token), "p": 1.0}]
     else:  # the sampler's own chain; equals the last explained step's distribution
-        z = filter_logits(a.last_logits, history, params)  # (V,), -inf where removed
+        z = why.filtered  # (V,), -inf where removed: filter_logits's output
         after, alive = softmax(z), ~torch.isneginf(z)  # (V,) each
         survivors = rows[-2]["top"]
     candidates = [

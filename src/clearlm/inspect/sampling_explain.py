@@ -55,6 +55,8 @@ class SamplingExplanation:
         token: the id picked: argmax when greedy, else the seeded draw.
         probability: its probability under the final (filtered, renormalised) distribution.
         logprob: log of that, exactly what :func:`make_sampler` returns with the token.
+        filtered: ``(V,)`` float32, the chain's output (what :func:`filter_logits` returns):
+            the pick is made from softmax of it; ``-inf`` where a step removed the token.
     """
 
     params: SamplingParams
@@ -62,6 +64,7 @@ class SamplingExplanation:
     token: int
     probability: float
     logprob: float
+    filtered: Tensor
 
     def rows(self, labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Plain data for a table (CLI, web page, JSON): one dict per step, then the pick.
@@ -168,4 +171,5 @@ def explain_sampling(
         token=int(token),
         probability=float(softmax(x)[token]),
         logprob=float(logprob),
+        filtered=x,
     )
