@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from clearlm import sampling_filters as filters
+import clearlm.sampling_filters as filters
 from clearlm.sampling_numerics import check_logits
 from clearlm.sampling_params import SamplingParams, validate
 
