@@ -49,9 +49,9 @@ Step = Callable[..., Any]
 def prompt_ids(path: Path, n: int) -> list[int]:
     """Exactly n token ids of alice.txt, repeated as often as needed (clearlm's tokenizer)."""
     from clearlm.loading.gguf import open_gguf, read_metadata
-    from clearlm.tokenizer import Tokenizer
+    from clearlm.tokenizer import tokenizer_from_gguf
 
-    tok = Tokenizer.from_gguf_metadata(read_metadata(open_gguf(path)), source=path.name)
+    tok = tokenizer_from_gguf(read_metadata(open_gguf(path)), source=path.name)
     text = ALICE.read_text()
     reps = n // len(tok.encode(text)) + 2
     ids = tok.encode("\n\n".join([text] * reps))[:n]

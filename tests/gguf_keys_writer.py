@@ -11,7 +11,7 @@ import torch
 from gguf import GGUFValueType
 from hf_tiny import batch_tokens, llama_like_gguf_writer
 
-from clearlm.loading.load import load_gguf_model
+from clearlm.loading.checkpoint import load_gguf_model
 
 
 def add_key(w: gguf.GGUFWriter, key: str, value) -> None:

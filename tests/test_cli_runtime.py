@@ -190,15 +190,14 @@ def test_info_takes_m_like_every_other_command(tiny):
 
 
 def test_chat_without_template_fails_before_the_weights(no_template, monkeypatch):
-    import clearlm.api
 
     def no_weights(*args, **kwargs):
         raise AssertionError("the weights must not be loaded")
 
-    import clearlm.loading.header
+    import clearlm.loading.checkpoint as checkpoint
 
-    monkeypatch.setattr(clearlm.api, "load_gguf_model", no_weights)
-    monkeypatch.setattr(clearlm.loading.header, "open_gguf", no_weights)  # not even the header
+    monkeypatch.setattr(checkpoint.GGUFCheckpoint, "load", no_weights)
+    monkeypatch.setattr(checkpoint, "open_gguf", no_weights)  # not even the header
     res = CliRunner().invoke(app, ["chat", "hi", "-m", str(no_template)])
     assert isinstance(res.exception, ChatTemplateError), res.output
     assert str(res.exception) == (
@@ -215,9 +214,9 @@ def test_chat_without_template_is_one_line_and_no_loading(no_template):
 
 
 def test_too_long_prompt_fails_before_the_weights(tiny, monkeypatch):
-    import clearlm.api
+    import clearlm.loading.checkpoint as checkpoint
 
-    monkeypatch.setattr(clearlm.api, "load_gguf_model", lambda *a, **k: pytest.fail("weights read"))
+    monkeypatch.setattr(checkpoint.GGUFCheckpoint, "load", lambda *a, **k: pytest.fail("read"))
     res = CliRunner().invoke(app, ["generate", "x" * 60, "-m", str(tiny)])
     assert "context length is 48" in str(res.exception)
 
@@ -225,18 +224,16 @@ def test_too_long_prompt_fails_before_the_weights(tiny, monkeypatch):
 def test_load_opens_the_file_once_when_checking(tiny, monkeypatch):
     """The header read for the check is reused: one open, and the check sees no weights."""
     import clearlm
-    import clearlm.loading.header as header
-    import clearlm.loading.load as load_mod
+    import clearlm.loading.checkpoint as checkpoint
 
     opened, seen = [], []
-    real = header.open_gguf
+    real = checkpoint.open_gguf
 
     def counting(path):
         opened.append(path)
         return real(path)
 
-    monkeypatch.setattr(header, "open_gguf", counting)
-    monkeypatch.setattr(load_mod, "open_gguf", counting)
+    monkeypatch.setattr(checkpoint, "open_gguf", counting)
     model = clearlm.load(tiny, check=lambda m: seen.append((m.transformer, m.encode("hello"))))
     assert len(opened) == 1 and seen == [(None, model.encode("hello"))]
 

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 import clearlm
 from clearlm.errors import InvalidModelFileError
 from clearlm.loading.gguf import open_gguf, read_metadata
-from clearlm.tokenizer import Tokenizer
+from clearlm.tokenizer import tokenizer_from_gguf, tokenizer_from_hf_folder
 
 PROMPT = "Alice was"
 
@@ -63,7 +63,7 @@ def _force(token: int, after: int):
 
 
 def test_config_eos_list_is_read_whole(eos_list_folder: Path) -> None:
-    tok = Tokenizer.from_hf_folder(eos_list_folder)
+    tok = tokenizer_from_hf_folder(eos_list_folder)
     assert tok.eos_ids == {1, 3}
     # the reference: transformers' generation config of the same folder
     ref = AutoModelForCausalLM.from_pretrained(eos_list_folder).generation_config
@@ -92,7 +92,7 @@ def test_end_ids_are_the_union_of_every_file(tmp_path: Path) -> None:
     tc = json.loads((path / "tokenizer_config.json").read_text())
     tc["eos_token"] = "<|assistant|>"
     (path / "tokenizer_config.json").write_text(json.dumps(tc))
-    tok = Tokenizer.from_hf_folder(path)
+    tok = tokenizer_from_hf_folder(path)
     assistant = tok.backend.token_to_id("<|assistant|>")
     assert tok.eos_id == assistant
     assert tok.eos_ids == {1, 2, 3, assistant}
@@ -102,7 +102,7 @@ def test_bad_end_id_value_is_a_typed_error(tmp_path: Path) -> None:
     path = _folder(tmp_path)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
     with pytest.raises(InvalidModelFileError, match="eos_token_id '</s>' is not an int or a list"):
-        Tokenizer.from_hf_folder(path)
+        tokenizer_from_hf_folder(path)
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +114,11 @@ def test_gguf_eot_and_eom_ids_end_generation(tiny_gguf: Path) -> None:
     meta = read_metadata(open_gguf(tiny_gguf))
     tokens = meta["tokenizer.ggml.tokens"]
     he, ll = tokens.index("he"), tokens.index("ll")  # ordinary tokens, made end ids here
-    base = Tokenizer.from_gguf_metadata(meta).eos_ids
+    base = tokenizer_from_gguf(meta).eos_ids
     assert base == {tokens.index("<|im_end|>"), tokens.index("<|endoftext|>")}
     meta[gguf.Keys.Tokenizer.EOT_ID] = he
     meta[gguf.Keys.Tokenizer.EOM_ID] = [ll]  # a list is read whole too
-    tok = Tokenizer.from_gguf_metadata(meta)
+    tok = tokenizer_from_gguf(meta)
     assert tok.eos_ids == base | {he, ll}
     model = clearlm.load(tiny_gguf)
     model.tokenizer = tok
@@ -136,7 +136,7 @@ def test_gguf_end_id_outside_vocabulary(tiny_gguf: Path) -> None:
     meta = read_metadata(open_gguf(tiny_gguf))
     meta[gguf.Keys.Tokenizer.EOT_ID] = [2, 10**6]
     with pytest.raises(InvalidModelFileError, match="eot_token_id 1000000 is outside"):
-        Tokenizer.from_gguf_metadata(meta)
+        tokenizer_from_gguf(meta)
 
 
 def test_info_shows_end_ids(eos_list_folder: Path) -> None:

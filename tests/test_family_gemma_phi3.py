@@ -52,9 +52,9 @@ from clearlm.errors import UnsupportedModelError
 from clearlm.families.base import HFConfig
 from clearlm.families.gemma import gemma3_config
 from clearlm.generation import decode_step, new_cache, prefill
-from clearlm.loading.gguf_arch import config_from_gguf
+from clearlm.loading.checkpoint import load_gguf_model
+from clearlm.loading.gguf_config import config_from_gguf
 from clearlm.loading.hf import load_hf_model
-from clearlm.loading.load import load_gguf_model
 
 TOL = 1e-4
 FOUR = dict(TINY, num_hidden_layers=4)

@@ -32,8 +32,8 @@ from transformers import (
 )
 
 from clearlm.generation import decode_step, new_cache, prefill
+from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.hf import load_hf_model
-from clearlm.loading.load import load_gguf_model
 
 IDS = dict(bos_token_id=0, eos_token_id=2, pad_token_id=1)  # inside the tiny vocabulary
 GPT2_TINY = dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, **IDS)

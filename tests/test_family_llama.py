@@ -145,7 +145,7 @@ def test_gguf_f32_and_q8_0_match_transformers(arch, tmp_path):
     from gguf import GGMLQuantizationType
     from transformers import AutoModelForCausalLM
 
-    from clearlm.loading.load import load_gguf_model
+    from clearlm.loading.checkpoint import load_gguf_model
 
     model_cls, config = GGUF_CASES[arch]
     hf_model = save_tiny(model_cls, config, tmp_path / "hf")

@@ -17,9 +17,9 @@ import pytest
 from gguf_keys_writer import add_key
 
 from clearlm.errors import UnsupportedModelError
-from clearlm.loading.gguf_arch import ARCHITECTURES
+from clearlm.families import ARCHITECTURES
+from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.loading.gguf_keys import INERT_KEYS
-from clearlm.loading.load import inspect_gguf
 
 SIZES = {
     "block_count": 4,
@@ -107,10 +107,10 @@ def test_every_key_is_mapped_or_refused(arch, tmp_path):
     for key in all_arch_keys():
         value = TEST_VALUES.get(key, 3)
         with_ = WITH.get(key) if "rope.scaling.type" in ARCHITECTURES[arch].keys else None
-        base, _, _ = inspect_gguf(base_file(arch, tmp_path / "base.gguf", with_=with_))
+        base = open_checkpoint(base_file(arch, tmp_path / "base.gguf", with_=with_)).config
         path = base_file(arch, tmp_path / "k.gguf", key, value, with_)
         try:
-            cfg, _, _ = inspect_gguf(path)
+            cfg = open_checkpoint(path).config
         except UnsupportedModelError as e:
             assert f"{arch}.{key}" in str(e) and "\n" not in str(e), str(e)
             outcome[key] = "refused"
@@ -129,7 +129,7 @@ def test_every_key_is_mapped_or_refused(arch, tmp_path):
 def test_neutral_values_and_other_namespaces(tmp_path):
     """A feature key at its "off" value loads; split files, adapters and other architectures'
     keys are refused by name; general/tokenizer/quantize keys are not the model's numbers."""
-    from clearlm.loading.gguf_arch import config_from_gguf
+    from clearlm.loading.gguf_config import config_from_gguf
 
     def meta(**extra):
         m = {
@@ -166,7 +166,7 @@ def test_rope_freqs_only_where_llama_cpp_reads_it(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(UnsupportedModelError, match="rope_freqs.weight"):
-        inspect_gguf(path)
+        _ = open_checkpoint(path).config
 
 
 REAL = [
@@ -181,5 +181,5 @@ def test_real_files_pass_the_key_rule(path, smollm2_path):
     for p in (path, smollm2_path):
         if not p.exists():
             pytest.skip(f"{p} not pulled")
-        cfg, _, _ = inspect_gguf(p)
+        cfg = open_checkpoint(p).config
         assert cfg.rope_scaling is None

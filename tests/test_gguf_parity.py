@@ -29,8 +29,8 @@ from transformers import (
 )
 
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
+from clearlm.loading.checkpoint import load_gguf_model, open_checkpoint
 from clearlm.loading.hf import load_hf_model
-from clearlm.loading.load import inspect_gguf, load_gguf_model
 from clearlm.model.positions import rope_inv_freq
 
 FOUR = dict(TINY, num_hidden_layers=4)
@@ -107,7 +107,7 @@ def test_rope_freqs_tensor_matches_llama3_scaling(tmp_path):
         hf_model, "llama", tmp_path / "w.gguf", {}, {"rope_freqs.weight": factors[:3]}
     )
     with pytest.raises(InvalidModelFileError, match="rope_freqs.weight"):
-        inspect_gguf(wrong)
+        _ = open_checkpoint(wrong).config
     both = write_gguf(
         hf_model,
         "llama",
@@ -116,7 +116,7 @@ def test_rope_freqs_tensor_matches_llama3_scaling(tmp_path):
         {"rope_freqs.weight": factors},
     )
     with pytest.raises(UnsupportedModelError, match="llama.rope.scaling.factor"):
-        inspect_gguf(both)
+        _ = open_checkpoint(both).config
     # any tensor the architecture's table does not name (here Phi-3's LongRoPE factors)
     extra = {"rope_factors_long.weight": factors}
     other = write_gguf(hf_model, "llama", tmp_path / "o.gguf", {"rope.freq_base": 1e4}, extra)

@@ -98,3 +98,28 @@ def test_cli_on_a_folder(folder):
     )
     assert gen.returncode == 0, gen.stderr
     assert "generated 5 tokens" in gen.stderr
+
+
+def test_open_checkpoint_chooses_the_format_once(folder, tmp_path):
+    """One opener for load, info and perplexity: a folder reads config.json and the
+    safetensors headers, a .gguf file its metadata; the header is what the weights load with."""
+    from tiny_gguf import write_tiny_llama
+
+    from clearlm.loading.checkpoint import FolderCheckpoint, GGUFCheckpoint, open_checkpoint
+    from clearlm.loading.hf import load_hf_model
+
+    ckpt = open_checkpoint(folder)
+    assert isinstance(ckpt, FolderCheckpoint) and ckpt.has_chat_template() is None
+    loaded = ckpt.load()
+    assert ckpt.config == loaded.config == load_hf_model(folder).config
+    assert {t.name for t in ckpt.tensors} == {t.name for t in loaded.tensors}
+    assert ckpt.generation_config.values["top_k"] == 7
+    assert ckpt.size_bytes == sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf", context_length=48)
+    ckpt = open_checkpoint(path)
+    assert isinstance(ckpt, GGUFCheckpoint) and ckpt.has_chat_template() is True
+    assert ckpt.config.context_length == 48 and ckpt.generation_config.values == {}
+    loaded = ckpt.load()
+    assert loaded.config is ckpt.config and loaded.metadata is ckpt.metadata
+    assert ckpt.size_bytes == path.stat().st_size

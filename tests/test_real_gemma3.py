@@ -18,7 +18,8 @@ from real_parity import TOL, greedy_matches_or_near_tie, last_logit_diff
 
 from clearlm.errors import ModelNotFoundError
 from clearlm.generation import decode_step, new_cache, prefill
-from clearlm.loading.load import LoadedModel, load_gguf_model
+from clearlm.loading.checkpoint import load_gguf_model
+from clearlm.loading.load import LoadedModel
 from clearlm.models import resolve_model
 
 EOS = 1  # <eos> in Gemma 3's vocabulary (tokenizer.ggml.eos_token_id)

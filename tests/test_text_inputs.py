@@ -26,7 +26,7 @@ import clearlm
 from clearlm.errors import ClearLMError
 from clearlm.evaluation import perplexity
 from clearlm.text import clean_arg, clean_text, read_text_file
-from clearlm.tokenizer import Tokenizer
+from clearlm.tokenizer import tokenizer_from_hf_folder
 
 CRLF_TEXT = "Alice was beginning to get very tired.\r\nShe peeped into the book.\r\nSo she was.\r\n"
 
@@ -197,7 +197,7 @@ def test_crlf_model_files_read_as_transformers_reads_them(tmp_path: Path) -> Non
     config.write_bytes(json.dumps(data, indent=2).replace("\n", "\r\n").encode())
     template = "{% for m in messages %}<|user|>\r\n{{ m['content'] }}</s>\r\n{% endfor %}"
     (tmp_path / "chat_template.jinja").write_bytes(template.encode())
-    ours, ref = Tokenizer.from_hf_folder(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    ours, ref = tokenizer_from_hf_folder(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
     messages = [{"role": "user", "content": "a\r\nb"}]
     text = ref.apply_chat_template(messages, tokenize=False)
     assert ours.apply_chat_template(messages) == text

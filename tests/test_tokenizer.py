@@ -32,6 +32,7 @@ from clearlm.tokenizer import (
     StreamingDetokenizer,
     Tokenizer,
     _bytes_to_unicode,
+    tokenizer_from_gguf,
 )
 
 AGREE = [
@@ -132,7 +133,7 @@ def metadata(smollm2_path: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def tok(metadata: dict[str, Any], smollm2_path: Path) -> Tokenizer:
-    return Tokenizer.from_gguf_metadata(metadata, smollm2_path.name)
+    return tokenizer_from_gguf(metadata, smollm2_path.name)
 
 
 @pytest.fixture(scope="module")
@@ -188,13 +189,13 @@ def test_smollm2_facts(tok: Tokenizer) -> None:
 
 
 def test_bos_eos_flags(metadata: dict[str, Any]) -> None:
-    t = Tokenizer.from_gguf_metadata(
+    t = tokenizer_from_gguf(
         _with(metadata, tokenizer__ggml__add_bos_token=True, tokenizer__ggml__add_eos_token=True)
     )
     body = t.encode("hi", add_special_tokens=False)
     assert t.encode("hi") == [1, *body, 2]
     assert t.add_bos and t.add_eos and t.decode(t.encode("hi"), skip_special_tokens=True) == "hi"
-    t = Tokenizer.from_gguf_metadata(_with(metadata, tokenizer__ggml__eot_token_id=5))
+    t = tokenizer_from_gguf(_with(metadata, tokenizer__ggml__eot_token_id=5))
     assert t.eos_ids == frozenset({0, 2, 5})
 
 
@@ -211,7 +212,7 @@ def test_other_pre_tokenizers_match_transformers(metadata: dict[str, Any], pre: 
     fields = {name: meta[f"tokenizer.{k}"] for k, name in keys if f"tokenizer.{k}" in meta}
     ref, _ = convert_gguf_tokenizer("llama", fields)
     ref.model.ignore_merges = pre == "llama-bpe"  # as llama.cpp and Llama 3's tokenizer.json
-    ours = Tokenizer.from_gguf_metadata(meta)
+    ours = tokenizer_from_gguf(meta)
     for text in AGREE + DIVERGE + ["I'M here, YOU'LL see 123456 1234567"]:
         assert ours.encode(text) == ref.encode(text).ids, text
 
@@ -274,7 +275,7 @@ def test_chat_environment_matches_reference(metadata: dict[str, Any], hf_smollm2
         "  {% if loop.index == 3 %}{% break %}{% endif %}\n"
         "{% endfor %}{{ eos_token }}"
     )
-    t = Tokenizer.from_gguf_metadata(_with(metadata, tokenizer__chat_template=template))
+    t = tokenizer_from_gguf(_with(metadata, tokenizer__chat_template=template))
     expected = hf_smollm2_tokenizer.apply_chat_template(
         FULL_CHAT, chat_template=template, tokenize=False, add_generation_prompt=True
     )
@@ -282,14 +283,14 @@ def test_chat_environment_matches_reference(metadata: dict[str, Any], hf_smollm2
 
 
 def test_chat_template_errors(metadata: dict[str, Any]) -> None:
-    t = Tokenizer.from_gguf_metadata(_with(metadata, tokenizer__chat_template=None), "m.gguf")
+    t = tokenizer_from_gguf(_with(metadata, tokenizer__chat_template=None), "m.gguf")
     with pytest.raises(ChatTemplateError, match="m.gguf has no chat template"):
         t.apply_chat_template(USER_ONLY)
     refuse = "{% if messages[0].role != 'system' %}{{ raise_exception('system first') }}{% endif %}"
-    t = Tokenizer.from_gguf_metadata(_with(metadata, tokenizer__chat_template=refuse))
+    t = tokenizer_from_gguf(_with(metadata, tokenizer__chat_template=refuse))
     with pytest.raises(ChatTemplateError, match="system first"):
         t.apply_chat_template(USER_ONLY)
-    t = Tokenizer.from_gguf_metadata(_with(metadata, tokenizer__chat_template="{% for %}"))
+    t = tokenizer_from_gguf(_with(metadata, tokenizer__chat_template="{% for %}"))
     with pytest.raises(ClearLMError, match="TemplateSyntaxError"):
         t.apply_chat_template(USER_ONLY)
 
@@ -320,7 +321,7 @@ def test_chat_template_errors(metadata: dict[str, Any]) -> None:
 )
 def test_bad_metadata(metadata: dict[str, Any], changes, error, message) -> None:
     with pytest.raises(error, match=message) as info:
-        Tokenizer.from_gguf_metadata(_with(metadata, **changes), "m.gguf")
+        tokenizer_from_gguf(_with(metadata, **changes), "m.gguf")
     assert "m.gguf" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -372,7 +373,7 @@ def qwen_path() -> Path:
 
 @pytest.fixture(scope="module")
 def qwen(qwen_path: Path) -> Tokenizer:
-    return Tokenizer.from_gguf_metadata(gguf_metadata(qwen_path), qwen_path.name)
+    return tokenizer_from_gguf(gguf_metadata(qwen_path), qwen_path.name)
 
 
 @pytest.fixture(scope="module")

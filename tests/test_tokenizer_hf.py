@@ -37,7 +37,7 @@ from clearlm.errors import (
     ModelNotFoundError,
     UnsupportedModelError,
 )
-from clearlm.tokenizer import StreamingDetokenizer, Tokenizer
+from clearlm.tokenizer import StreamingDetokenizer, Tokenizer, tokenizer_from_hf_folder
 
 DATA = Path(__file__).parent / "data"
 SPECIALS = ["<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>"]
@@ -131,7 +131,7 @@ def tiny(request, tmp_path_factory) -> Path:
 def test_tiny_folder_matches_transformers(tiny: Path) -> None:
     from transformers import AutoTokenizer
 
-    ours, ref = Tokenizer.from_hf_folder(tiny), AutoTokenizer.from_pretrained(tiny)
+    ours, ref = tokenizer_from_hf_folder(tiny), AutoTokenizer.from_pretrained(tiny)
     _compare(ours, ref)
     assert (ours.bos_id, ours.eos_id) == (ref.bos_token_id, ref.eos_token_id) == (0, 1)
     assert ours.add_bos and not ours.add_eos and ours.eos_ids == frozenset({1})
@@ -147,7 +147,7 @@ def test_tiny_folder_matches_transformers(tiny: Path) -> None:
 
 
 def test_sp_streaming_holds_byte_runs(tmp_path: Path) -> None:
-    tok = Tokenizer.from_hf_folder(_save(_train("sp"), tmp_path))
+    tok = tokenizer_from_hf_folder(_save(_train("sp"), tmp_path))
     ids = tok.encode("Alice 東", add_special_tokens=False)  # '東' is not in the vocabulary
     stream = StreamingDetokenizer(tok)
     chunks = [stream.add(i) for i in ids]
@@ -174,7 +174,7 @@ def test_config_variants_match_transformers(tmp_path: Path) -> None:
     )
     (folder / "chat_template.jinja").unlink()  # the config's list is used
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 4]}))
-    ours, ref = Tokenizer.from_hf_folder(folder), AutoTokenizer.from_pretrained(folder)
+    ours, ref = tokenizer_from_hf_folder(folder), AutoTokenizer.from_pretrained(folder)
     _compare(ours, ref, [*TEXTS, "call <|tool|> now"])
     # the config marks <|user|> not special, yet `tokenizers` (so transformers) still skips it
     assert {3, 4} <= ours.special_ids and not ours.backend.get_added_tokens_decoder()[3].special
@@ -190,14 +190,14 @@ def test_chat_template_file_wins(tmp_path: Path) -> None:
     folder = _save(_train("byte"), tmp_path, chat_template="config {{ messages | length }}")
     (folder / "chat_template.jinja").write_text("file {{ messages | length }}")
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 4}))
-    tok = Tokenizer.from_hf_folder(folder)
+    tok = tokenizer_from_hf_folder(folder)
     assert tok.apply_chat_template(MESSAGES) == "file 4"
     assert tok.eos_ids == frozenset({1, 4})
     (folder / "chat_template.jinja").unlink()
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = [{"name": "tool_use", "template": TOOL_CHAT}]
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    tok = Tokenizer.from_hf_folder(folder)
+    tok = tokenizer_from_hf_folder(folder)
     with pytest.raises(ChatTemplateError, match="no chat template .only named ones: tool_use"):
         tok.apply_chat_template(MESSAGES)
     assert tok.apply_chat_template(MESSAGES, tools=[WEATHER]).startswith('{"type": "function"')
@@ -209,7 +209,7 @@ def test_bos_never_twice(tmp_path: Path) -> None:
 
     for flag in (True, False):
         folder = _save(_train("byte"), tmp_path / str(flag), add_bos_token=flag)
-        ours, ref = Tokenizer.from_hf_folder(folder), AutoTokenizer.from_pretrained(folder)
+        ours, ref = tokenizer_from_hf_folder(folder), AutoTokenizer.from_pretrained(folder)
         assert ours.encode("Alice") == ref.encode("Alice")
         assert ours.encode("Alice")[:2].count(0) == 1 and ours.add_bos
         # the chat template writes BOS itself: encode its text without special tokens
@@ -224,7 +224,7 @@ def test_flags_apply_without_post_processor(tmp_path: Path) -> None:
     spec = json.loads((folder / "tokenizer.json").read_text())
     spec["post_processor"] = None
     (folder / "tokenizer.json").write_text(json.dumps(spec))
-    ours = Tokenizer.from_hf_folder(folder)
+    ours = tokenizer_from_hf_folder(folder)
     body = ours.encode("Alice", add_special_tokens=False)
     assert ours.encode("Alice") == [0, *body, 1] and ours.add_bos and ours.add_eos
     assert AutoTokenizer.from_pretrained(folder).encode("Alice") == body  # transformers 5
@@ -232,23 +232,23 @@ def test_flags_apply_without_post_processor(tmp_path: Path) -> None:
 
 def test_folder_errors(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="not found"):
-        Tokenizer.from_hf_folder(tmp_path / "absent")
+        tokenizer_from_hf_folder(tmp_path / "absent")
     with pytest.raises(ModelNotFoundError, match=f"{tmp_path} has no tokenizer.json"):
-        Tokenizer.from_hf_folder(tmp_path)
+        tokenizer_from_hf_folder(tmp_path)
     (tmp_path / "tokenizer.model").write_bytes(b"\x0a\x00")
     with pytest.raises(UnsupportedModelError, match="tokenizer.model.*needs tokenizer.json"):
-        Tokenizer.from_hf_folder(tmp_path)
+        tokenizer_from_hf_folder(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(InvalidModelFileError, match="tokenizer.json is not a tokenizers"):
-        Tokenizer.from_hf_folder(tmp_path)
+        tokenizer_from_hf_folder(tmp_path)
     folder = _save(_train("byte"), tmp_path / "ok")
     (folder / "tokenizer_config.json").write_text("[1, 2")
     with pytest.raises(InvalidModelFileError, match="tokenizer_config.json is not valid JSON"):
-        Tokenizer.from_hf_folder(folder)
+        tokenizer_from_hf_folder(folder)
     (folder / "tokenizer_config.json").write_text("{}")
     (folder / "generation_config.json").write_text('{"eos_token_id": "x"}')
     with pytest.raises(InvalidModelFileError, match="eos_token_id 'x'"):
-        Tokenizer.from_hf_folder(folder)
+        tokenizer_from_hf_folder(folder)
     (folder / "generation_config.json").unlink()
     backend = Backend.from_file(str(folder / "tokenizer.json"))
     for decoder, message in [
@@ -259,7 +259,7 @@ def test_folder_errors(tmp_path: Path) -> None:
         backend.decoder = decoder
         backend.save(str(folder / "tokenizer.json"))
         with pytest.raises(UnsupportedModelError, match=message):
-            Tokenizer.from_hf_folder(folder)
+            tokenizer_from_hf_folder(folder)
 
 
 # --- Gemma 3 and Qwen2.5 tokenizers that transformers built from the GGUFs, saved as folders --
@@ -277,7 +277,7 @@ def test_saved_gguf_tokenizers_match(saved: tuple[Path, Any]) -> None:
     from transformers import AutoTokenizer
 
     folder, gguf_ref = saved
-    ours = Tokenizer.from_hf_folder(folder)
+    ours = tokenizer_from_hf_folder(folder)
     specials = ["<start_of_turn>user\nhi<end_of_turn>", "<|im_start|>user\nhi<|im_end|>"]
     texts = [*PLAIN, *STREAM, *specials, "<tool_call>x</tool_call>\n\n\t\t<table>"]
     _compare(ours, gguf_ref, texts)
@@ -297,7 +297,7 @@ def test_class_rebuild_adds_nfc(saved: tuple[Path, Any]) -> None:
     assert json.loads((folder / "tokenizer_config.json").read_text())["tokenizer_class"] == (
         "Qwen2Tokenizer"
     )
-    ours, rebuilt = Tokenizer.from_hf_folder(folder), AutoTokenizer.from_pretrained(folder)
+    ours, rebuilt = tokenizer_from_hf_folder(folder), AutoTokenizer.from_pretrained(folder)
     text = "cafe\u0301"  # 'e' + combining acute: NFC makes it 'é'
     assert ours.encode(text) == gguf_ref.encode(text) != rebuilt.encode(text)
     assert rebuilt.encode(text) == ours.encode("caf\u00e9")

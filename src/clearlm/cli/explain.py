@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from clearlm.cli import app
+from clearlm.cli.app import app
 
 
 def _f(x: float, places: int = 6) -> str:

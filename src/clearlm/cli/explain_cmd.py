@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.cli.app import DType, ModelOpt, app, err
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.errors import ClearLMError
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.cli.app import DType, ModelOpt, app, err
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.cli.app import DType, ModelOpt, app, err
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.text import read_text_file
 
@@ -25,33 +25,18 @@ def info(
     Reads only headers (GGUF metadata, config.json, safetensors headers): nothing is
     dequantized, so this is quick. The model is named as an argument or with -m, like elsewhere.
     """
-    import os
     import re
 
+    from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.models import resolve_model
-    from clearlm.tokenizer import Tokenizer
 
     if model is not None and model_opt is not None and model != model_opt:
         raise typer.BadParameter(f"two models given: {model!r} and -m {model_opt!r}; give one")
     model = model if model is not None else model_opt
     path = resolve_model(model)
-    if path.is_dir():
-        from clearlm.loading.hf import inspect_hf
-
-        config, meta, tensors = inspect_hf(path)
-        tok = Tokenizer.from_hf_folder(path)
-        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-        tok_kind = "tokenizer.json"
-    else:
-        from clearlm.loading.load import inspect_gguf
-
-        config, meta, tensors = inspect_gguf(path)
-        tok = Tokenizer.from_gguf_metadata(meta, source=path.name)
-        size = os.path.getsize(path)
-        tok_kind = (
-            f"{meta.get('tokenizer.ggml.model')} "
-            f"(pre-tokenizer {meta.get('tokenizer.ggml.pre', '-')})"
-        )
+    ckpt = open_checkpoint(path)
+    config, meta, tensors, tok = ckpt.config, ckpt.metadata, ckpt.tensors, ckpt.tokenizer
+    size = ckpt.size_bytes
     out = Console(highlight=False)
     name = meta.get("general.name", path.name)
     out.print(
@@ -82,7 +67,7 @@ def info(
         return "-" if i is None else f"{i} {tok.id_to_token(i)!r}"
 
     tk = Table(title="Tokenizer", show_header=False, title_justify="left")
-    tk.add_row("model", tok_kind)
+    tk.add_row("model", ckpt.tokenizer_kind)
     tk.add_row("vocabulary", f"{tok.vocab_size:,} tokens")
     tk.add_row("BOS / EOS", f"{show(tok.bos_id)} / {show(tok.eos_id)}")
     tk.add_row("end ids", ", ".join(show(i) for i in sorted(tok.eos_ids)) or "-")
@@ -90,9 +75,9 @@ def info(
     tk.add_row("chat template", "yes" if tok.chat_template else "no")
     out.print(tk)
 
-    from clearlm.defaults import FileDefaults, describe, read_generation_config
+    from clearlm.defaults import describe
 
-    gen = read_generation_config(path) if path.is_dir() else FileDefaults()
+    gen = ckpt.generation_config
     gd = Table(title="Generation defaults (an option you pass wins)", title_justify="left")
     for col in ("setting", "generate", "chat", "source"):
         gd.add_column(col)

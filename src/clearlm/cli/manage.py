@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from clearlm.cli import app, err
+from clearlm.cli.app import app, err
 from clearlm.cli.runtime import human_size
 from clearlm.models import ModelAlias
 

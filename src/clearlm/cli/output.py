@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 import typer
 
-from clearlm.cli import err
+from clearlm.cli.app import err
 from clearlm.inspect.token_pieces import token_pieces
 
 if TYPE_CHECKING:

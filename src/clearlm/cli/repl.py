@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from clearlm.cli import err
+from clearlm.cli.app import err
 from clearlm.cli.output import print_stats, write_out
 from clearlm.errors import ClearLMError
 from clearlm.generation import generate

@@ -17,12 +17,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from clearlm.cli import err
+from clearlm.cli.app import err
 
 ThreadsOpt = Annotated[
     int | None,
@@ -49,13 +48,6 @@ def human_size(n_bytes: int) -> str:
             value = n_bytes / scale
             return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
     return f"{n_bytes} B"
-
-
-def model_size(path: Path) -> int:
-    """Bytes on disk: the .gguf file, or a folder's safetensors files."""
-    if path.is_dir():
-        return sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    return path.stat().st_size if path.is_file() else 0
 
 
 @contextmanager
@@ -111,7 +103,7 @@ def load_model(
             :func:`clearlm.api.load`); it raises to stop early (a missing chat template, a
             prompt longer than the context).
         chat: the command needs a chat template: a GGUF without one is refused at once, from
-            its key names alone (:func:`clearlm.loading.peek.has_chat_template`, ~0.03 s).
+            its key names alone (``Checkpoint.has_chat_template``: loading/peek.py, ~0.03 s).
 
     Returns:
         The loaded :class:`clearlm.api.Model`.
@@ -120,23 +112,22 @@ def load_model(
         whatever resolving, checking or loading raises (ClearLMError subclasses).
     """
     from clearlm.api import load, parse_dtype
+    from clearlm.errors import ChatTemplateError
+    from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.models import ALIASES, DEFAULT_MODEL, resolve_model
     from clearlm.threads import set_threads
 
     torch_dtype = parse_dtype(dtype)
     path = resolve_model(name)
-    if chat and path.is_file():
-        from clearlm.errors import ChatTemplateError
-        from clearlm.loading.peek import has_chat_template
-
-        if has_chat_template(path) is False:
-            raise ChatTemplateError(
-                f"{path.name} has no chat template (a base model?); use `clearlm generate`"
-            )
+    ckpt = open_checkpoint(path)
+    if chat and ckpt.has_chat_template() is False:
+        raise ChatTemplateError(
+            f"{path.name} has no chat template (a base model?); use `clearlm generate`"
+        )
     n_threads = set_threads(threads)
     alias = name or DEFAULT_MODEL
     shown = alias if alias in ALIASES else path.name
-    label = f"loading {shown} ({human_size(model_size(path))})"
+    label = f"loading {shown} ({human_size(ckpt.size_bytes)})"
     start = time.perf_counter()
     with spinner(label + "…", enabled=not quiet and err.is_terminal):
         model = load(path, torch_dtype, check=check)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from clearlm.cli import DType, ModelOpt, app, err
+from clearlm.cli.app import DType, ModelOpt, app, err
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 
 

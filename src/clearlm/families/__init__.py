@@ -1,29 +1,48 @@
-"""Model families: each module maps one family's checkpoints onto the shared layers.
+"""Model families: each module holds everything about one family, in both formats.
 
-FAMILIES lists every family; ``family_for(model_type)`` finds one by config.json's
-``model_type``. Adding a family = one module + one line here.
+A family module defines ``FAMILIES`` (config.json ``model_type`` → :class:`Family`) and
+``GGUF_ARCHS`` (llama.cpp ``general.architecture`` → :class:`GGUFArch`, empty where llama.cpp has
+none). ``MODULES`` below is the one list the registry is built from: adding a family means
+adding its module and naming it here.
 """
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from clearlm.errors import UnsupportedModelError
 from clearlm.families import gemma, gpt2, llama, opt, phi3, xglm
-from clearlm.families.base import Family, HFConfig
+from clearlm.families.base import Family, GGUFArch, HFConfig
 
-FAMILIES: tuple[Family, ...] = (*llama.FAMILIES, *gpt2.FAMILIES, *opt.FAMILIES, *xglm.FAMILIES)
-FAMILIES += (*gemma.FAMILIES, *phi3.FAMILIES)
+MODULES = (llama, gpt2, opt, xglm, gemma, phi3)
 
+FAMILIES: tuple[Family, ...] = tuple(f for m in MODULES for f in m.FAMILIES)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+ARCHITECTURES: dict[str, GGUFArch] = {a.name: a for m in MODULES for a in m.GGUF_ARCHS}
+
+
+T = TypeVar("T")
+
+
+def _lookup(table: dict[str, T], key: str | None, what: str, source: str) -> T:
+    """table[key], or UnsupportedModelError naming ``what`` and listing the supported keys."""
+    if key is None or key not in table:
+        raise UnsupportedModelError(
+            f"{source}: {what} {key!r} is not supported; supported: " + ", ".join(table)
+        )
+    return table[key]
 
 
 def family_for(model_type: str | None, source: str) -> Family:
     """The family for a config.json ``model_type``; UnsupportedModelError listing the rest."""
-    if model_type not in BY_MODEL_TYPE:
-        raise UnsupportedModelError(
-            f"{source}: model_type {model_type!r} is not supported; supported: "
-            + ", ".join(sorted(BY_MODEL_TYPE))
-        )
-    return BY_MODEL_TYPE[model_type]
+    return _lookup(dict(sorted(BY_MODEL_TYPE.items())), model_type, "model_type", source)
 
 
-__all__ = ["FAMILIES", "Family", "HFConfig", "family_for"]
+def gguf_arch(name: str | None, source: str) -> GGUFArch:
+    """The GGUF architecture for ``general.architecture``; UnsupportedModelError listing the
+    supported ones."""
+    return _lookup(ARCHITECTURES, name, "architecture", source)
+
+
+__all__ = ["ARCHITECTURES", "FAMILIES", "MODULES", "Family", "GGUFArch", "HFConfig"]
+__all__ += ["family_for", "gguf_arch"]

@@ -1,24 +1,23 @@
-"""What a model family is: how its Hugging Face config and weights map onto ours.
+"""What a model family is: how its checkpoints, in either format, map onto ours.
 
-A family module holds only what differs from the shared layers (style.md, after mlx-lm): a
-function from ``config.json`` to ModelConfig fields, the parameter-name mapping, and any weight
-rewrites (fused projections split, Conv1D transposed).
+A family module holds only what differs from the shared layers (style.md, after mlx-lm), for
+both formats side by side: ``Family`` (config.json → ModelConfig fields, the parameter-name
+renames, weight rewrites such as a Conv1D transpose) and ``GGUFArch`` (the llama.cpp
+architecture's metadata keys read and their mapping, its tensor-name table, its layout fixes).
+Transforms several families share live once in :mod:`clearlm.loading.transforms`.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from clearlm.config import ROPE_SCALINGS, ModelConfig, RopeScaling
+from clearlm.config import ROPE_SCALINGS, ModelConfig, RopeScaling, yarn_mscale
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
-
-StateDict = dict[str, torch.Tensor]
+from clearlm.loading.gguf_keys import HEAD_KEYS, ROPE_KEYS
+from clearlm.loading.transforms import StateDict
 
 
 class HFConfig:
@@ -71,11 +70,6 @@ def rope_from_hf(c: HFConfig, params: dict[str, Any] | None = None) -> dict[str,
         # max_position_embeddings stays the trained length; dynamic NTK exists to run past it.
         out["context_length"] = int(scaling.original_context * scaling.factor)
     return out
-
-
-def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    """YaRN's attention temperature √(1/t) = 0.1·ln(s) + 1 (Peng et al. 2023, eq. 22)."""
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def _yarn_from_hf(p: dict[str, Any], factor: float) -> dict[str, Any]:
@@ -171,3 +165,66 @@ class Family:
 
     def build_config(self, c: HFConfig, model_type: str) -> ModelConfig:
         return ModelConfig(architecture=model_type, family=self.name, **self.config(c))
+
+
+# --- GGUF: llama.cpp names tensors ``blk.{i}.attn_q.weight`` etc. for every architecture; each
+# family's table maps them to our parameter names (Hugging Face style).
+
+# Tensors every llama.cpp decoder shares (token embedding, final norm, head, pre-norm block).
+COMMON_TENSORS = {
+    "token_embd.weight": "embed_tokens.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "layers.{i}.input_layernorm.weight",
+    "blk.{i}.attn_q.weight": "layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_norm.weight": "layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_gate.weight": "layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "layers.{i}.mlp.down_proj.weight",
+}
+QKV_BIASES = {
+    f"blk.{{i}}.attn_{x}.bias": f"layers.{{i}}.self_attn.{x}_proj.bias" for x in ("q", "k", "v")
+}
+QK_NORMS = {
+    "blk.{i}.attn_q_norm.weight": "layers.{i}.self_attn.q_norm.weight",
+    "blk.{i}.attn_k_norm.weight": "layers.{i}.self_attn.k_norm.weight",
+}
+
+GGUFConfig = Callable[[dict[str, Any], str], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    """One llama.cpp architecture (``general.architecture``).
+
+    Attributes:
+        name: the architecture's name in the file.
+        tensors: GGUF tensor name → our parameter name (``{i}`` = block index).
+        unpermute_qk: llama.cpp's converter permuted Q/K rows for its RoPE layout (llama only;
+            undone by loading.transforms.unpermute_rope_rows).
+        family: display name for ``clearlm info``; default: the architecture name.
+        config: (metadata, arch) → the ModelConfig fields this architecture adds to the sizes
+            and RoPE that every architecture has (loading/gguf_config.py).
+        norm_eps_key: the metadata key (after ``{arch}.``) holding the norm's ε.
+        convert: rewrites the renamed, dequantized state dict (e.g. splits a fused QKV).
+        norm_shift: what llama.cpp's converter added to every ``*norm.weight`` (Gemma: 1, so
+            the file holds 1 + w); subtracted in float32 right after dequantizing.
+        keys: the metadata keys (after ``{arch}.``) read for this architecture beyond the sizes
+            and ``norm_eps_key``: the generic RoPE and head keys and what ``config`` reads. Any
+            other key is refused unless inert or neutral (loading/gguf_keys.py).
+        rope_freqs: the file may hold llama.cpp's ``rope_freqs.weight`` (Llama 3.1+).
+    """
+
+    name: str
+    tensors: dict[str, str]
+    unpermute_qk: bool = False
+    family: str = ""
+    config: GGUFConfig = field(default=lambda m, a: {})
+    norm_eps_key: str = "attention.layer_norm_rms_epsilon"
+    convert: Callable[[StateDict, ModelConfig], StateDict] = field(default=lambda s, c: s)
+    norm_shift: float = 0.0
+    keys: frozenset[str] = ROPE_KEYS | HEAD_KEYS
+    rope_freqs: bool = False

@@ -31,7 +31,17 @@ from __future__ import annotations
 from typing import Any
 
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
-from clearlm.families.base import Family, HFConfig, activation_from_hf, decoder_core, rope_from_hf
+from clearlm.families.base import (
+    COMMON_TENSORS,
+    QK_NORMS,
+    Family,
+    GGUFArch,
+    HFConfig,
+    activation_from_hf,
+    decoder_core,
+    rope_from_hf,
+)
+from clearlm.loading.gguf_keys import HEAD_KEYS, ROPE_KEYS
 
 # transformers' layer_types names → ours.
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
@@ -146,7 +156,8 @@ def gemma3_config(c: HFConfig) -> dict[str, Any]:
 
 # --- GGUF: llama.cpp's converter (convert_hf_to_gguf.py, Gemma*Model) and loader
 # (llama-model.cpp, LLM_ARCH_GEMMA*) fix what config.json would say; every norm weight is stored
-# as 1 + w (loading/gguf_arch.py shifts it back, as transformers' Gemma2TensorProcessor does).
+# as 1 + w (norm_shift: loading.transforms.unshift_norm takes the 1 back off, as transformers'
+# Gemma2TensorProcessor does).
 
 
 def _gguf_attn_scale(m: dict[str, Any], a: str, n_layers_27b: int) -> float | None:
@@ -219,3 +230,37 @@ GEMMA = Family("Gemma", ("gemma",), gemma_config)
 GEMMA2 = Family("Gemma 2", ("gemma2",), gemma2_config)
 GEMMA3 = Family("Gemma 3", ("gemma3_text",), gemma3_config)
 FAMILIES = (GEMMA, GEMMA2, GEMMA3)
+
+# Gemma 2/3 (Gemma2Model/Gemma3Model): four norms per block. llama.cpp calls the pre-FFN norm
+# ffn_norm, which for Llama-style blocks is the post-attention norm.
+GEMMA2_TENSORS = COMMON_TENSORS | {
+    "blk.{i}.post_attention_norm.weight": "layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "layers.{i}.pre_feedforward_layernorm.weight",
+    "blk.{i}.post_ffw_norm.weight": "layers.{i}.post_feedforward_layernorm.weight",
+}
+SOFTCAPS = frozenset({"attn_logit_softcapping", "final_logit_softcapping"})
+WINDOW_KEYS = frozenset({"attention.sliding_window", "attention.sliding_window_pattern"})
+
+# Q/K rows are not permuted; every norm weight is stored as 1 + w (norm_shift).
+GGUF_ARCHS = (
+    GGUFArch("gemma", COMMON_TENSORS, family="Gemma", config=gemma_gguf_config, norm_shift=1.0),
+    GGUFArch(
+        "gemma2",
+        GEMMA2_TENSORS,
+        family="Gemma 2",
+        config=gemma2_gguf_config,
+        norm_shift=1.0,
+        keys=ROPE_KEYS | HEAD_KEYS | SOFTCAPS | WINDOW_KEYS,
+    ),
+    GGUFArch(
+        "gemma3",
+        GEMMA2_TENSORS | QK_NORMS,
+        family="Gemma 3",
+        config=gemma3_gguf_config,
+        norm_shift=1.0,
+        keys=ROPE_KEYS
+        | HEAD_KEYS
+        | WINDOW_KEYS
+        | {"final_logit_softcapping", "rope.freq_base_swa"},
+    ),
+)

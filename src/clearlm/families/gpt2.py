@@ -13,19 +13,19 @@ What differs from the shared (Llama-default) layers, read from transformers'
 GPT-2's linear layers are ``Conv1D`` modules (a TensorFlow leftover) that store weights as
 (in, out) and compute x·W + b; ``nn.Linear`` stores (out, in), so each one is transposed at load.
 The ``attn.bias``/``attn.masked_bias`` entries of old checkpoints are the causal-mask buffers,
-not parameters, and are dropped. llama.cpp exports GPT-2 as GGUF architecture "gpt2"
-(loading/gguf_arch.py), with the fused ``attn_qkv`` already in (out, in) layout.
+not parameters, and are dropped. llama.cpp exports GPT-2 as GGUF architecture "gpt2" (GPT2_TENSORS
+below), with the fused ``attn_qkv`` already in (out, in) layout.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from clearlm.config import ModelConfig
-from clearlm.errors import InvalidModelFileError, UnsupportedModelError
-from clearlm.families.base import Family, HFConfig, StateDict, activation_from_hf
+from clearlm.errors import UnsupportedModelError
+from clearlm.families.base import Family, GGUFArch, HFConfig, activation_from_hf
+from clearlm.loading.gguf_keys import HEAD_KEYS
+from clearlm.loading.transforms import StateDict, split_qkv
 
 # Our names of the modules GPT-2 builds as Conv1D (weights stored (in, out)).
 CONV1D = (
@@ -33,6 +33,12 @@ CONV1D = (
     "self_attn.o_proj.weight",
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
+)
+
+
+# GPT-2's choices at each stage, whichever format the checkpoint comes in.
+GPT2_LAYERS: dict[str, Any] = dict(
+    position="learned", attn_bias=True, attn_out_bias=True, norm="layer", ffn="mlp", mlp_bias=True
 )
 
 
@@ -57,34 +63,10 @@ def gpt2_config(c: HFConfig) -> dict[str, Any]:
         norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
         context_length=int(c.req("n_positions")),
         tie_word_embeddings=bool(c.get("tie_word_embeddings", True)),
-        position="learned",
-        attn_bias=True,
-        attn_out_bias=True,
+        **GPT2_LAYERS,
         attn_scale=None if c.get("scale_attn_weights", True) else 1.0,
-        norm="layer",
-        ffn="mlp",
         activation=activation_from_hf(c.get("activation_function", "gelu_new"), c.source),
-        mlp_bias=True,
     )
-
-
-def split_qkv(state: StateDict, config: ModelConfig) -> StateDict:
-    """Split each fused ``self_attn.qkv_proj`` (rows [Q | K | V], (out, in) layout) into
-    q_proj, k_proj and v_proj, weights and biases. Used for HF GPT-2 and GGUF ``attn_qkv``."""
-    sizes = [config.n_heads * config.head_dim] + [config.n_kv_heads * config.head_dim] * 2
-    out: StateDict = {}
-    for name, t in state.items():
-        if ".self_attn.qkv_proj." not in name:
-            out[name] = t
-            continue
-        if t.shape[0] != sum(sizes):
-            raise InvalidModelFileError(
-                f"fused QKV tensor {name} has {t.shape[0]} rows, expected {sum(sizes)}"
-            )
-        # weight (H·Hd + 2·K·Hd, D) or bias (H·Hd + 2·K·Hd,) → three row blocks
-        for proj, part in zip(("q", "k", "v"), torch.split(t, sizes, dim=0), strict=True):
-            out[name.replace("qkv_proj", f"{proj}_proj")] = part.contiguous()
-    return out
 
 
 def gpt2_convert(state: StateDict, config: ModelConfig) -> StateDict:
@@ -118,3 +100,39 @@ GPT2 = Family(
     prefixes=("transformer.",),
 )
 FAMILIES = (GPT2,)
+
+# GPT-2 as llama.cpp's converter writes it (convert_hf_to_gguf.py, GPT2Model): Conv1D weights
+# already transposed to (out, in), one fused attn_qkv (rows [Q | K | V]), every LayerNorm and
+# projection with a bias, a learned position table. Files from older converters repeat the tied
+# embedding as output.weight; newer ones leave it out.
+GPT2_TENSORS = {
+    "token_embd.weight": "embed_tokens.weight",
+    "position_embd.weight": "embed_positions.weight",
+    "output_norm.weight": "norm.weight",
+    "output_norm.bias": "norm.bias",
+    "output.weight": "lm_head.weight",
+} | {
+    f"blk.{{i}}.{gguf}.{kind}": f"layers.{{i}}.{ours}.{kind}"
+    for gguf, ours in (
+        ("attn_norm", "input_layernorm"),
+        ("attn_qkv", "self_attn.qkv_proj"),  # split by split_qkv
+        ("attn_output", "self_attn.o_proj"),
+        ("ffn_norm", "post_attention_layernorm"),
+        ("ffn_up", "mlp.up_proj"),
+        ("ffn_down", "mlp.down_proj"),
+    )
+    for kind in ("weight", "bias")
+}
+
+GGUF_ARCHS = (
+    GGUFArch(
+        "gpt2",
+        GPT2_TENSORS,
+        family="GPT-2",
+        # llama.cpp's GPT-2 graph always runs GELU (tanh), "gelu_new".
+        config=lambda m, a: dict(GPT2_LAYERS, activation="gelu_tanh"),
+        norm_eps_key="attention.layer_norm_epsilon",
+        convert=split_qkv,
+        keys=HEAD_KEYS,  # learned positions: a rope.* key is refused
+    ),
+)

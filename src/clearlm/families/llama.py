@@ -5,13 +5,28 @@ reference Llama's names, differing only in config (Llama is every default of Mod
 - Mistral: + a sliding window on every layer.
 - Qwen2: + biases on the Q, K and V projections; optional sliding window (off by default).
 - Qwen3: + RMSNorm on each head's queries and keys; explicit head_dim.
+
+GGUF: llama.cpp writes Llama, Mistral and SmolLM2 as architecture "llama" (Q/K rows permuted
+for its RoPE layout; Llama 3.1+ carry their RoPE scaling in a ``rope_freqs.weight`` tensor),
+Qwen2/2.5 as "qwen2" and Qwen3 as "qwen3" (Q/K rows in transformers' order).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from clearlm.families.base import Family, HFConfig, activation_from_hf, decoder_core, rope_from_hf
+from clearlm.families.base import (
+    COMMON_TENSORS,
+    QK_NORMS,
+    QKV_BIASES,
+    Family,
+    GGUFArch,
+    HFConfig,
+    activation_from_hf,
+    decoder_core,
+    rope_from_hf,
+)
+from clearlm.loading.gguf_keys import HEAD_KEYS, ROPE_KEYS
 
 
 def llama_config(c: HFConfig) -> dict[str, Any]:
@@ -66,3 +81,29 @@ MISTRAL = Family("Mistral", ("mistral",), mistral_config)
 QWEN2 = Family("Qwen2", ("qwen2",), qwen2_config)
 QWEN3 = Family("Qwen3", ("qwen3",), qwen3_config)
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3)
+
+GGUF_ARCHS = (
+    GGUFArch(
+        "llama",
+        COMMON_TENSORS,
+        unpermute_qk=True,
+        family="Llama",
+        config=llama_gguf_config,
+        keys=ROPE_KEYS | HEAD_KEYS | {"attention.sliding_window"},
+        rope_freqs=True,
+    ),
+    # Qwen2/2.5: Q/K/V biases; Q/K rows are stored in transformers' order (no permutation).
+    GGUFArch(
+        "qwen2",
+        {**COMMON_TENSORS, **QKV_BIASES},
+        family="Qwen2",
+        config=lambda m, a: {"attn_bias": True},
+    ),
+    # Qwen3: RMSNorm on each head's q and k instead of biases.
+    GGUFArch(
+        "qwen3",
+        {**COMMON_TENSORS, **QK_NORMS},
+        family="Qwen3",
+        config=lambda m, a: {"qk_norm": True},
+    ),
+)

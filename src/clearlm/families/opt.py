@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from clearlm.config import ModelConfig
-from clearlm.families.base import Family, HFConfig, StateDict, activation_from_hf
+from clearlm.families.base import Family, HFConfig, activation_from_hf
+from clearlm.loading.transforms import StateDict
 
 
 def opt_config(c: HFConfig) -> dict[str, Any]:
@@ -106,3 +107,4 @@ OPT = Family(
     prefixes=("model.decoder.", "decoder."),
 )
 FAMILIES = (OPT,)
+GGUF_ARCHS = ()  # llama.cpp has no OPT architecture

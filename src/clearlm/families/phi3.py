@@ -15,27 +15,27 @@ attention-logit factor); clearlm does not implement it and says so. Old files na
 "yarn", which transformers also maps to longrope.
 
 llama.cpp's GGUF architecture "phi3" keeps both fusions (``attn_qkv``, and ``ffn_up`` holding
-[gate | up]); loading/gguf_arch.py maps them to the same fused names so ``split_fused`` serves
-both formats.
+[gate | up]); PHI3_TENSORS maps them to the same fused names so ``split_fused`` serves both
+formats.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from clearlm.config import ModelConfig
-from clearlm.errors import InvalidModelFileError, UnsupportedModelError
+from clearlm.errors import UnsupportedModelError
 from clearlm.families.base import (
+    COMMON_TENSORS,
     Family,
+    GGUFArch,
     HFConfig,
-    StateDict,
     activation_from_hf,
     decoder_core,
     rope_from_hf,
 )
-from clearlm.families.gpt2 import split_qkv
+from clearlm.loading.gguf_keys import HEAD_KEYS, ROPE_KEYS
+from clearlm.loading.transforms import StateDict, split_gate_up, split_qkv
 
 LONGROPE = ("longrope", "su", "yarn")
 
@@ -62,24 +62,6 @@ def phi3_config(c: HFConfig) -> dict[str, Any]:
     return cfg
 
 
-def split_gate_up(state: StateDict, config: ModelConfig) -> StateDict:
-    """Split each fused ``mlp.gate_up_proj`` weight (2F, D), rows [gate | up], into
-    gate_proj and up_proj, each (F, D)."""
-    out: StateDict = {}
-    for name, t in state.items():
-        if not name.endswith("mlp.gate_up_proj.weight"):
-            out[name] = t
-            continue
-        if t.shape[0] != 2 * config.d_ff:
-            raise InvalidModelFileError(
-                f"fused gate/up tensor {name} has {t.shape[0]} rows, expected {2 * config.d_ff}"
-            )
-        gate, up = torch.chunk(t, 2, dim=0)  # (F, D) each
-        out[name.replace("gate_up_proj", "gate_proj")] = gate.contiguous()
-        out[name.replace("gate_up_proj", "up_proj")] = up.contiguous()
-    return out
-
-
 def split_fused(state: StateDict, config: ModelConfig) -> StateDict:
     """qkv_proj → q/k/v_proj and gate_up_proj → gate/up_proj (Hugging Face and GGUF files)."""
     return split_gate_up(split_qkv(state, config), config)
@@ -102,3 +84,19 @@ def phi3_gguf_config(m: dict[str, Any], a: str) -> dict[str, Any]:
 
 PHI3 = Family("Phi-3", ("phi3",), phi3_config, convert=split_fused)
 FAMILIES = (PHI3,)
+
+# Phi-3 (Phi3MiniModel): fused attn_qkv (rows [Q | K | V]) and ffn_up holding [gate | up].
+PHI3_TENSORS = COMMON_TENSORS | {
+    "blk.{i}.attn_qkv.weight": "layers.{i}.self_attn.qkv_proj.weight",
+    "blk.{i}.ffn_up.weight": "layers.{i}.mlp.gate_up_proj.weight",
+}
+GGUF_ARCHS = (
+    GGUFArch(
+        "phi3",
+        PHI3_TENSORS,
+        family="Phi-3",
+        config=phi3_gguf_config,
+        convert=split_fused,
+        keys=ROPE_KEYS | HEAD_KEYS | {"attention.sliding_window", "rope.scaling.attn_factor"},
+    ),
+)

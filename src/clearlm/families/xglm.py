@@ -75,3 +75,4 @@ XGLM = Family(
     ),
 )
 FAMILIES = (XGLM,)
+GGUF_ARCHS = ()  # llama.cpp has no XGLM architecture

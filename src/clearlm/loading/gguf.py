@@ -1,7 +1,8 @@
 """Read a GGUF file: metadata, then tensors renamed to our parameter names and dequantized.
 
-Loading is a chain of small pure steps (style.md): open → read metadata → rename through one
-table → dequantize with the ``gguf`` library → fix llama.cpp's RoPE row layout → check shapes.
+Loading is a chain of small pure steps (style.md): open → read metadata → rename through the
+family's table (``GGUFArch.tensors``) → dequantize with the ``gguf`` library → fix the layout
+(llama.cpp's RoPE rows, Gemma's 1 + w norms: loading/transforms.py) → the family's ``convert``.
 The file format is specified at https://github.com/ggml-org/ggml/blob/master/docs/gguf.md.
 """
 
@@ -17,7 +18,10 @@ from gguf.quants import dequantize
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
-from clearlm.loading.gguf_arch import config_from_gguf, gguf_arch
+from clearlm.families import GGUFArch, gguf_arch
+from clearlm.loading.gguf_config import config_from_gguf
+from clearlm.loading.load import TensorInfo
+from clearlm.loading.transforms import unpermute_qk, unshift_norm
 
 GGUF_MAGIC = b"GGUF"
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's RoPE frequency factors, not a parameter
@@ -94,6 +98,11 @@ def read_config(reader: GGUFReader, metadata: dict[str, Any], source: str) -> Mo
     return config_from_gguf(metadata, names, source, freqs)
 
 
+def tensor_infos(reader: GGUFReader) -> list[TensorInfo]:
+    """The file's tensors as stored: name, type, shape in (out, in) order (nothing is read)."""
+    return [TensorInfo(t.name, t.tensor_type.name, _stored_shape(t)) for t in reader.tensors]
+
+
 def gguf_to_ours(name: str, table: dict[str, str], n_layers: int) -> str | None:
     """Map a llama.cpp tensor name to ours through an architecture's table (None if unknown)."""
     if name in table:
@@ -106,34 +115,11 @@ def gguf_to_ours(name: str, table: dict[str, str], n_layers: int) -> str | None:
     return None
 
 
-def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row permutation so rotate-half RoPE gives the reference's numbers.
-
-    Hugging Face Llama checkpoints apply RoPE to the two *halves* of each head (rotate_half:
-    pairs (x_j, x_{j+Hd/2})). llama.cpp rotates *adjacent* pairs (x_{2j}, x_{2j+1}), so its
-    converter (convert_hf_to_gguf.py, ``LlamaModel.permute``) reorders each head's output rows
-    from [half0 | half1] to interleaved [h0_0, h1_0, h0_1, h1_1, ...]. This is the inverse.
-
-    Args:
-        w: (n_heads * Hd, D) projection weight as stored in the GGUF (rows = output features).
-        n_heads: heads in this projection (n_heads for Q, n_kv_heads for K).
-
-    Returns:
-        (n_heads * Hd, D) weight with each head's rows in rotate-half order.
-    """
-    out_dim = w.shape[0]
-    head_dim = out_dim // n_heads
-    rest = w.shape[1:]
-    w = w.reshape(n_heads, head_dim // 2, 2, *rest)  # (H, Hd/2, 2, D): interleaved pairs
-    w = w.swapaxes(1, 2)  # (H, 2, Hd/2, D): first halves, then second halves
-    return w.reshape(out_dim, *rest)
-
-
 def load_tensors(
     reader: GGUFReader, config: ModelConfig, dtype: torch.dtype = torch.float32, source: str = ""
 ) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor of the file into our parameter names, then apply the
-    architecture's ``convert`` (GPT-2: split the fused attn_qkv).
+    """Dequantize every tensor of the file into our parameter names, fix llama.cpp's layouts,
+    then apply the architecture's ``convert`` (GPT-2: split the fused attn_qkv).
 
     Args:
         reader: an open GGUF file.
@@ -153,35 +139,59 @@ def load_tensors(
     arch = gguf_arch(config.architecture, source)
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        ours = gguf_to_ours(t.name, arch.tensors, config.n_layers)
+        ours = _rename(t, arch, config, source)
         if ours is None:
-            scaling = config.rope_scaling
-            if t.name == ROPE_FREQS and scaling is not None and scaling.kind == "factors":
-                continue  # already in the config (read_config), not a parameter
-            raise UnsupportedModelError(
-                f"{source}: unknown tensor {t.name!r} for {config.architecture}"
-            )
-        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
-            raise UnsupportedModelError(
-                f"{source}: tensor {t.name} has type {t.tensor_type.name}, which clearlm does not "
-                "dequantize; supported: "
-                + ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))
-            )
-        # GGUF lists shapes innermost-first ([n_in, n_out]); numpy wants [n_out, n_in].
-        shape = tuple(int(d) for d in reversed(t.shape))
-        try:
-            w = dequantize(t.data, t.tensor_type).reshape(shape)
-        except ValueError as e:
-            raise InvalidModelFileError(f"{source}: tensor {t.name} is truncated ({e})") from None
+            continue  # rope_freqs.weight: already in the config (read_config), not a parameter
+        w = _dequantize(t, source)  # (out, in) float32
         if arch.unpermute_qk:
-            if ours.endswith("q_proj.weight"):
-                w = unpermute_rope_rows(w, config.n_heads)
-            elif ours.endswith("k_proj.weight"):
-                w = unpermute_rope_rows(w, config.n_kv_heads)
-        if arch.norm_shift and ours.endswith("norm.weight"):
-            w = w - np.float32(arch.norm_shift)  # Gemma GGUFs store 1 + w (gguf_arch.py)
-        w = np.ascontiguousarray(w, dtype=np.float32)
-        if not w.flags.writeable:  # F32 tensors come straight from the read-only memory map
-            w = w.copy()
-        state[ours] = torch.from_numpy(w).to(dtype)
+            w = unpermute_qk(ours, w, config)
+        w = unshift_norm(ours, w, arch.norm_shift)  # Gemma GGUFs store 1 + w
+        state[ours] = _to_torch(w, dtype)
     return arch.convert(state, config)
+
+
+def _stored_shape(t: Any) -> tuple[int, ...]:
+    """GGUF lists shapes innermost-first ([n_in, n_out]); ours are [n_out, n_in]."""
+    return tuple(int(d) for d in reversed(t.shape))
+
+
+def _rename(t: Any, arch: GGUFArch, config: ModelConfig, source: str) -> str | None:
+    """Our name for tensor ``t``; None for ``rope_freqs.weight`` once taken into the config.
+
+    Raises:
+        UnsupportedModelError: a name the family's table does not know.
+    """
+    ours = gguf_to_ours(t.name, arch.tensors, config.n_layers)
+    if ours is None:
+        scaling = config.rope_scaling
+        if t.name == ROPE_FREQS and scaling is not None and scaling.kind == "factors":
+            return None
+        raise UnsupportedModelError(
+            f"{source}: unknown tensor {t.name!r} for {config.architecture}"
+        )
+    return ours
+
+
+def _dequantize(t: Any, source: str) -> np.ndarray:
+    """The tensor's values in float32, shape (out, in).
+
+    Raises:
+        UnsupportedModelError: a type outside SUPPORTED_TENSOR_TYPES.
+        InvalidModelFileError: the data is truncated.
+    """
+    if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+        raise UnsupportedModelError(
+            f"{source}: tensor {t.name} has type {t.tensor_type.name}, which clearlm does not "
+            "dequantize; supported: " + ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))
+        )
+    try:
+        return dequantize(t.data, t.tensor_type).reshape(_stored_shape(t))
+    except ValueError as e:
+        raise InvalidModelFileError(f"{source}: tensor {t.name} is truncated ({e})") from None
+
+
+def _to_torch(w: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if not w.flags.writeable:  # F32 tensors come straight from the read-only memory map
+        w = w.copy()
+    return torch.from_numpy(w).to(dtype)

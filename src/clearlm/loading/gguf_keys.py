@@ -8,8 +8,9 @@ no sign of it, so the rule is: every key under ``{arch}.`` is
 
 - SIZE: a width or count every architecture has (read by ``config_from_gguf``; a wrong value
   fails the tensor shape check), or
-- READ by this architecture's config builder (its ``GGUFArch.keys``; unsupported *values* are
-  refused there, e.g. ``rope.scaling.type = "longrope"``), or
+- READ for this architecture (its ``GGUFArch.keys``, declared in its family module next to the
+  mapping that reads them; unsupported *values* are refused there, e.g.
+  ``rope.scaling.type = "longrope"``), or
 - INERT: read by llama.cpp but without effect on what clearlm computes (the reason is listed), or
 - NEUTRAL: set to the value that switches its feature off (``expert_count = 0``), or else
 - refused with an UnsupportedModelError naming the key.
@@ -24,9 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from clearlm.config import RopeScaling
+from clearlm.config import RopeScaling, yarn_mscale
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
-from clearlm.families.base import yarn_mscale
 
 # Every architecture: sizes. Lists (one value per layer) are accepted when uniform.
 SIZE_KEYS = frozenset(

@@ -1,8 +1,11 @@
-"""Build a ready-to-run Transformer from a GGUF file or a Hugging Face folder."""
+"""The format-free end of the loading chain: tie → check shapes → assign into a Transformer.
+
+Each format reads, renames and fixes its tensors (loading/gguf.py, loading/hf.py), then hands
+our parameter names to :func:`assemble`; loading/checkpoint.py chooses the format.
+"""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +13,7 @@ import torch
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError
-from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_metadata
+from clearlm.loading.transforms import tie_head
 from clearlm.model.transformer import Transformer
 
 
@@ -44,25 +47,6 @@ class LoadedModel:
         return {t.name: t.type for t in self.tensors}
 
 
-def inspect_gguf(
-    path: str | os.PathLike[str],
-) -> tuple[ModelConfig, dict[str, Any], list[TensorInfo]]:
-    """Read a GGUF file's config, metadata and tensor list without dequantizing anything.
-
-    Raises:
-        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
-    """
-    source = os.path.basename(os.fspath(path))
-    reader = open_gguf(path)
-    metadata = read_metadata(reader)
-    config = read_config(reader, metadata, source)
-    tensors = [
-        TensorInfo(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
-        for t in reader.tensors
-    ]
-    return config, metadata, tensors
-
-
 def check_shapes(model: Transformer, state: dict[str, torch.Tensor], source: str) -> None:
     """Every tensor must have exactly the shape its parameter expects (nanoGPT's import check).
 
@@ -91,8 +75,7 @@ def assemble(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -
     Building on the meta device and assigning the loaded tensors
     (``load_state_dict(assign=True)``) means the weights are never held twice in memory.
     """
-    if config.tie_word_embeddings:
-        state["lm_head.weight"] = state["embed_tokens.weight"]
+    state = tie_head(state, config)
     with torch.device("meta"):
         model = Transformer(config)
     check_shapes(model, state, source)
@@ -102,29 +85,3 @@ def assemble(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -
     # RoPE and sinusoid tables are derived, not stored in the file: compute them for real.
     model.init_derived()
     return model.eval()
-
-
-def load_gguf_model(
-    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, reader: Any = None
-) -> LoadedModel:
-    """Read → config → dequantize/rename/un-permute → tie → check shapes → assign.
-
-    Args:
-        path: a .gguf file.
-        dtype: parameter dtype (torch.float32 for reference parity; bfloat16 halves memory).
-        reader: the file already opened with open_gguf (see loading/header.py), or None.
-
-    Raises:
-        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError (see open_gguf,
-        read_config, load_tensors).
-    """
-    source = os.path.basename(os.fspath(path))
-    reader = reader if reader is not None else open_gguf(path)
-    metadata = read_metadata(reader)
-    config = read_config(reader, metadata, source)
-    state = load_tensors(reader, config, dtype, source)
-    tensors = [
-        TensorInfo(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)))
-        for t in reader.tensors
-    ]
-    return LoadedModel(assemble(config, state, source), config, metadata, tensors)

@@ -2,16 +2,20 @@
 a streaming detokenizer and the chat template.
 
 - :mod:`clearlm.tokenizer.core`: the :class:`Tokenizer` and :class:`StreamingDetokenizer`.
-- :mod:`clearlm.tokenizer.gguf`: pipelines from ``tokenizer.ggml.*`` metadata (byte-level BPE,
+- :mod:`clearlm.tokenizer.gguf`: :func:`tokenizer_from_gguf`, the Tokenizer ``tokenizer.ggml.*``
+  metadata describes; :mod:`clearlm.tokenizer.gguf_vocab`: its pipelines (byte-level BPE,
   SentencePiece-style BPE with merges derived from scores).
-- :mod:`clearlm.tokenizer.hf`: tokenizer.json + tokenizer_config.json + generation_config.json.
+- :mod:`clearlm.tokenizer.hf`: :func:`tokenizer_from_hf_folder`, from tokenizer.json +
+  tokenizer_config.json + generation_config.json.
 - :mod:`clearlm.tokenizer.stream`: the decoder chain run one token at a time.
 - :mod:`clearlm.tokenizer.chat`: chat templates in a jinja2 sandbox, as transformers renders them.
 """
 
 from clearlm.errors import ChatTemplateError
 from clearlm.tokenizer.core import StreamingDetokenizer, Tokenizer
-from clearlm.tokenizer.gguf import CONTROL, NORMAL, PRE_TOKENIZERS, USER_DEFINED
+from clearlm.tokenizer.gguf import tokenizer_from_gguf
+from clearlm.tokenizer.gguf_vocab import CONTROL, NORMAL, PRE_TOKENIZERS, USER_DEFINED
+from clearlm.tokenizer.hf import tokenizer_from_hf_folder
 from clearlm.tokenizer.stream import bytes_to_unicode as _bytes_to_unicode
 
 __all__ = [
@@ -23,4 +27,6 @@ __all__ = [
     "StreamingDetokenizer",
     "Tokenizer",
     "_bytes_to_unicode",
+    "tokenizer_from_gguf",
+    "tokenizer_from_hf_folder",
 ]

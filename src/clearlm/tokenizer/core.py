@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer as Backend
@@ -25,7 +24,8 @@ from clearlm.tokenizer.stream import DecodeRule, TextStream
 class Tokenizer:
     """Text ↔ token ids for one model, plus its chat template.
 
-    Build it with :meth:`from_gguf_metadata` or :meth:`from_hf_folder`. ``eos_ids`` holds every
+    The readers build it: :func:`clearlm.tokenizer.tokenizer_from_gguf` (GGUF metadata) and
+    :func:`clearlm.tokenizer.tokenizer_from_hf_folder` (a folder). ``eos_ids`` holds every
     id that ends generation (EOS, end of turn, end of message); ``special_ids`` are the special
     added tokens that ``skip_special_tokens`` drops. ``add_bos`` / ``add_eos`` say what
     ``encode(text)`` adds (the pipeline's post-processor adds them).
@@ -52,39 +52,6 @@ class Tokenizer:
 
     def __post_init__(self) -> None:
         self.decode_rule = DecodeRule.of(self.backend.decoder, self.source)
-
-    @classmethod
-    def from_gguf_metadata(
-        cls, metadata: Mapping[str, Any], source: str = "GGUF file"
-    ) -> Tokenizer:
-        """Build the tokenizer a GGUF describes, from ``read_metadata(open_gguf(path))``.
-
-        Args:
-            metadata: the file's metadata as plain Python values.
-            source: the file's name, for error messages.
-
-        Raises:
-            UnsupportedModelError: ``tokenizer.ggml.model`` or ``tokenizer.ggml.pre`` is one
-                clearlm does not implement (the message lists the supported ones).
-            InvalidModelFileError: a required key is missing, or ids/merges are inconsistent.
-        """
-        from clearlm.tokenizer.gguf import tokenizer_from_gguf
-
-        return tokenizer_from_gguf(metadata, source)
-
-    @classmethod
-    def from_hf_folder(cls, path: str | Path) -> Tokenizer:
-        """Build the tokenizer of a Hugging Face model folder: tokenizer.json, with
-        tokenizer_config.json, chat_template.jinja and generation_config.json when present.
-
-        Raises:
-            ModelNotFoundError: the folder or its tokenizer.json does not exist.
-            UnsupportedModelError: the folder has only a SentencePiece tokenizer.model.
-            InvalidModelFileError: a file is not valid JSON or not a `tokenizers` pipeline.
-        """
-        from clearlm.tokenizer.hf import tokenizer_from_hf_folder
-
-        return tokenizer_from_hf_folder(Path(path))
 
     @property
     def vocab_size(self) -> int:

@@ -165,8 +165,16 @@ def _bos_eos(
     return bos, eos, add_bos, add_eos
 
 
-def tokenizer_from_hf_folder(folder: Path) -> Tokenizer:
-    """See :meth:`Tokenizer.from_hf_folder`."""
+def tokenizer_from_hf_folder(folder: str | Path) -> Tokenizer:
+    """Build the tokenizer of a Hugging Face model folder: tokenizer.json, with
+    tokenizer_config.json, chat_template.jinja and generation_config.json when present.
+
+    Raises:
+        ModelNotFoundError: the folder or its tokenizer.json does not exist.
+        UnsupportedModelError: the folder has only a SentencePiece tokenizer.model.
+        InvalidModelFileError: a file is not valid JSON or not a `tokenizers` pipeline.
+    """
+    folder = Path(folder)
     if not folder.is_dir():
         raise ModelNotFoundError(f"model folder not found: {folder}")
     path = folder / "tokenizer.json"

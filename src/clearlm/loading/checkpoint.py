@@ -1,0 +1,150 @@
+"""One entry point for a checkpoint on disk: ``open_checkpoint(path)``, a GGUF file or a folder.
+
+The format is chosen here, once, and every reader asks the checkpoint rather than the path:
+``clearlm.load`` (api.py), ``clearlm info`` and ``perplexity`` (cli/inspect.py) and the
+checks cli/runtime.py makes before the weights. Opening costs nothing; each piece is read on
+first use and kept, so the header read to check an input (config, tokenizer, chat template) is
+the one the weights are then loaded with:
+
+- ``has_chat_template()``: from the key names alone (loading/peek.py, milliseconds), or None
+  where that cheap answer does not exist (a folder: its tokenizer files decide);
+- ``config``, ``metadata``, ``tensors`` (name, type, shape; nothing dequantized), ``tokenizer``,
+  ``generation_config``, ``size_bytes``, ``tokenizer_kind``: the header;
+- ``load(dtype)``: the weights, through the format's chain, into a ready Transformer.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from gguf import GGUFReader
+
+from clearlm.config import ModelConfig
+from clearlm.defaults import FileDefaults, read_generation_config
+from clearlm.loading import peek
+from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_metadata, tensor_infos
+from clearlm.loading.hf import inspect_hf, load_hf_model
+from clearlm.loading.load import LoadedModel, TensorInfo, assemble
+from clearlm.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
+
+
+class GGUFCheckpoint:
+    """A .gguf file: metadata and tokenizer from its key/value section, weights dequantized."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.source = path, path.name
+
+    def has_chat_template(self) -> bool | None:
+        return peek.has_chat_template(self.path)
+
+    @cached_property
+    def reader(self) -> GGUFReader:
+        """The memory-mapped file. Raises ModelNotFoundError, InvalidModelFileError."""
+        return open_gguf(self.path)
+
+    @cached_property
+    def metadata(self) -> dict[str, Any]:
+        return read_metadata(self.reader)
+
+    @cached_property
+    def config(self) -> ModelConfig:
+        """Raises UnsupportedModelError, InvalidModelFileError (see config_from_gguf)."""
+        return read_config(self.reader, self.metadata, self.source)
+
+    @cached_property
+    def tensors(self) -> list[TensorInfo]:
+        return tensor_infos(self.reader)
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        return tokenizer_from_gguf(self.metadata, self.source)
+
+    @property
+    def tokenizer_kind(self) -> str:
+        m = self.metadata
+        return f"{m.get('tokenizer.ggml.model')} (pre-tokenizer {m.get('tokenizer.ggml.pre', '-')})"
+
+    @property
+    def generation_config(self) -> FileDefaults:
+        return FileDefaults()  # a GGUF carries no sampling defaults clearlm reads
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size if self.path.is_file() else 0
+
+    def load(self, dtype: torch.dtype = torch.float32) -> LoadedModel:
+        """Header (kept) → dequantize/rename/fix layout → tie → check shapes → assign.
+
+        Raises ModelNotFoundError, InvalidModelFileError, UnsupportedModelError."""
+        state = load_tensors(self.reader, self.config, dtype, self.source)
+        model = assemble(self.config, state, self.source)
+        return LoadedModel(model, self.config, self.metadata, self.tensors)
+
+
+class FolderCheckpoint:
+    """A Hugging Face folder: config.json, safetensors, tokenizer.json, generation_config.json."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.source = path, path.name
+
+    def has_chat_template(self) -> bool | None:
+        return None  # no cheap answer: the tokenizer files are read with the header
+
+    @cached_property
+    def _header(self) -> tuple[ModelConfig, dict[str, Any], list[TensorInfo]]:
+        return inspect_hf(self.path)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._header[0]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._header[1]
+
+    @property
+    def tensors(self) -> list[TensorInfo]:
+        return self._header[2]
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        return tokenizer_from_hf_folder(self.path)
+
+    tokenizer_kind = "tokenizer.json"
+
+    @cached_property
+    def generation_config(self) -> FileDefaults:
+        return read_generation_config(self.path)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
+
+    def load(self, dtype: torch.dtype = torch.float32) -> LoadedModel:
+        """config.json → safetensors → rename → convert → cast → tie → check shapes → assign."""
+        return load_hf_model(self.path, dtype)
+
+
+Checkpoint = GGUFCheckpoint | FolderCheckpoint
+
+
+def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """The checkpoint at ``path``: a folder is a Hugging Face folder, anything else a GGUF file
+    (a missing or non-GGUF file is reported when first read). Reads nothing yet."""
+    path = Path(path)
+    return FolderCheckpoint(path) if path.is_dir() else GGUFCheckpoint(path)
+
+
+def load_gguf_model(
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32
+) -> LoadedModel:
+    """A .gguf file's model in one call (``GGUFCheckpoint(path).load(dtype)``).
+
+    Raises:
+        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
+    """
+    return GGUFCheckpoint(Path(path)).load(dtype)
