@@ -21,7 +21,11 @@
 namespace {
 
 inline float to_f(float v) { return v; }
+#if defined(__F16C__)
+inline float to_f(at::Half v) { return _cvtsh_ss(v.x); }  // one instruction, not c10's bit code
+#else
 inline float to_f(at::Half v) { return static_cast<float>(v); }
+#endif
 
 // Scalar reference: dequantize one row into out[K].
 template <int BITS, typename S>
@@ -58,42 +62,67 @@ inline __m512 load16(const uint8_t* codes, int64_t e) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
 }
 
-// y[m] = sum_k x[m, k] * W[n, k] for M rows of x, one weight row n (kept in L1 across m).
-// BS (block size) is 16 or 32, a template argument so the block loop has no inner branch.
-template <int BITS, int BS, typename S>
-void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, const S* sc,
-              const S* mn, int64_t K, int64_t bs, float* y, int64_t ldy) {
+// y[m, r] = sum_k x[m, k] * W[n + r, k] for M rows of x and R weight rows n .. n + R - 1
+// (kept in L1 across m). R rows at once give 2R independent FMA chains and share the x loads.
+// BS (block size, 16 or 32) and R are template arguments so the loops fully unroll.
+template <int BITS, int BS, int R, typename S>
+void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int64_t row_bytes,
+              const S* sc, const S* mn, int64_t nb, int64_t K, float* y, int64_t ldy) {
   for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * ldx;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < K / BS; ++b) {
-      const __m512 s = _mm512_set1_ps(to_f(sc[b]));
-      const __m512 mm = _mm512_set1_ps(mn ? to_f(mn[b]) : 0.0f);
       const int64_t e = b * BS;
-      const __m512 w0 = _mm512_fmadd_ps(s, load16<BITS>(codes, e), mm);
-      if (BS == 16) {  // alternate accumulators across blocks to keep two FMA chains
-        if (b & 1) acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(xm + e), w0, acc1);
-        else acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(xm + e), w0, acc0);
-      } else {
-        const __m512 w1 = _mm512_fmadd_ps(s, load16<BITS>(codes, e + 16), mm);
-        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(xm + e), w0, acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(xm + e + 16), w1, acc1);
+      const __m512 x0 = _mm512_loadu_ps(xm + e);
+      const __m512 x1 = BS == 32 ? _mm512_loadu_ps(xm + e + 16) : x0;
+      for (int r = 0; r < R; ++r) {
+        const __m512 s = _mm512_set1_ps(to_f(sc[r * nb + b]));
+        const __m512 mm = _mm512_set1_ps(mn ? to_f(mn[r * nb + b]) : 0.0f);
+        const uint8_t* cr = codes + r * row_bytes;
+        acc[r][0] = _mm512_fmadd_ps(x0, _mm512_fmadd_ps(s, load16<BITS>(cr, e), mm), acc[r][0]);
+        if (BS == 32) {
+          const __m512 w1 = _mm512_fmadd_ps(s, load16<BITS>(cr, e + 16), mm);
+          acc[r][1] = _mm512_fmadd_ps(x1, w1, acc[r][1]);
+        }
       }
     }
-    y[m * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (int r = 0; r < R; ++r) {
+      y[m * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+    }
+  }
+}
+// One row of the dequantized weight, 16 values per step (same FMA as dequant_row).
+template <int BITS, typename S>
+void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, int64_t K, int64_t bs,
+                      float* out) {
+  for (int64_t e = 0; e < K; e += 16) {
+    const int64_t b = e / bs;
+    const __m512 s = _mm512_set1_ps(to_f(sc[b]));
+    const __m512 mm = _mm512_set1_ps(mn ? to_f(mn[b]) : 0.0f);
+    _mm512_storeu_ps(out + e, _mm512_fmadd_ps(s, load16<BITS>(codes, e), mm));
   }
 }
 #else
-template <int BITS, int BS, typename S>
-void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, const S* sc,
-              const S* mn, int64_t K, int64_t bs, float* y, int64_t ldy) {
+template <int BITS, int BS, int R, typename S>
+void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int64_t row_bytes,
+              const S* sc, const S* mn, int64_t nb, int64_t K, float* y, int64_t ldy) {
   std::vector<float> w(K);
-  dequant_row<BITS, S>(codes, sc, mn, K, bs, w.data());
-  for (int64_t m = 0; m < M; ++m) {
-    float acc = 0.0f;
-    for (int64_t k = 0; k < K; ++k) acc += x[m * ldx + k] * w[k];
-    y[m * ldy] = acc;
+  for (int r = 0; r < R; ++r) {
+    dequant_row<BITS, S>(codes + r * row_bytes, sc + r * nb, mn ? mn + r * nb : nullptr, K, BS,
+                         w.data());
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * ldx + k] * w[k];
+      y[m * ldy + r] = acc;
+    }
   }
+}
+
+template <int BITS, typename S>
+void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, int64_t K, int64_t bs,
+                      float* out) {
+  dequant_row<BITS, S>(codes, sc, mn, K, bs, out);
 }
 #endif
 
@@ -121,9 +150,14 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
   const S* mp = mn.numel() ? mn.data_ptr<S>() : nullptr;
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      dot_rows<BITS, BS, S>(xp, M, K, cp + n * row_bytes, sp + n * nb, mp ? mp + n * nb : nullptr,
-                        K, bs, yp + n, N);
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) {
+      dot_rows<BITS, BS, 4, S>(xp, M, K, cp + n * row_bytes, row_bytes, sp + n * nb,
+                               mp ? mp + n * nb : nullptr, nb, K, yp + n, N);
+    }
+    for (; n < n1; ++n) {
+      dot_rows<BITS, BS, 1, S>(xp, M, K, cp + n * row_bytes, row_bytes, sp + n * nb,
+                               mp ? mp + n * nb : nullptr, nb, K, yp + n, N);
     }
   });
 }
@@ -140,8 +174,8 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
   at::parallel_for(0, R, 16, [&](int64_t a, int64_t b) {
     for (int64_t i = a; i < b; ++i) {
       const int64_t n = r0 + i;
-      dequant_row<BITS, S>(cp + n * row_bytes, sp + n * nb, mp ? mp + n * nb : nullptr, K, bs,
-                           op + i * K);
+      dequant_row_fast<BITS, S>(cp + n * row_bytes, sp + n * nb, mp ? mp + n * nb : nullptr, K,
+                                bs, op + i * K);
     }
   });
 }
