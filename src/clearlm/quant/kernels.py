@@ -3,7 +3,7 @@
 Build choice: JIT at first use with ``torch.utils.cpp_extension.load`` (g++ and ninja, both
 needed), compiled with ``-O3 -march=native -fopenmp`` for the machine it runs on, cached under
 ``$CLEARLM_CACHE/kernels`` (default ``~/.cache/clearlm/kernels``) so later runs load it in well
-under a second. ``make kernels`` (part of ``make setup``) runs ``python -m clearlm.quant.kernels``
+under a second. ``make kernels`` (part of ``make setup``) runs ``python -m clearlm.quant.build``
 to build it ahead of time on a fresh machine. Without a compiler the module still works:
 :func:`load_kernels` returns None and QuantLinear falls back to a pure-torch dequantize + matmul.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -58,8 +57,3 @@ def load_kernels(verbose: bool = False) -> ModuleType | None:
     _loaded.append(module)
     return module
 
-
-if __name__ == "__main__":
-    mod = load_kernels(verbose="-v" in sys.argv)
-    print(f"kernel: {'built in ' + str(build_dir()) if mod else 'unavailable (torch fallback)'}")
-    sys.exit(0 if mod else 1)
