@@ -13,17 +13,19 @@ GGUF     codes                              scale / min (dtype, block)   bytes/v
 Q8_0     int8 q                             d / —        (f16, 32)       1.0625 (1.0625)
 Q4_0     uint4 q (0..15), ggml nibbles      d / -8d      (f16, 32)       0.625  (0.5625)
 Q4_1     uint4 q                            d / m        (f16, 32)       0.625  (0.625)
-Q5_0     int8 q - 16                        d / —        (f16, 32)       1.0625 (0.6875)
-Q5_1     int8 q (0..31)                     d / m        (f16, 32)       1.125  (0.75)
+Q5_0     uint5 q: ggml's qs nibbles + qh      d / -16d     (f16, 32)       0.75   (0.6875)
+Q5_1     uint5 q                            d / m        (f16, 32)       0.75   (0.75)
 Q4_K     uint4 q, repacked per 32           d·sc / -dmin·m (f32, 32)     0.75   (0.5625)
 Q6_K     int8 q - 32                        d·sc / —     (f32, 16)       1.25   (0.8203)
 =======  =================================  ===========================  =====================
 
-Why this form: one kernel with two code layouts (int8 and nibbles) covers every type in the
-three target GGUFs, each weight is rebuilt with a single FMA, and K-quants' two-level scales
-collapse exactly into per-block float32 products (d·sc is exact: 11 × 8 bits). The price is
-memory above the file for 5- and 6-bit types (stored as int8) and for K-quants' float32
-scales; a 5-bit/6-bit bit-plane layout is the next step if the ≤ 1.15× target needs it.
+Why this form: one kernel with three code layouts (int8, nibbles, nibbles + a 32-bit high-bit
+word, ggml's own Q5 layout, whose fifth bit costs one masked integer add per 16 codes) covers
+every type in the three target GGUFs, each weight is rebuilt with a single FMA, and K-quants'
+two-level scales collapse exactly into per-block float32 products (d·sc is exact: 11 × 8 bits).
+The price is memory above the file for Q6_K (int8 codes, per-16 float32 scales: 1.52×) and for
+Q4_K's float32 scales (1.33×); keeping Q6_K's bit planes and K-quants' 6-bit sub-scales
+(scale = d·sc computed in the kernel) is the next step if the ≤ 1.15× target needs it.
 Q2_K, Q3_K, Q5_K and the IQ types are not packed yet (:class:`UnsupportedQuantError`).
 Layouts: ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's quants.py.
 """
@@ -48,7 +50,8 @@ class UnsupportedQuantError(ClearLMError):
 
 @dataclass(frozen=True)
 class Packed:
-    """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8, uint8 (N, K // 2) if 4;
+    """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4;
+    uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the high bits' uint32).
     scale / min: float16 or float32 (N, K // block); min None means 0."""
 
     codes: torch.Tensor
@@ -78,13 +81,6 @@ def _f16(b: np.ndarray) -> np.ndarray:
 def _nibbles_to_ggml(codes: np.ndarray) -> np.ndarray:
     """(..., 32) codes 0..15 → (..., 16) bytes: byte j = code j | code j+16 << 4 (Q4_0 layout)."""
     return (codes[..., :16] | (codes[..., 16:] << 4)).astype(np.uint8)
-
-
-def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
-    """Q5_0/Q5_1: qh (n, 4) high bits of 32 values, qs (n, 16) nibbles → (n, 32) codes 0..31."""
-    high = (qh.copy().view(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1  # (n, 32)
-    low = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # (n, 32)
-    return low | (high.astype(np.uint8) << 4)
 
 
 def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> Packed:
@@ -117,13 +113,16 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         else:
             mn, qs = _f16(b[:, 2:4]), b[:, 4:]
         return Packed(t(qs, k // 2), t(d, per_row), t(mn, per_row), 4, 32, qtype.name)
-    if qtype in (Q.Q5_0, Q.Q5_1):
-        d = _f16(b[:, :2])
-        if qtype == Q.Q5_0:
-            codes = _five_bit(b[:, 2:6], b[:, 6:]).astype(np.int8) - np.int8(16)
-            return Packed(t(codes, k), t(d, per_row), None, 8, 32, "Q5_0")
-        codes = _five_bit(b[:, 4:8], b[:, 8:]).astype(np.int8)
-        return Packed(t(codes, k), t(d, per_row), t(_f16(b[:, 2:4]), per_row), 8, 32, "Q5_1")
+    if qtype in (Q.Q5_0, Q.Q5_1):  # kept as ggml stores them: qs (16 bytes) then qh (4 bytes)
+        d, off = _f16(b[:, :2]), 2 if qtype == Q.Q5_0 else 4
+        codes = np.concatenate([b[:, off + 4 :], b[:, off : off + 4]], axis=1)  # (nb, 20)
+        if qtype == Q.Q5_1:
+            return Packed(t(codes, k // 32 * 20), t(d, per_row), t(_f16(b[:, 2:4]), per_row), 5,
+                          32, "Q5_1")
+        mn = (d.astype(np.float32) * -16).astype(np.float16)  # d * (q - 16) = d*q + (-16d)
+        if not np.isfinite(mn).all():
+            d, mn = d.astype(np.float32), d.astype(np.float32) * -16
+        return Packed(t(codes, k // 32 * 20), t(d, per_row), t(mn, per_row), 5, 32, "Q5_0")
     if qtype == Q.Q4_K:
         d = _f16(b[:, :2]).astype(np.float32)[:, None]  # (nb, 1)
         dmin = _f16(b[:, 2:4]).astype(np.float32)[:, None]
@@ -153,8 +152,12 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
     if p.bits == 8:
         q = p.codes.view(n, nb, p.block).float()  # (N, nb, bs)
     else:
-        c = p.codes.view(n, nb, 16)
-        q = torch.cat([c & 0x0F, c >> 4], dim=-1).float()  # (N, nb, 32)
+        c = p.codes.view(n, nb, 16 if p.bits == 4 else 20)
+        q = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1).float()  # (N, nb, 32)
+        if p.bits == 5:  # bit j of the little-endian uint32 qh is bit 4 of code j
+            hb = c[..., 16:].long() << torch.tensor([0, 8, 16, 24])  # (N, nb, 4)
+            qh = hb.sum(-1, keepdim=True)  # (N, nb, 1)
+            q = q + 16 * ((qh >> torch.arange(32)) & 1).float()
     w = q * p.scale.float()[..., None]  # exact products
     if p.min is not None:
         w = w + p.min.float()[..., None]  # one rounding, as the reference

@@ -2,10 +2,12 @@
 //
 // A weight W (N, K) is stored as integer codes plus one scale (and optionally one offset, "min")
 // per block of `bs` consecutive values of a row:  W[n, k] = scale[n, k/bs] * code[n, k] + min[n, k/bs]
-// (min = 0 when absent).  Two code layouts:
-//   bits = 8: int8 codes (N, K), bs 16 or 32 (Q8_0, Q5_0, Q5_1: bs 32; Q6_K: bs 16);
+// (min = 0 when absent).  Three code layouts:
+//   bits = 8: int8 codes (N, K), bs 16 or 32 (Q8_0: bs 32; Q6_K: bs 16);
 //   bits = 4: uint8 (N, K/2), bs = 32; byte j of a block holds code j in its low nibble and code
-//             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it).
+//             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
+//   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
+//             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh).
 // Scales and mins are float32 or float16 tensors (N, K/bs).
 //
 // Numerics: each weight is rebuilt in registers as fmaf(scale, code, min), which equals the float32
@@ -16,9 +18,21 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
+
+// Bytes of one row of K codes in each layout.
+constexpr int64_t row_bytes_of(int bits, int64_t K) {
+  return bits == 8 ? K : bits == 4 ? K / 2 : K / 32 * 20;
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);  // little-endian on x86, as ggml writes qh
+  return v;
+}
 
 inline float to_f(float v) { return v; }
 #if defined(__F16C__)
@@ -39,8 +53,11 @@ void dequant_row(const uint8_t* codes, const S* sc, const S* mn, int64_t K, int6
       if (BITS == 8) {
         q = static_cast<float>(reinterpret_cast<const int8_t*>(codes)[b * bs + j]);
       } else {
-        const uint8_t byte = codes[b * 16 + (j & 15)];
-        q = static_cast<float>(j < 16 ? (byte & 0x0F) : (byte >> 4));
+        const int64_t stride = BITS == 4 ? 16 : 20;
+        const uint8_t byte = codes[b * stride + (j & 15)];
+        int code = j < 16 ? (byte & 0x0F) : (byte >> 4);
+        if (BITS == 5) code |= ((load_u32(codes + b * stride + 16) >> j) & 1) << 4;
+        q = static_cast<float>(code);
       }
       out[b * bs + j] = std::fmaf(s, q, m);
     }
@@ -55,11 +72,18 @@ inline __m512 load16(const uint8_t* codes, int64_t e) {
     __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + e));
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
   }
-  // 4-bit: e is a multiple of 16; block e / 32, low or high nibbles.
-  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + (e / 32) * 16));
+  // 4/5-bit: e is a multiple of 16; block e / 32, low or high nibbles.
+  const uint8_t* base = codes + (e / 32) * (BITS == 4 ? 16 : 20);
+  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base));
   if (e & 16) v = _mm_srli_epi16(v, 4);
   v = _mm_and_si128(v, _mm_set1_epi8(0x0F));
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+  __m512i q = _mm512_cvtepu8_epi32(v);
+  if (BITS == 5) {  // the fifth bit: one masked add of 16 per 16 codes
+    const uint32_t qh = load_u32(base + 16);
+    const __mmask16 hi = static_cast<__mmask16>((e & 16) ? (qh >> 16) : (qh & 0xFFFF));
+    q = _mm512_mask_add_epi32(q, hi, q, _mm512_set1_epi32(16));
+  }
+  return _mm512_cvtepi32_ps(q);
 }
 
 // y[m, r] = sum_k x[m, k] * W[n + r, k] for M rows of x and R weight rows n .. n + R - 1
@@ -128,10 +152,13 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, int64_t K,
 
 void check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
            int64_t bits, int64_t bs) {
-  TORCH_CHECK(bits == 8 || bits == 4, "bits must be 4 or 8");
+  TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "bits must be 4, 5 or 8");
   TORCH_CHECK(bits == 8 ? (bs == 16 || bs == 32) : (bs == 32), "unsupported block size");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
   TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
+  TORCH_CHECK(codes.dim() == 2 && scale.dim() == 2 && codes.size(0) == scale.size(0) &&
+                  codes.size(1) == row_bytes_of(bits, scale.size(1) * bs),
+              "codes, scale and block size disagree");
   TORCH_CHECK(scale.scalar_type() == torch::kFloat || scale.scalar_type() == torch::kHalf,
               "scale must be float32 or float16");
   if (mn.numel()) {
@@ -143,7 +170,7 @@ template <int BITS, int BS, typename S>
 void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
               const torch::Tensor& mn, int64_t bs, torch::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
-  const int64_t row_bytes = BITS == 8 ? K : K / 2, nb = K / bs;
+  const int64_t row_bytes = row_bytes_of(BITS, K), nb = K / bs;
   const float* xp = x.data_ptr<float>();
   const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
   const S* sp = scale.data_ptr<S>();
@@ -166,7 +193,7 @@ template <int BITS, typename S>
 void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                   int64_t bs, int64_t r0, torch::Tensor& out) {
   const int64_t R = out.size(0), K = out.size(1);
-  const int64_t row_bytes = BITS == 8 ? K : K / 2, nb = K / bs;
+  const int64_t row_bytes = row_bytes_of(BITS, K), nb = K / bs;
   const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
   const S* sp = scale.data_ptr<S>();
   const S* mp = mn.numel() ? mn.data_ptr<S>() : nullptr;
@@ -183,6 +210,8 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 #define DISPATCH(bits, scale, FN, ...)                                            \
   if (bits == 8 && scale.scalar_type() == torch::kFloat) FN<8, float>(__VA_ARGS__); \
   else if (bits == 8) FN<8, at::Half>(__VA_ARGS__);                                 \
+  else if (bits == 5 && scale.scalar_type() == torch::kFloat) FN<5, float>(__VA_ARGS__); \
+  else if (bits == 5) FN<5, at::Half>(__VA_ARGS__);                                 \
   else if (scale.scalar_type() == torch::kFloat) FN<4, float>(__VA_ARGS__);         \
   else FN<4, at::Half>(__VA_ARGS__);
 
@@ -203,7 +232,6 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, tor
   x = x.contiguous();
   const int64_t N = codes.size(0), K = x.size(1);
   TORCH_CHECK(K % bs == 0 && scale.size(0) == N && scale.size(1) == K / bs, "shape mismatch");
-  TORCH_CHECK(codes.size(1) == (bits == 8 ? K : K / 2), "codes shape mismatch");
   auto y = torch::empty({x.size(0), N}, x.options());
   DISPATCH(bits, scale, qmm_bs, x, codes, scale, mn, bs, y);
   return y;
