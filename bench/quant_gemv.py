@@ -48,6 +48,7 @@ REAL = {  # name: (path, llama.cpp tg128 tok/s measured in issue 10)
 
 STAT = {"median": statistics.median, "min": min}
 stat = statistics.median
+clock = time.perf_counter
 
 
 def timed(fn: Callable[[], object], inner: int) -> float:
@@ -55,9 +56,9 @@ def timed(fn: Callable[[], object], inner: int) -> float:
     fn()
     ts = []
     for _ in range(inner):
-        t = time.perf_counter()
+        t = clock()
         fn()
-        ts.append(time.perf_counter() - t)
+        ts.append(clock() - t)
     return stat(ts)
 
 
@@ -176,13 +177,19 @@ def main() -> None:
     ap.add_argument("--no-shapes", action="store_true", help="skip part 1")
     ap.add_argument("--stat", choices=list(STAT), default="median",
                     help="per-timing statistic: min shows the uncontended speed on a busy machine")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="cpu: this thread's CPU time (with --threads 1 only): the time the work "
+                    "took while it ran, not counting waits for a shared machine's cores")
     args = ap.parse_args()
-    global stat
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu needs --threads 1 (other threads' time would be missed)")
+    global stat, clock
     stat = STAT[args.stat]
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     kind = "C++" if load_kernels() else "torch fallback"
-    print(f"kernel: {kind}, threads {args.threads}, {args.stat} of {args.inner} calls, "
-          f"median over {args.repeats} alternating repeats")
+    print(f"kernel: {kind}, threads {args.threads}, {args.clock} clock, {args.stat} of "
+          f"{args.inner} calls, median over {args.repeats} alternating repeats")
     if not args.no_shapes:
         print("\n".join(shape_table(args)))
     if args.models:
