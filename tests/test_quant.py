@@ -126,3 +126,17 @@ def test_quant_linear_bf16_input_and_bad_width() -> None:
     assert layer(x).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="64 input features"):
         layer(torch.randn(1, 1, 32))
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+def test_quant_embedding_rows_exact(qtype: Q) -> None:
+    from clearlm.quant.embedding import QuantEmbedding
+
+    n, k = 40, 256
+    raw = random_blocks(qtype, n, k, seed=4)
+    table = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (V, D)
+    emb = QuantEmbedding(pack_blocks(raw, qtype, (n, k)))
+    ids = torch.tensor([[3, 0, 39, 3], [7, 7, 1, 20]])  # (B, T)
+    got = emb(ids)
+    assert got.shape == (2, 4, k)
+    assert torch.equal(got, F.embedding(ids, table))

@@ -12,6 +12,7 @@ from tiny_gguf import write_tiny_llama
 
 from clearlm.loading.gguf import open_gguf
 from clearlm.loading.load import load_gguf_model
+from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.swap import quantize_model
 
@@ -26,10 +27,17 @@ def test_quantize_model_matches_float32(tmp_path, qtype: Q, tied: bool) -> None:
     got = load_gguf_model(path)
     report = quantize_model(got.model, open_gguf(path), got.config)
     n_layers = got.config.n_layers
-    assert len(report.swapped) == n_layers * len(MATRICES) + 1  # + lm_head
+    assert len(report.swapped) == n_layers * len(MATRICES) + 2  # + embedding and head
     assert isinstance(got.model.lm_head, QuantLinear)
+    assert isinstance(got.model.embed_tokens, QuantEmbedding)
+    if tied:  # one packed table behind both
+        assert got.model.lm_head.codes is got.model.embed_tokens.codes
     assert isinstance(got.model.layers[0].self_attn.q_proj, QuantLinear)
-    assert report.packed_bytes < report.float_bytes / 2.5
+    # every matrix held once, at the layout's bytes per value (pack.py's table): codes + float16
+    # scale (+ float16 min for Q4_0 and Q5_1) per 32 values
+    per_block = {Q.Q8_0: 32 + 2, Q.Q4_0: 16 + 4, Q.Q5_1: 20 + 4}[qtype]
+    values = sum(int(t.n_elements) for t in open_gguf(path).tensors if t.tensor_type == qtype)
+    assert report.packed_bytes == values // 32 * per_block
     tokens = torch.tensor([[1, 72, 101, 108, 108, 111, 32, 119, 2]])  # (B, T)
     with torch.inference_mode():
         want = ref.model(tokens)  # (B, T, V)
