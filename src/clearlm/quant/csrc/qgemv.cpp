@@ -1,0 +1,288 @@
+// Matrix-vector (and few-row matrix) products that read block-quantized weights directly.
+//
+// A weight W (N, K) is stored as integer codes plus one scale (and optionally one offset, "min")
+// per block of `bs` consecutive values of a row:  W[n, k] = scale[n, k/bs] * code[n, k] + min[n, k/bs]
+// (min = 0 when absent).  Three code layouts:
+//   bits = 8: int8 codes (N, K), bs 16 or 32 (Q8_0: bs 32; Q6_K: bs 16);
+//   bits = 4: uint8 (N, K/2), bs = 32; byte j of a block holds code j in its low nibble and code
+//             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
+//   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
+//             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh).
+// Scales and mins are float32 or float16 tensors (N, K/bs).
+//
+// Numerics: each weight is rebuilt in registers as fmaf(scale, code, min), which equals the float32
+// value gguf.quants.dequantize computes (scale*code is exact in float32 for every supported format,
+// so one rounding either way); activations stay float32; only the summation order differs from a
+// float32 F.linear on the dequantized matrix.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+// Bytes of one row of K codes in each layout.
+constexpr int64_t row_bytes_of(int bits, int64_t K) {
+  return bits == 8 ? K : bits == 4 ? K / 2 : K / 32 * 20;
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);  // little-endian on x86, as ggml writes qh
+  return v;
+}
+
+inline float to_f(float v) { return v; }
+#if defined(__F16C__)
+inline float to_f(at::Half v) { return _cvtsh_ss(v.x); }  // one instruction, not c10's bit code
+#else
+inline float to_f(at::Half v) { return static_cast<float>(v); }
+#endif
+
+// Scalar reference: dequantize one row into out[K].
+template <int BITS, typename S>
+void dequant_row(const uint8_t* codes, const S* sc, const S* mn, int64_t K, int64_t bs,
+                 float* out) {
+  for (int64_t b = 0; b < K / bs; ++b) {
+    const float s = to_f(sc[b]);
+    const float m = mn ? to_f(mn[b]) : 0.0f;
+    for (int64_t j = 0; j < bs; ++j) {
+      float q;
+      if (BITS == 8) {
+        q = static_cast<float>(reinterpret_cast<const int8_t*>(codes)[b * bs + j]);
+      } else {
+        const int64_t stride = BITS == 4 ? 16 : 20;
+        const uint8_t byte = codes[b * stride + (j & 15)];
+        int code = j < 16 ? (byte & 0x0F) : (byte >> 4);
+        if (BITS == 5) code |= ((load_u32(codes + b * stride + 16) >> j) & 1) << 4;
+        q = static_cast<float>(code);
+      }
+      out[b * bs + j] = std::fmaf(s, q, m);
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+// Codes of 16 consecutive values at element offset e of a row, as float32.
+template <int BITS>
+inline __m512 load16(const uint8_t* codes, int64_t e) {
+  if (BITS == 8) {
+    __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + e));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+  }
+  // 4/5-bit: e is a multiple of 16; block e / 32, low or high nibbles.
+  const uint8_t* base = codes + (e / 32) * (BITS == 4 ? 16 : 20);
+  __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base));
+  if (e & 16) v = _mm_srli_epi16(v, 4);
+  v = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+  __m512i q = _mm512_cvtepu8_epi32(v);
+  if (BITS == 5) {  // the fifth bit: one masked add of 16 per 16 codes
+    const uint32_t qh = load_u32(base + 16);
+    const __mmask16 hi = static_cast<__mmask16>((e & 16) ? (qh >> 16) : (qh & 0xFFFF));
+    q = _mm512_mask_add_epi32(q, hi, q, _mm512_set1_epi32(16));
+  }
+  return _mm512_cvtepi32_ps(q);
+}
+
+// y[m, r] = sum_k x[m, k] * W[n + r, k] for M rows of x and R weight rows n .. n + R - 1
+// (kept in L1 across m). R rows at once give 2R independent FMA chains and share the x loads.
+// BS (block size, 16 or 32) and R are template arguments so the loops fully unroll.
+template <int BITS, int BS, int R, typename S>
+void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int64_t row_bytes,
+              const S* sc, const S* mn, int64_t nb, int64_t K, float* y, int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x + m * ldx;
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < K / BS; ++b) {
+      const int64_t e = b * BS;
+      const __m512 x0 = _mm512_loadu_ps(xm + e);
+      const __m512 x1 = BS == 32 ? _mm512_loadu_ps(xm + e + 16) : x0;
+      for (int r = 0; r < R; ++r) {
+        const __m512 s = _mm512_set1_ps(to_f(sc[r * nb + b]));
+        const __m512 mm = _mm512_set1_ps(mn ? to_f(mn[r * nb + b]) : 0.0f);
+        const uint8_t* cr = codes + r * row_bytes;
+        acc[r][0] = _mm512_fmadd_ps(x0, _mm512_fmadd_ps(s, load16<BITS>(cr, e), mm), acc[r][0]);
+        if (BS == 32) {
+          const __m512 w1 = _mm512_fmadd_ps(s, load16<BITS>(cr, e + 16), mm);
+          acc[r][1] = _mm512_fmadd_ps(x1, w1, acc[r][1]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      y[m * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+    }
+  }
+}
+// One row of the dequantized weight, 16 values per step (same FMA as dequant_row).
+template <int BITS, typename S>
+void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, int64_t K, int64_t bs,
+                      float* out) {
+  for (int64_t e = 0; e < K; e += 16) {
+    const int64_t b = e / bs;
+    const __m512 s = _mm512_set1_ps(to_f(sc[b]));
+    const __m512 mm = _mm512_set1_ps(mn ? to_f(mn[b]) : 0.0f);
+    _mm512_storeu_ps(out + e, _mm512_fmadd_ps(s, load16<BITS>(codes, e), mm));
+  }
+}
+#else
+template <int BITS, int BS, int R, typename S>
+void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int64_t row_bytes,
+              const S* sc, const S* mn, int64_t nb, int64_t K, float* y, int64_t ldy) {
+  std::vector<float> w(K);
+  for (int r = 0; r < R; ++r) {
+    dequant_row<BITS, S>(codes + r * row_bytes, sc + r * nb, mn ? mn + r * nb : nullptr, K, BS,
+                         w.data());
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc += x[m * ldx + k] * w[k];
+      y[m * ldy + r] = acc;
+    }
+  }
+}
+
+template <int BITS, typename S>
+void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, int64_t K, int64_t bs,
+                      float* out) {
+  dequant_row<BITS, S>(codes, sc, mn, K, bs, out);
+}
+#endif
+
+void check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
+           int64_t bits, int64_t bs) {
+  TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "bits must be 4, 5 or 8");
+  TORCH_CHECK(bits == 8 ? (bs == 16 || bs == 32) : (bs == 32), "unsupported block size");
+  TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
+  TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
+  TORCH_CHECK(codes.dim() == 2 && scale.dim() == 2 && codes.size(0) == scale.size(0) &&
+                  codes.size(1) == row_bytes_of(bits, scale.size(1) * bs),
+              "codes, scale and block size disagree");
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat || scale.scalar_type() == torch::kHalf,
+              "scale must be float32 or float16");
+  if (mn.numel()) {
+    TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == scale.scalar_type(), "min layout");
+  }
+}
+
+// float16 → float32, 16 values per instruction where AVX-512 is available.
+void widen(const at::Half* src, int64_t n, float* dst) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = to_f(src[i]);
+}
+
+template <int BITS, int BS, typename S>
+void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+              const torch::Tensor& mn, int64_t bs, torch::Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
+  const int64_t row_bytes = row_bytes_of(BITS, K), nb = K / bs;
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
+  const S* sp = scale.data_ptr<S>();
+  const S* mp = mn.numel() ? mn.data_ptr<S>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    // float16 scales are widened into float32 a band of rows at a time (small buffers that stay
+    // in cache): converting them per block inside the loop (load, vcvtph2ps, register
+    // broadcast) cost ~35% of the time.
+    constexpr int64_t band = 64;
+    std::vector<float> sbuf, mbuf;
+    if constexpr (!std::is_same_v<S, float>) {
+      sbuf.resize(band * nb);
+      if (mp) mbuf.resize(band * nb);
+    }
+    for (int64_t b0 = n0; b0 < n1; b0 += band) {
+      const int64_t b1 = b0 + band < n1 ? b0 + band : n1;
+      const float* sf;
+      const float* mf;
+      if constexpr (std::is_same_v<S, float>) {
+        sf = sp + b0 * nb, mf = mp ? mp + b0 * nb : nullptr;
+      } else {
+        widen(sp + b0 * nb, (b1 - b0) * nb, sbuf.data());
+        if (mp) widen(mp + b0 * nb, (b1 - b0) * nb, mbuf.data());
+        sf = sbuf.data(), mf = mp ? mbuf.data() : nullptr;
+      }
+      int64_t n = b0;
+      for (; n + 4 <= b1; n += 4) {
+        dot_rows<BITS, BS, 4, float>(xp, M, K, cp + n * row_bytes, row_bytes, sf + (n - b0) * nb,
+                                     mf ? mf + (n - b0) * nb : nullptr, nb, K, yp + n, N);
+      }
+      for (; n < b1; ++n) {
+        dot_rows<BITS, BS, 1, float>(xp, M, K, cp + n * row_bytes, row_bytes, sf + (n - b0) * nb,
+                                     mf ? mf + (n - b0) * nb : nullptr, nb, K, yp + n, N);
+      }
+    }
+  });
+}
+
+template <int BITS, typename S>
+void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
+                  int64_t bs, int64_t r0, torch::Tensor& out) {
+  const int64_t R = out.size(0), K = out.size(1);
+  const int64_t row_bytes = row_bytes_of(BITS, K), nb = K / bs;
+  const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
+  const S* sp = scale.data_ptr<S>();
+  const S* mp = mn.numel() ? mn.data_ptr<S>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, R, 16, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      const int64_t n = r0 + i;
+      dequant_row_fast<BITS, S>(cp + n * row_bytes, sp + n * nb, mp ? mp + n * nb : nullptr, K,
+                                bs, op + i * K);
+    }
+  });
+}
+
+#define DISPATCH(bits, scale, FN, ...)                                            \
+  if (bits == 8 && scale.scalar_type() == torch::kFloat) FN<8, float>(__VA_ARGS__); \
+  else if (bits == 8) FN<8, at::Half>(__VA_ARGS__);                                 \
+  else if (bits == 5 && scale.scalar_type() == torch::kFloat) FN<5, float>(__VA_ARGS__); \
+  else if (bits == 5) FN<5, at::Half>(__VA_ARGS__);                                 \
+  else if (scale.scalar_type() == torch::kFloat) FN<4, float>(__VA_ARGS__);         \
+  else FN<4, at::Half>(__VA_ARGS__);
+
+template <int BITS, typename S>
+void qmm_bs(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+            const torch::Tensor& mn, int64_t bs, torch::Tensor& y) {
+  if (bs == 16) qmm_impl<BITS, 16, S>(x, codes, scale, mn, bs, y);
+  else qmm_impl<BITS, 32, S>(x, codes, scale, mn, bs, y);
+}
+
+}  // namespace
+
+// x (M, K) float32 contiguous -> (M, N) float32.
+torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
+                  int64_t bits, int64_t bs) {
+  check(codes, scale, mn, bits, bs);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
+  x = x.contiguous();
+  const int64_t N = codes.size(0), K = x.size(1);
+  TORCH_CHECK(K % bs == 0 && scale.size(0) == N && scale.size(1) == K / bs, "shape mismatch");
+  auto y = torch::empty({x.size(0), N}, x.options());
+  DISPATCH(bits, scale, qmm_bs, x, codes, scale, mn, bs, y);
+  return y;
+}
+
+// Rows [r0, r1) of the dequantized weight, (r1 - r0, K) float32.
+torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn, int64_t bits,
+                      int64_t bs, int64_t r0, int64_t r1) {
+  check(codes, scale, mn, bits, bs);
+  const int64_t K = scale.size(1) * bs;
+  TORCH_CHECK(0 <= r0 && r0 <= r1 && r1 <= codes.size(0), "row range out of bounds");
+  auto out = torch::empty({r1 - r0, K}, torch::dtype(torch::kFloat));
+  DISPATCH(bits, scale, dequant_impl, codes, scale, mn, bs, r0, out);
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("qmm", &qmm, "y = x @ dequant(W).T for block-quantized W");
+  m.def("dequant", &dequant, "rows [r0, r1) of dequant(W) as float32");
+}

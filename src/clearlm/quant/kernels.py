@@ -1,0 +1,59 @@
+"""Build and load the C++ block-quantized GEMV kernel (``csrc/qgemv.cpp``).
+
+Build choice: JIT at first use with ``torch.utils.cpp_extension.load`` (g++ and ninja, both
+needed), compiled with ``-O3 -march=native -fopenmp`` for the machine it runs on, cached under
+``$CLEARLM_CACHE/kernels`` (default ``~/.cache/clearlm/kernels``) so later runs load it in well
+under a second. ``make kernels`` (part of ``make setup``) runs ``python -m clearlm.quant.build``
+to build it ahead of time on a fresh machine. Without a compiler the module still works:
+:func:`load_kernels` returns None and QuantLinear falls back to a pure-torch dequantize + matmul.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+SOURCE = Path(__file__).with_name("csrc") / "qgemv.cpp"
+_loaded: list[ModuleType | None] = []
+
+
+def build_dir() -> Path:
+    """Where the compiled extension lives: keyed by the source's hash and the torch version."""
+    import torch
+
+    root = Path(os.environ.get("CLEARLM_CACHE", Path.home() / ".cache" / "clearlm"))
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    return root / "kernels" / f"qgemv-{key}"
+
+
+def load_kernels(verbose: bool = False) -> ModuleType | None:
+    """The compiled module (functions ``qmm`` and ``dequant``), or None if it cannot be built.
+
+    Set ``CLEARLM_NO_KERNELS=1`` to force the pure-torch fallback (used by the tests)."""
+    if _loaded:
+        return _loaded[0]
+    module = None
+    if os.environ.get("CLEARLM_NO_KERNELS") != "1":
+        try:
+            from torch.utils.cpp_extension import load
+
+            out = build_dir()
+            out.mkdir(parents=True, exist_ok=True)
+            module = load(
+                name="clearlm_qgemv",
+                sources=[str(SOURCE)],
+                build_directory=str(out),
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                verbose=verbose,
+            )
+        except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
+            warnings.warn(f"clearlm: quantized kernel unavailable ({exc}); using torch fallback",
+                          stacklevel=2)
+            module = None
+    _loaded.append(module)
+    return module
+

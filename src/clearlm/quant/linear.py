@@ -1,0 +1,89 @@
+"""QuantLinear: a drop-in for nn.Linear whose weight stays in the compact block-quantized form.
+
+Paths (chosen per call by the number of rows M = B*T):
+- M <= SMALL_M (decode, T = 1): the C++ kernel (``csrc/qgemv.cpp``) reads the codes and scales,
+  rebuilds each weight in registers and accumulates in float32; the weight rows are read once
+  for all M input rows.
+- M > SMALL_M (prefill): the weight is dequantized ROWS_PER_CHUNK output rows at a time (kernel,
+  or pure torch without it) and multiplied with torch's float32 matmul, so prefill keeps the
+  speed of dense float32 while the temporary float32 copy stays small (a few MB, not the
+  vocabulary-sized head).
+Both reproduce ``F.linear(x, W_deq, bias)`` up to float32 summation order (W_deq: the GGUF's
+dequantized float32 weight, see pack.py); tests/test_quant.py bounds the difference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clearlm.quant.kernels import load_kernels
+from clearlm.quant.pack import Packed, dequantize_packed
+
+SMALL_M = 4  # measured (1 thread, 4864x896): kernel 1.0-1.3 ms, dequantize+matmul 2.0 ms at 4
+CHUNK_ELEMS = 1 << 22  # float32 elements per dequantized chunk (16 MiB)
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T + b with W (out_features, in_features) held as a :class:`Packed` weight.
+
+    Buffers: ``codes`` (int8 (N, K) or uint8 (N, K/2)), ``scale`` (N, K/block) float16/32,
+    ``min`` (same, or empty), ``bias`` (N,) float32 or None. Inputs of any float dtype are
+    computed in float32 and returned in their own dtype."""
+
+    def __init__(self, packed: Packed, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = packed.shape
+        self.bits, self.block, self.qtype = packed.bits, packed.block, packed.qtype
+        self.register_buffer("codes", packed.codes)
+        self.register_buffer("scale", packed.scale)
+        empty = torch.empty(0, dtype=packed.scale.dtype)
+        self.register_buffer("min", packed.min if packed.min is not None else empty)
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    def packed(self) -> Packed:
+        mn = self.min if self.min.numel() else None
+        return Packed(self.codes, self.scale, mn, self.bits, self.block, self.qtype)
+
+    def dequantized(self, r0: int = 0, r1: int | None = None) -> torch.Tensor:
+        """Rows [r0, r1) of the float32 weight (all rows by default)."""
+        r1 = self.out_features if r1 is None else r1
+        kern = load_kernels()
+        if kern is not None:
+            return kern.dequant(self.codes, self.scale, self.min, self.bits, self.block, r0, r1)
+        return dequantize_packed(self.packed())[r0:r1]
+
+    def weight_nbytes(self) -> int:
+        return self.packed().nbytes()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        *lead, k = x.shape  # (..., K)
+        if k != self.in_features:
+            raise ValueError(f"QuantLinear expects {self.in_features} input features, got {k}")
+        x2 = x.reshape(-1, k).float()  # (M, K)
+        kern = load_kernels()
+        if kern is not None and x2.shape[0] <= SMALL_M:
+            y = kern.qmm(x2, self.codes, self.scale, self.min, self.bits, self.block)  # (M, N)
+            if self.bias is not None:
+                y += self.bias
+        else:
+            y = self._chunked(x2)
+        return y.reshape(*lead, self.out_features).to(x.dtype)  # (..., N)
+
+    def _chunked(self, x2: torch.Tensor) -> torch.Tensor:
+        """Dequantize a band of output rows at a time and use float32 matmul: (M, K) -> (M, N)."""
+        n = self.out_features
+        rows = max(1, min(n, CHUNK_ELEMS // self.in_features))
+        if rows >= n:
+            return F.linear(x2, self.dequantized(), self.bias)
+        y = x2.new_empty(x2.shape[0], n)  # (M, N)
+        for r0 in range(0, n, rows):
+            r1 = min(n, r0 + rows)
+            b = None if self.bias is None else self.bias[r0:r1]
+            y[:, r0:r1] = F.linear(x2, self.dequantized(r0, r1), b)  # (M, r1 - r0)
+        return y
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"qtype={self.qtype}, bias={self.bias is not None}")

@@ -1,0 +1,164 @@
+"""Repack GGUF quantized blocks into the compact layout the kernel reads, without dequantizing.
+
+Every supported type becomes *codes + one scale (+ one offset "min") per block of a row*:
+``W[n, k] = scale[n, k // bs] * code[n, k] + min[n, k // bs]`` (min absent = 0), computed in
+float32 as one fused multiply-add. For every type below that expression reproduces
+``gguf.quants.dequantize`` bit for bit, because ``scale * code`` is exact in float32 (a float16
+scale has 11 significant bits, codes at most 6, K-quant sub-scales at most 8: ≤ 25 bits) and the
+reference rounds the same sum once:
+
+=======  =================================  ===========================  =====================
+GGUF     codes                              scale / min (dtype, block)   bytes/value (file)
+=======  =================================  ===========================  =====================
+Q8_0     int8 q                             d / —        (f16, 32)       1.0625 (1.0625)
+Q4_0     uint4 q (0..15), ggml nibbles      d / -8d      (f16, 32)       0.625  (0.5625)
+Q4_1     uint4 q                            d / m        (f16, 32)       0.625  (0.625)
+Q5_0     uint5 q: ggml's qs nibbles + qh      d / -16d     (f16, 32)       0.75   (0.6875)
+Q5_1     uint5 q                            d / m        (f16, 32)       0.75   (0.75)
+Q4_K     uint4 q, repacked per 32           d·sc / -dmin·m (f32, 32)     0.75   (0.5625)
+Q6_K     int8 q - 32                        d·sc / —     (f32, 16)       1.25   (0.8203)
+=======  =================================  ===========================  =====================
+
+Why this form: one kernel with three code layouts (int8, nibbles, nibbles + a 32-bit high-bit
+word, ggml's own Q5 layout, whose fifth bit costs one masked integer add per 16 codes) covers
+every type in the three target GGUFs, each weight is rebuilt with a single FMA, and K-quants'
+two-level scales collapse exactly into per-block float32 products (d·sc is exact: 11 × 8 bits).
+The price is memory above the file for Q6_K (int8 codes, per-16 float32 scales: 1.52×) and for
+Q4_K's float32 scales (1.33×); keeping Q6_K's bit planes and K-quants' 6-bit sub-scales
+(scale = d·sc computed in the kernel) is the next step if the ≤ 1.15× target needs it.
+Q2_K, Q3_K, Q5_K and the IQ types are not packed yet (:class:`UnsupportedQuantError`).
+Layouts: ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's quants.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import Q4_K
+
+from clearlm.errors import ClearLMError
+
+Q = GGMLQuantizationType
+
+
+class UnsupportedQuantError(ClearLMError):
+    """A GGUF tensor type this module cannot keep compact (the caller keeps float32)."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4;
+    uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the high bits' uint32).
+    scale / min: float16 or float32 (N, K // block); min None means 0."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    min: torch.Tensor | None
+    bits: int
+    block: int
+    qtype: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scale.shape[0], self.scale.shape[1] * self.block
+
+    def nbytes(self) -> int:
+        extra = self.min.nbytes if self.min is not None else 0
+        return self.codes.nbytes + self.scale.nbytes + extra
+
+
+SUPPORTED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """(n, 2) uint8 → (n,) float16 (little-endian, as ggml stores it)."""
+    return np.ascontiguousarray(b).view(np.float16)[:, 0]
+
+
+def _nibbles_to_ggml(codes: np.ndarray) -> np.ndarray:
+    """(..., 32) codes 0..15 → (..., 16) bytes: byte j = code j | code j+16 << 4 (Q4_0 layout)."""
+    return (codes[..., :16] | (codes[..., 16:] << 4)).astype(np.uint8)
+
+
+def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> Packed:
+    """Repack raw GGUF bytes (uint8, any shape holding N rows) of a (N, K) matrix.
+
+    raw: the reader's ``tensor.data`` (memory-mapped; read, never modified).
+    Raises UnsupportedQuantError for other types or a K that is not a whole number of blocks."""
+    qtype = Q(qtype)
+    if qtype not in SUPPORTED:
+        raise UnsupportedQuantError(f"cannot keep {qtype.name} compact; use --weights float32")
+    n, k = shape
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if k % block:
+        raise UnsupportedQuantError(f"row length {k} is not a multiple of {qtype.name}'s {block}")
+    b = np.asarray(raw, dtype=np.uint8).reshape(-1, type_size)  # (n_blocks, type_size)
+    nb = b.shape[0]
+    per_row = k // 32
+
+    def t(a: np.ndarray, cols: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a).reshape(n, cols))
+
+    if qtype == Q.Q8_0:
+        return Packed(t(b[:, 2:].view(np.int8), k), t(_f16(b[:, :2]), per_row), None, 8, 32, "Q8_0")
+    if qtype in (Q.Q4_0, Q.Q4_1):
+        d = _f16(b[:, :2])
+        if qtype == Q.Q4_0:  # d * (q - 8) = d*q + (-8d): -8d is exact in float16 unless overflow
+            mn, qs = (d.astype(np.float32) * -8).astype(np.float16), b[:, 2:]
+            if not np.isfinite(mn).all():
+                d, mn = d.astype(np.float32), d.astype(np.float32) * -8
+        else:
+            mn, qs = _f16(b[:, 2:4]), b[:, 4:]
+        return Packed(t(qs, k // 2), t(d, per_row), t(mn, per_row), 4, 32, qtype.name)
+    if qtype in (Q.Q5_0, Q.Q5_1):  # kept as ggml stores them: qs (16 bytes) then qh (4 bytes)
+        d, off = _f16(b[:, :2]), 2 if qtype == Q.Q5_0 else 4
+        codes = np.concatenate([b[:, off + 4 :], b[:, off : off + 4]], axis=1)  # (nb, 20)
+        if qtype == Q.Q5_1:
+            return Packed(t(codes, k // 32 * 20), t(d, per_row), t(_f16(b[:, 2:4]), per_row), 5,
+                          32, "Q5_1")
+        mn = (d.astype(np.float32) * -16).astype(np.float16)  # d * (q - 16) = d*q + (-16d)
+        if not np.isfinite(mn).all():
+            d, mn = d.astype(np.float32), d.astype(np.float32) * -16
+        return Packed(t(codes, k // 32 * 20), t(d, per_row), t(mn, per_row), 5, 32, "Q5_0")
+    if qtype == Q.Q4_K:
+        d = _f16(b[:, :2]).astype(np.float32)[:, None]  # (nb, 1)
+        dmin = _f16(b[:, 2:4]).astype(np.float32)[:, None]
+        sc, m = Q4_K.get_scale_min(b[:, 4:16].copy())  # (nb, 8) each, 6-bit
+        scale = d * sc.reshape(nb, 8).astype(np.float32)  # (nb, 8): exact (11 × 6 bits)
+        mn = -(dmin * m.reshape(nb, 8).astype(np.float32))
+        qs = b[:, 16:].reshape(nb, 4, 32)  # 4 chunks of 64 values: low nibbles, then high
+        sub = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)  # (nb, 8 sub-blocks, 32)
+        return Packed(t(_nibbles_to_ggml(sub), k // 2), t(scale, per_row), t(mn, per_row), 4, 32,
+                      "Q4_K")
+    # Q6_K: ql (128) | qh (64) | int8 scales (16) | d (f16)
+    ql = b[:, :128].reshape(nb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    ql = (ql & 0x0F).reshape(nb, 8, 32)
+    qh = b[:, 128:192].reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    qh = (qh & 0x03).reshape(nb, 8, 32)
+    codes = (ql | (qh << 4)).astype(np.int8) - np.int8(32)  # (nb, 8, 32)
+    scale = _f16(b[:, 208:210]).astype(np.float32)[:, None] * b[:, 192:208].view(np.int8).astype(
+        np.float32
+    )  # (nb, 16): exact (11 × 8 bits)
+    return Packed(t(codes, k), t(scale, k // 16), None, 8, 16, "Q6_K")
+
+
+def dequantize_packed(p: Packed) -> torch.Tensor:
+    """Pure-torch float32 (N, K) weight: the reference for tests and the no-compiler fallback."""
+    n, k = p.shape
+    nb = k // p.block
+    if p.bits == 8:
+        q = p.codes.view(n, nb, p.block).float()  # (N, nb, bs)
+    else:
+        c = p.codes.view(n, nb, 16 if p.bits == 4 else 20)
+        q = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1).float()  # (N, nb, 32)
+        if p.bits == 5:  # bit j of the little-endian uint32 qh is bit 4 of code j
+            hb = c[..., 16:].long() << torch.tensor([0, 8, 16, 24])  # (N, nb, 4)
+            qh = hb.sum(-1, keepdim=True)  # (N, nb, 1)
+            q = q + 16 * ((qh >> torch.arange(32)) & 1).float()
+    w = q * p.scale.float()[..., None]  # exact products
+    if p.min is not None:
+        w = w + p.min.float()[..., None]  # one rounding, as the reference
+    return w.reshape(n, k)

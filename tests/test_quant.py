@@ -1,0 +1,142 @@
+"""clearlm.quant: packing is exact against gguf.quants.dequantize; QuantLinear matches F.linear.
+
+References: gguf-py's own quantize/dequantize (llama.cpp's reference implementation in Python)
+and torch's float32 F.linear on the dequantized weight. The matmul bound is the classic float32
+summation bound |Δ| ≤ K·u·(|x| @ |W|ᵀ) (u = 2⁻²⁴, Higham, Accuracy and Stability, §3.1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGUFReader
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+
+from clearlm.quant import linear as qlinear
+from clearlm.quant.kernels import load_kernels
+from clearlm.quant.linear import QuantLinear
+from clearlm.quant.pack import SUPPORTED, UnsupportedQuantError, dequantize_packed, pack_blocks
+
+CACHE = Path.home() / ".cache" / "clearlm"
+REAL = [
+    CACHE / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    CACHE / "gemma-3-270m-q4_k_m.gguf",
+]
+U = 2.0**-24
+
+
+def random_blocks(qtype: Q, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random raw bytes for an (n, k) tensor of qtype with every float16 field a finite number:
+    covers every code pattern, including those gguf's quantizer never produces."""
+    rng = np.random.default_rng(seed)
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(n * k // block, size), dtype=np.uint8)
+    f16_fields = {Q.Q6_K: [208], Q.Q4_K: [0, 2], Q.Q4_1: [0, 2], Q.Q5_1: [0, 2]}.get(qtype, [0])
+    for off in f16_fields:
+        d = (rng.standard_normal(raw.shape[0]) * 0.01).astype(np.float16)
+        raw[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(n, -1)
+
+
+def assert_exact(raw: np.ndarray, qtype: Q, n: int, k: int) -> None:
+    ref = dequantize(raw, qtype).reshape(n, k)  # (N, K) float32
+    p = pack_blocks(raw, qtype, (n, k))
+    np.testing.assert_array_equal(dequantize_packed(p).numpy(), ref)
+    kern = load_kernels()
+    if kern is not None:
+        mn = p.min if p.min is not None else torch.empty(0, dtype=p.scale.dtype)
+        got = kern.dequant(p.codes, p.scale, mn, p.bits, p.block, 0, n).numpy()
+        np.testing.assert_array_equal(got, ref)  # equal values (+0.0 == -0.0)
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+def test_pack_random_blocks_exact(qtype: Q) -> None:
+    assert_exact(random_blocks(qtype, 6, 512), qtype, 6, 512)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+def test_pack_quantized_by_gguf_exact(qtype: Q) -> None:
+    w = np.random.default_rng(1).standard_normal((5, 256)).astype(np.float32)
+    assert_exact(quantize(w, qtype), qtype, 5, 256)
+
+
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name.split("-q4")[0])
+def test_pack_real_gguf_tensors_exact(path: Path, smollm2_path: Path) -> None:
+    """One tensor of each quantized type per real file (the smallest, to keep the test quick)."""
+    for file in (path, smollm2_path):
+        if not file.exists():
+            pytest.skip(f"{file} not pulled")
+    smallest: dict[str, object] = {}
+    for file in (path, smollm2_path):
+        for t in GGUFReader(file).tensors:
+            if t.tensor_type in SUPPORTED and len(t.shape) == 2:
+                best = smallest.get(t.tensor_type.name)
+                if best is None or t.n_bytes < best.n_bytes:
+                    smallest[t.tensor_type.name] = t
+    assert len(smallest) >= 3
+    for t in smallest.values():
+        assert_exact(t.data, t.tensor_type, int(t.shape[1]), int(t.shape[0]))
+
+
+def test_unsupported_type_raises() -> None:
+    with pytest.raises(UnsupportedQuantError, match="Q2_K"):
+        pack_blocks(np.zeros((1, 84), np.uint8), Q.Q2_K, (1, 256))
+    with pytest.raises(UnsupportedQuantError, match="multiple"):
+        pack_blocks(np.zeros((1, 34), np.uint8), Q.Q8_0, (1, 40))
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def path_kind(request, monkeypatch) -> str:
+    if request.param == "kernel" and load_kernels() is None:
+        pytest.skip("no C++ compiler: kernel path unavailable")
+    if request.param == "torch":
+        monkeypatch.setattr(qlinear, "load_kernels", lambda: None)
+    return request.param
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+@pytest.mark.parametrize("t", [1, 3, 21])  # decode, kernel with several rows, chunked prefill
+def test_quant_linear_matches_f_linear(qtype: Q, t: int, path_kind: str, monkeypatch) -> None:
+    n, k = 80, 512
+    monkeypatch.setattr(qlinear, "CHUNK_ELEMS", 32 * k)  # force several chunks on the prefill path
+    raw = random_blocks(qtype, n, k, seed=2)
+    w = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (N, K)
+    bias = torch.randn(n)
+    layer = QuantLinear(pack_blocks(raw, qtype, (n, k)), bias)
+    x = torch.randn(2, t, k)  # (B, T, K)
+    y = layer(x)
+    ref = F.linear(x, w, bias)
+    assert y.shape == ref.shape == (2, t, n)
+    bound = k * U * (x.abs() @ w.abs().T + bias.abs())
+    excess = ((y - ref).abs() - bound).max().item()
+    assert excess <= 0, f"max |Δ| {(y - ref).abs().max().item():.3g} exceeds the bound"
+    if path_kind == "torch" or t > qlinear.SMALL_M:
+        # the same dequantized weight and torch's matmul: identical to the reference
+        assert torch.equal(y, ref)
+
+
+def test_quant_linear_bf16_input_and_bad_width() -> None:
+    raw = random_blocks(Q.Q8_0, 16, 64)
+    layer = QuantLinear(pack_blocks(raw, Q.Q8_0, (16, 64)))
+    x = torch.randn(1, 1, 64).bfloat16()
+    assert layer(x).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="64 input features"):
+        layer(torch.randn(1, 1, 32))
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+def test_quant_embedding_rows_exact(qtype: Q) -> None:
+    from clearlm.quant.embedding import QuantEmbedding
+
+    n, k = 40, 256
+    raw = random_blocks(qtype, n, k, seed=4)
+    table = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (V, D)
+    emb = QuantEmbedding(pack_blocks(raw, qtype, (n, k)))
+    ids = torch.tensor([[3, 0, 39, 3], [7, 7, 1, 20]])  # (B, T)
+    got = emb(ids)
+    assert got.shape == (2, 4, k)
+    assert torch.equal(got, F.embedding(ids, table))
