@@ -211,10 +211,11 @@ class HookRegistry:
         """
         store: dict[str, torch.Tensor] = {}
         chosen = [p for n, p in self.points.items() if names is None or n in names]
+        before = [p.record for p in chosen]  # an enclosing recording resumes on exit
         for p in chosen:
             p.record = store
         try:
             yield store
         finally:
-            for p in chosen:
-                p.record = None
+            for p, record in zip(chosen, before, strict=True):
+                p.record = record
