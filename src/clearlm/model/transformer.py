@@ -22,7 +22,9 @@ class Transformer(nn.Module):
     ``layers.{i}.mlp.gate_proj``, ``norm``, ``lm_head``. Other families' names are mapped to
     these at load time. With ``tie_word_embeddings`` the output projection is the embedding.
     When ``embed_dim`` E ≠ d_model D (OPT-350m), ``project_in`` (E → D) follows the token lookup
-    and ``project_out`` (D → E) precedes the output projection.
+    and ``project_out`` (D → E) precedes the output projection. Its HookPoints (``hook_embed``
+    here, ``layers.{i}.self_attn.hook_q`` …) are named from the module tree by ``self.hooks``
+    (clearlm.model.hooks).
     """
 
     def __init__(self, config: ModelConfig) -> None:
