@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from clearlm.errors import ClearLMError
-from clearlm.explain import TEMPERATURES, explain_data
+from clearlm.inspect.explain import TEMPERATURES, explain_data
 from clearlm.sampling import softmax
 
 PROMPT = "The capital of France is"
@@ -89,7 +89,7 @@ def test_bad_choices_raise(smollm2):
 
 
 def test_pictures_draw_the_traced_tensors(ex):
-    from clearlm.explain_plots import attention_png, lens_png, temperature_png
+    from clearlm.inspect.plots import attention_png, lens_png, temperature_png
 
     png, drawn = attention_png(ex)
     assert png.startswith(PNG_MAGIC) and len(png) > 5000
@@ -107,8 +107,8 @@ def test_pictures_draw_the_traced_tensors(ex):
 
 
 def test_html_page_is_self_contained(ex):
-    from clearlm.explain_plots import all_pngs
-    from clearlm.explain_report import html_page
+    from clearlm.inspect.plots import all_pngs
+    from clearlm.inspect.report import html_page
 
     page = html_page(ex, all_pngs(ex))
     assert not re.search(r"(src|href)\s*=\s*['\"]?(https?:)?//", page)
@@ -156,8 +156,8 @@ def test_cjk_prompt_shows_byte_pieces_and_plots_without_glyph_warnings(smollm2, 
     import dataclasses
     import warnings
 
-    from clearlm.explain_plots import all_pngs
-    from clearlm.explain_report import sections
+    from clearlm.inspect.plots import all_pngs
+    from clearlm.inspect.report import sections
 
     prompt = "東京の天気"
     ex = explain_data(smollm2, prompt, layer=0, head=0, top=3)

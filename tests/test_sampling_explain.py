@@ -1,6 +1,6 @@
-"""Tests for clearlm.sampling_explain.explain_sampling: each step's kept set and renormalised
-probabilities on hand-made logits (the seeds' example 4 and a 10-token vector), computed by hand
-here; the pick equals make_sampler's; a token always survives; greedy; rows()."""
+"""Tests for clearlm.inspect.sampling_explain.explain_sampling: each step's kept set and
+renormalised probabilities on hand-made logits (the seeds' example 4 and a 10-token vector),
+computed by hand here; the pick equals make_sampler's; a token always survives; greedy; rows()."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from clearlm.errors import SamplingParamsError
+from clearlm.inspect.sampling_explain import SamplingExplanation, explain_sampling
 from clearlm.sampling import SamplingParams, filter_logits, make_sampler, softmax
-from clearlm.sampling_explain import SamplingExplanation, explain_sampling
 
 # Example 4 of the seeds README: the right logits and their softmax.
 EX4_LOGITS = [0.001, -0.140, 0.537, 0.010, 0.026]

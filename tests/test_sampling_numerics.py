@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from clearlm.errors import ClearLMError, SamplingError
+from clearlm.inspect.sampling_explain import explain_sampling
 from clearlm.sampling import (
     SamplingParams,
     apply_min_p,
@@ -28,7 +29,6 @@ from clearlm.sampling import (
     sample_from,
     softmax,
 )
-from clearlm.sampling_explain import explain_sampling
 
 INF = math.inf
 

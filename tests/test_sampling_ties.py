@@ -18,6 +18,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from clearlm.inspect.sampling_explain import explain_sampling
 from clearlm.sampling import (
     SamplingParams,
     apply_min_p,
@@ -26,7 +27,6 @@ from clearlm.sampling import (
     filter_logits,
     softmax,
 )
-from clearlm.sampling_explain import explain_sampling
 
 
 def nucleus_lowest_ids(logits: list[float], p: float) -> tuple[set[int], float]:

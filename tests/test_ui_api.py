@@ -6,8 +6,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from clearlm.inspect.sampling_explain import explain_sampling
 from clearlm.sampling import SamplingParams, filter_logits, softmax
-from clearlm.sampling_explain import explain_sampling
 from clearlm.ui import create_app
 
 PROMPT = "The capital of France is"
@@ -35,7 +35,11 @@ def test_analyze_tokens_lens_distribution(client, smollm2):
     assert [t["id"] for t in a["tokens"]] == ids
     assert [t["text"] for t in a["tokens"]] == [smollm2.tokenizer.decode([i]) for i in ids]
 
-    dist = smollm2.next_token_distribution(PROMPT)
+    # one forward pass: the distribution is the trace's, softmax of the logits the sampling
+    # chain reads; the same as next_token_distribution's (which projects only the last
+    # position) to the last bits of float32
+    dist = smollm2.run_with_trace(PROMPT, ["logits"]).probs[-1]  # (V,)
+    assert torch.allclose(dist, smollm2.next_token_distribution(PROMPT), rtol=0, atol=1e-6)
     p, idx = torch.topk(dist, len(a["distribution"]))
     assert [d["id"] for d in a["distribution"]] == idx.tolist()
     assert [d["p"] for d in a["distribution"]] == pytest.approx(p.tolist(), abs=0)

@@ -1,6 +1,6 @@
-"""Tests for clearlm.walkthrough and `clearlm walkthrough`: the seeds' worked examples come out of
-the real layers with the README's corrected values (../shared/seeds/README.md), and the command
-prints them. (tests/test_seed_variants.py checks the layers themselves more widely.)"""
+"""Tests for clearlm.inspect.walkthrough and `clearlm walkthrough`: the seeds' worked examples come
+out of the real layers with the README's corrected values (../shared/seeds/README.md), and the
+command prints them. (tests/test_seed_variants.py checks the layers themselves more widely.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from clearlm import walkthrough as wt
+from clearlm.inspect import walkthrough as wt
 from clearlm.sampling import make_sampler
 
 LOGITS = [0.001, -0.140, 0.537, 0.010, 0.026]

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from clearlm.errors import InvalidModelFileError, SamplingParamsError
-from clearlm.sampling import SamplingParams, _validate
+from clearlm.sampling_params import SamplingParams, validate
 
 # When neither the caller nor a generation_config.json sets a value: free text is sampled
 # (temperature 0.8), chat answers are greedy. The CLI uses the same ones.
@@ -108,7 +108,7 @@ def read_generation_config(folder: str | Path) -> FileDefaults:
             values[key], sources[key] = default, TRANSFORMERS
         elif key != "temperature" or sampling:  # a greedy file's temperature is not used
             try:
-                _validate(key, raw[key])
+                validate(key, raw[key])
             except SamplingParamsError as e:
                 raise InvalidModelFileError(f"{path}: {e}") from None
             values[key], sources[key] = raw[key], FILE

@@ -18,10 +18,8 @@ import torch
 from clearlm.errors import ContextLengthError, SamplingParamsError
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
-from clearlm.sampling import SamplingParams, make_sampler
+from clearlm.sampling import Sampler, SamplingParams, make_sampler
 from clearlm.tokenizer import StreamingDetokenizer, Tokenizer
-
-Sampler = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from clearlm.inspect.token_pieces import token_pieces
+from clearlm.inspect.trace import Trace, lens_names
 from clearlm.model.hooks import HookFn, HookHandle, resolve_names
 from clearlm.sampling import softmax
-from clearlm.token_pieces import token_pieces
-from clearlm.trace import Trace
 
 if TYPE_CHECKING:
     from clearlm.config import ModelConfig
@@ -37,7 +37,7 @@ class InterpretMixin:
 
     def to_str_tokens(self, prompt: str | Sequence[int]) -> list[str]:
         """One readable string per token of the prompt (as TransformerLens's to_str_tokens);
-        bytes of a partial character show as ``<0xE6>`` (see clearlm.token_pieces)."""
+        bytes of a partial character show as ``<0xE6>`` (see clearlm.inspect.token_pieces)."""
         return token_pieces(self.tokenizer, self.encode(prompt))
 
     @torch.inference_mode()
@@ -51,7 +51,7 @@ class InterpretMixin:
             names: hook point names (see clearlm.model.hooks.HOOK_POINTS), or None for all.
 
         Returns:
-            A :class:`~clearlm.trace.Trace`: name → tensor with B = 1 (e.g.
+            A :class:`~clearlm.inspect.trace.Trace`: name → tensor with B = 1 (e.g.
             ``trace["blocks.0.attn.pattern"]`` is (1, H, T, T)), plus ``probs`` (1, T, V)
             float32 and the tokens. Registered hooks run too (an intervention shows up in the
             trace). The tensors are those of the plain forward pass, bit for bit.
@@ -66,7 +66,8 @@ class InterpretMixin:
         if wanted is None or "probs" in wanted:
             recorded["probs"] = softmax(logits.float())
         tokens = ids[0].tolist()
-        return Trace(recorded, tokens, token_pieces(self.tokenizer, tokens))
+        text = token_pieces(self.tokenizer, tokens)
+        return Trace(recorded, tokens, text, self.transformer.unembed)
 
     def add_hook(self, name: str, fn: HookFn) -> HookHandle:
         """Call fn(tensor, name) whenever the forward pass reaches hook point `name`; if fn
@@ -90,22 +91,14 @@ class InterpretMixin:
         """Remove every hook."""
         self.transformer.hooks.clear()
 
-    @torch.inference_mode()
     def logit_lens(self, prompt: str | Sequence[int], position: int = -1) -> torch.Tensor:
-        """The logit lens (nostalgebraist 2020): each block's output residual stream, read
-        through the final norm and the output projection as if it were the last layer.
+        """The logit lens (nostalgebraist 2020) at `position`, from one traced forward pass:
+        :meth:`Trace.logit_lens <clearlm.inspect.trace.Trace.logit_lens>`.
 
         Returns:
-            (N + 1, V) float32 probabilities at `position`: row 0 reads the embeddings, row
-            i the output of block i − 1; the last row is the model's own next-token
-            distribution. Raises ContextLengthError for an empty or too-long prompt.
+            (N + 1, V) float32 probabilities: row 0 reads what block 0 receives, row i the
+            output of block i − 1; the last row is the model's own next-token distribution.
+            Raises ContextLengthError for an empty or too-long prompt.
         """
-        names = ["embed"] + [f"blocks.{i}.resid_post" for i in range(self.config.n_layers)]
-        trace = self.run_with_trace(prompt, names=names)
-        resid = torch.stack([trace[n][0, position] for n in names])  # (N + 1, D)
-        if self.config.position != "rope" and "pos" not in names:
-            # row 0 should be what block 0 receives: embeddings plus additive positions
-            resid[0] = self.run_with_trace(prompt, ["blocks.0.resid_pre"])["blocks.0.resid_pre"][
-                0, position
-            ]
-        return softmax(self.transformer.unembed(resid[:, None, :])[:, 0].float())  # (N + 1, V)
+        trace = self.run_with_trace(prompt, names=lens_names(self.config.n_layers))
+        return trace.logit_lens(position)  # (N + 1, V)

@@ -1,6 +1,6 @@
 """Keeping the sampling arithmetic finite, whatever the logits' dtype and the settings' size.
 
-The pure functions of :mod:`clearlm.sampling` compute in float32 (as Hugging Face ``generate``
+The filters of :mod:`clearlm.sampling_filters` compute in float32 (as Hugging Face ``generate``
 casts the scores to float32 before its processors): a float16 logit of 11 divided by T = 1e-4 is
 110625, past float16's largest value 65504, but well inside float32's. Float32 has limits too
 (a bfloat16 logit may be 3e38; T may be 1e-40 or 1e300), so the two steps that scale logits,

@@ -1,6 +1,6 @@
 """`clearlm walkthrough`: the seeds' worked examples, stage by stage, computed by the real code.
 
-The numbers come from :mod:`clearlm.walkthrough` (which runs ``clearlm.model`` and
+The numbers come from :mod:`clearlm.inspect.walkthrough` (which runs ``clearlm.model`` and
 ``clearlm.sampling``); this module only lays them out as the source documents do
 (``../shared/seeds/``), with rich tables, and notes where the documents' arithmetic is off.
 """
@@ -43,7 +43,7 @@ def walkthrough() -> None:
     LayerNorm and ReLU, stage 4 the output projection, stage 5 softmax, greedy, and what
     temperature, top-k and top-p do to that distribution. Needs no model file.
     """
-    from clearlm import walkthrough as wt
+    from clearlm.inspect import walkthrough as wt
 
     out = Console(highlight=False)
 

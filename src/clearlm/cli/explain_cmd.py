@@ -1,8 +1,8 @@
 """`clearlm explain PROMPT`: one prompt through a real model, every stage as a table.
 
-The numbers come from :func:`clearlm.explain.explain_data`; the tables from
-:func:`clearlm.explain_report.sections` (shared with the ``--html`` page); the pictures from
-:mod:`clearlm.explain_plots`.
+The numbers come from :func:`clearlm.inspect.explain.explain_data`; the tables from
+:func:`clearlm.inspect.report.sections` (shared with the ``--html`` page); the pictures from
+:mod:`clearlm.inspect.plots`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def explain(
     """Show every stage for PROMPT: tokens and embeddings, where the last token attends,
     residual-stream norms and FFN statistics, the logit lens, the next-token probabilities and
     what greedy, temperature, top-k and top-p would pick."""
-    from clearlm.explain import explain_data
-    from clearlm.explain_report import html_page, sections
+    from clearlm.inspect.explain import explain_data
+    from clearlm.inspect.report import html_page, sections
     from clearlm.text import clean_arg
 
     # Check the output places before the (slow) model load and computation.
@@ -51,7 +51,7 @@ def explain(
         _writable(folder)
     if html is not None:
         _writable(html.parent)
-    from clearlm.explain import check_choices
+    from clearlm.inspect.explain import check_choices
 
     # --layer / --head are checked on the model's header, before the weights are read.
     m = load_model(
@@ -75,7 +75,7 @@ def explain(
 
     if png is None and html is None:
         return
-    from clearlm.explain_plots import all_pngs
+    from clearlm.inspect.plots import all_pngs
 
     pngs = all_pngs(ex)
     try:

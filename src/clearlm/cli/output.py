@@ -11,7 +11,7 @@ import torch
 import typer
 
 from clearlm.cli import err
-from clearlm.token_pieces import token_pieces
+from clearlm.inspect.token_pieces import token_pieces
 
 if TYPE_CHECKING:
     from clearlm.api import Model

@@ -1,7 +1,7 @@
 """``clearlm ui``: a local web page showing every stage of one forward pass, live.
 
 ``create_app(model)`` builds the FastAPI app (see :mod:`clearlm.ui.app`); the numbers come
-from :mod:`clearlm.ui.analysis`; the page is ``static/index.html`` (no external resources).
+from :mod:`clearlm.inspect.analysis`; the page is ``static/index.html`` (no external resources).
 """
 
 from clearlm.ui.app import create_app

@@ -27,10 +27,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from clearlm.api import Model
 from clearlm.errors import ClearLMError
+from clearlm.inspect import analysis
+from clearlm.inspect.analysis import Analysis
 from clearlm.sampling import SamplingParams
 from clearlm.text import clean_text
-from clearlm.ui import analysis
-from clearlm.ui.analysis import Analysis
 
 CACHE_SIZE = 8
 

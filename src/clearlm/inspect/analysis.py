@@ -1,11 +1,11 @@
 """What the page shows, computed from the public API: pure functions from a model and a prompt
 to plain JSON-ready data. The web layer (:mod:`clearlm.ui.app`) only validates and routes.
 
-Every number comes from one public method, so the page shows exactly what the API returns:
-tokens and attention patterns from :meth:`Model.run_with_trace`, the logit lens from
-:meth:`Model.logit_lens`, the next-token distribution from :meth:`Model.next_token_distribution`,
-and which tokens survive the sampling chain from :func:`explain_sampling` on the last position's
-logits (``trace["logits"][0, -1]``, the same forward pass's).
+Every number comes from one forward pass, :meth:`Model.run_with_trace`, read through the
+:class:`~clearlm.inspect.trace.Trace`: tokens, attention patterns, the logit lens
+(:meth:`Trace.logit_lens`, the one ``Model.logit_lens`` returns), the next-token distribution
+(softmax of the last position's logits) and which tokens survive the sampling chain
+(:func:`explain_sampling` on those logits).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import torch
 
 from clearlm.api import Model
 from clearlm.errors import ClearLMError
-from clearlm.sampling import SamplingParams, filter_logits, softmax
-from clearlm.sampling_explain import explain_sampling
-from clearlm.token_pieces import token_pieces
+from clearlm.inspect.sampling_explain import explain_sampling
+from clearlm.inspect.token_pieces import token_pieces
+from clearlm.inspect.trace import lens_names, pattern_names
+from clearlm.sampling import SamplingParams, softmax
 
 # The page draws a T × T heatmap per head: beyond a few hundred tokens it is unreadable and the
 # JSON grows as T². The model's own context limit is checked by the API as well.
@@ -69,19 +70,19 @@ def check_prompt(model: Model, prompt: str) -> list[int]:
 
 
 def analyze(model: Model, prompt: str) -> Analysis:
-    """Run the prompt through the model (three forward passes, one per public method)."""
+    """Run the prompt through the model once (:meth:`Model.run_with_trace`) and read every view
+    from that trace: attention patterns, the logit lens, the next-token distribution."""
     check_prompt(model, prompt)
     n = model.config.n_layers
-    names = [f"blocks.{i}.attn.pattern" for i in range(n)] + ["logits"]
-    trace = model.run_with_trace(prompt, names)
-    patterns = torch.stack([trace[f"blocks.{i}.attn.pattern"][0] for i in range(n)])  # (N,H,T,T)
+    trace = model.run_with_trace(prompt, [*pattern_names(n), *lens_names(n), "logits"])
+    last_logits = trace["logits"][0, -1].float()  # (V,)
     return Analysis(
         ids=list(trace.tokens),
         text=list(trace.text),
-        patterns=patterns.float(),
-        lens=model.logit_lens(prompt),
-        distribution=model.next_token_distribution(prompt),
-        last_logits=trace["logits"][0, -1].float(),
+        patterns=trace.patterns(),  # (N, H, T, T)
+        lens=trace.logit_lens(-1),  # (N + 1, V)
+        distribution=trace.probs[-1],  # (V,)
+        last_logits=last_logits,
     )
 
 
@@ -141,7 +142,7 @@ def sampling(model: Model, a: Analysis, params: SamplingParams, top: int = TOP) 
         alive = after > 0  # (V,) bool
         survivors = [{"id": why.token, "label": label(model, why.token), "p": 1.0}]
     else:  # the sampler's own chain; equals the last explained step's distribution
-        z = filter_logits(a.last_logits, history, params)  # (V,), -inf where removed
+        z = why.filtered  # (V,), -inf where removed: filter_logits's output
         after, alive = softmax(z), ~torch.isneginf(z)  # (V,) each
         survivors = rows[-2]["top"]
     candidates = [

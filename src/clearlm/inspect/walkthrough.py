@@ -17,13 +17,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from clearlm.config import ModelConfig
+from clearlm.inspect.sampling_explain import SamplingExplanation, explain_sampling
 from clearlm.model.attention import Attention, attention_mask
 from clearlm.model.ffn import ACTIVATIONS, MLP
 from clearlm.model.norms import LayerNorm
 from clearlm.model.positions import sinusoidal_table
 from clearlm.model.transformer import Transformer
 from clearlm.sampling import SamplingParams, greedy, softmax
-from clearlm.sampling_explain import SamplingExplanation, explain_sampling
 
 Vector = tuple[float, ...]
 

@@ -1,4 +1,4 @@
-"""Pictures of an :class:`~clearlm.explain.Explanation`, drawn with matplotlib (Agg, no display).
+"""Pictures of an :class:`~clearlm.inspect.explain.Explanation`, drawn with matplotlib (Agg).
 
 Each function returns the PNG bytes and the numbers it drew, read back from the plotted
 artists (the image arrays, the bar heights), so tests can check that a picture shows the traced
@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from clearlm.explain import Explanation, show  # noqa: E402
+from clearlm.inspect.explain import Explanation, show  # noqa: E402
 
 T_ = TypeVar("T_")
 MAX_LABELS = 40  # beyond this many tokens, axis labels are dropped (unreadable anyway)

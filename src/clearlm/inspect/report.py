@@ -1,4 +1,4 @@
-"""An :class:`~clearlm.explain.Explanation` as tables of strings, and as one HTML page.
+"""An :class:`~clearlm.inspect.explain.Explanation` as tables of strings, and as one HTML page.
 
 :func:`sections` is shared by the terminal (rich tables, cli/explain_cmd.py) and the page, so both
 show the same rows. :func:`html_page` is self-contained: inline CSS, pictures as base64 PNGs,
@@ -11,7 +11,7 @@ import base64
 import html
 from dataclasses import dataclass
 
-from clearlm.explain import Explanation, show
+from clearlm.inspect.explain import Explanation, show
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """The sampling decision, explained: what each step of the chain in sampling.py kept.
 
-Uses the pure functions of :mod:`clearlm.sampling` in the order ``filter_logits`` applies them
-(repetition penalty → temperature → top-k → top-p → min-p, Hugging Face's order), then draws as
-``make_sampler`` does, so the explanation is of the real decision.
+Runs the steps of :func:`clearlm.sampling.sampling_chain` (the list ``filter_logits`` runs) one
+at a time, then picks with :func:`clearlm.sampling.pick` as ``make_sampler`` does, so the
+explanation is of the real decision: there is no second copy of the order, seeding or checks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,19 +15,8 @@ import torch
 from torch import Tensor
 
 from clearlm.errors import SamplingParamsError
-from clearlm.sampling import (
-    SamplingParams,
-    _int,
-    apply_min_p,
-    apply_repetition_penalty,
-    apply_temperature,
-    apply_top_k,
-    apply_top_p,
-    greedy,
-    log_softmax,
-    sample_from,
-    softmax,
-)
+from clearlm.sampling import SamplingParams, make_generator, pick, sampling_chain, softmax
+from clearlm.sampling_params import is_int
 
 
 @dataclass(frozen=True)
@@ -66,6 +55,8 @@ class SamplingExplanation:
         token: the id picked: argmax when greedy, else the seeded draw.
         probability: its probability under the final (filtered, renormalised) distribution.
         logprob: log of that, exactly what :func:`make_sampler` returns with the token.
+        filtered: ``(V,)`` float32, the chain's output (what :func:`filter_logits` returns):
+            the pick is made from softmax of it; ``-inf`` where a step removed the token.
     """
 
     params: SamplingParams
@@ -73,6 +64,7 @@ class SamplingExplanation:
     token: int
     probability: float
     logprob: float
+    filtered: Tensor
 
     def rows(self, labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Plain data for a table (CLI, web page, JSON): one dict per step, then the pick.
@@ -139,14 +131,14 @@ def explain_sampling(
 ) -> SamplingExplanation:
     """Run :func:`make_sampler`'s chain on one row of logits step by step, and say what each did.
 
-    The chain is :func:`filter_logits`'s, in Hugging Face's order (see the comment there):
-    repetition penalty → temperature → top-k → top-p → min-p, each step the same pure function
-    (``apply_*``) the sampler calls, on float32 logits. After each step the explanation records
-    which tokens survive and the renormalised probabilities of the ``top`` most likely. Greedy
-    (temperature 0) runs only the penalty and picks the argmax (ties to the lowest id). Otherwise
-    the token is drawn by :func:`sample_from` with a ``torch.Generator`` seeded as
-    :func:`make_sampler` seeds its own, so the pick equals a fresh sampler's first draw on the
-    same logits and history (tested). Pass ``generator`` to draw from an existing one instead.
+    The steps are :func:`~clearlm.sampling.sampling_chain`'s, the list :func:`filter_logits`
+    runs (repetition penalty → temperature → top-k → top-p → min-p, Hugging Face's order; only
+    the penalty when greedy), on float32 logits; inactive steps are recorded, unchanged. After
+    each step the explanation records which tokens survive and the renormalised probabilities of
+    the ``top`` most likely. The pick is :func:`~clearlm.sampling.pick`'s, with a generator from
+    :func:`~clearlm.sampling.make_generator` seeded as the sampler's own, so it equals a fresh
+    sampler's first draw on the same logits and history (tested). Pass ``generator`` to draw
+    from an existing one instead.
 
     Args:
         logits: ``(V,)`` float, one position's logits.
@@ -161,47 +153,23 @@ def explain_sampling(
     """
     if logits.dim() != 1:
         raise ValueError(f"explain_sampling takes (V,) logits, got shape {tuple(logits.shape)}")
-    if not (_int(top) and top >= 1):
+    if not (is_int(top) and top >= 1):
         raise SamplingParamsError(f"top must be an integer >= 1, got {top!r}")
     x = logits.to(torch.float32)  # (V,), as filter_logits casts
     steps = [_step("logits", None, False, x, x, top)]
-
-    def run(name: str, setting: float | int, active: bool, fn: Callable[[Tensor], Tensor]) -> None:
-        nonlocal x
-        before, x = x, fn(x)
-        steps.append(_step(name, setting, active, before, x, top))
-
-    p, history = params, previous_tokens
-    if history is None:  # filter_logits skips the penalty: record it as off
-        run("repetition_penalty", p.repetition_penalty, False, lambda z: z)
-    else:
-        run(
-            "repetition_penalty",
-            p.repetition_penalty,
-            history.shape[-1] > 0 and p.repetition_penalty != 1.0,
-            lambda z: apply_repetition_penalty(z, history, p.repetition_penalty),
-        )
-    if p.is_greedy:
-        token = int(greedy(x))
-    else:
-        run(
-            "temperature",
-            p.temperature,
-            p.temperature != 1,
-            lambda z: apply_temperature(z, p.temperature),
-        )
-        run("top_k", p.top_k, p.top_k != 0, lambda z: apply_top_k(z, p.top_k))
-        run("top_p", p.top_p, p.top_p != 1.0, lambda z: apply_top_p(z, p.top_p))
-        run("min_p", p.min_p, p.min_p != 0, lambda z: apply_min_p(z, p.min_p))
-        if generator is None:  # exactly as make_sampler makes its generator
-            generator = torch.Generator(device=logits.device)
-            _ = generator.seed() if p.seed is None else generator.manual_seed(p.seed)
-        token = int(sample_from(x, generator))
-    logprob = float(log_softmax(x)[token])
+    for s in sampling_chain(params, previous_tokens):
+        before = x
+        if s.active:
+            x = s.fn(x)
+        steps.append(_step(s.name, s.setting, s.active, before, x, top))
+    if generator is None and not params.is_greedy:
+        generator = make_generator(params.seed, logits.device)
+    token, logprob = pick(x, params, generator)
     return SamplingExplanation(
         params=params,
         steps=tuple(steps),
-        token=token,
+        token=int(token),
         probability=float(softmax(x)[token]),
-        logprob=logprob,
+        logprob=float(logprob),
+        filtered=x,
     )

@@ -2,10 +2,10 @@
 
 One traced forward pass (:meth:`clearlm.api.Model.run_with_trace`) gives everything: the tokens,
 the embeddings, the attention patterns of the chosen layers, each block's residual stream and
-FFN activations, and the logits. The logit lens reads each block's output through the final
-norm and the output projection (as :meth:`~clearlm.api.Model.logit_lens`, but at every
-position). The sampling rows come from :func:`clearlm.sampling_explain.explain_sampling`.
-Printing (cli/explain_cmd.py), pictures (explain_plots.py) and the page (explain_html.py) only
+FFN activations, and the logits. The logit lens is the trace's own
+(:meth:`clearlm.inspect.trace.Trace.logit_lens`, at every position). The sampling rows come
+from :func:`clearlm.inspect.sampling_explain.explain_sampling`.
+Printing (cli/explain_cmd.py), pictures (plots.py) and the page (report.py) only
 lay these numbers out, so the tests check numbers here, not text.
 
 Shape letters: T prompt tokens, N blocks, H heads, D d_model, F d_ff, V vocab, k top entries.
@@ -13,7 +13,7 @@ Shape letters: T prompt tokens, N blocks, H heads, D d_model, F d_ff, V vocab, k
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,9 +21,10 @@ import torch
 from torch import Tensor
 
 from clearlm.errors import ClearLMError, SamplingParamsError
+from clearlm.inspect.sampling_explain import SamplingExplanation, explain_sampling
+from clearlm.inspect.token_pieces import token_pieces
+from clearlm.inspect.trace import lens_names
 from clearlm.sampling import SamplingParams, apply_temperature, softmax
-from clearlm.sampling_explain import SamplingExplanation, explain_sampling
-from clearlm.token_pieces import token_pieces
 
 if TYPE_CHECKING:
     from clearlm.api import Model
@@ -134,11 +135,6 @@ def check_choices(
         raise SamplingParamsError(f"--top must be at least 1, got {top}")
 
 
-def lens_rows(resid: Tensor, unembed: Callable[[Tensor], Tensor]) -> Tensor:
-    """(N + 1, T, D) residual streams → (N + 1, T, V) float32 probabilities via `unembed`."""
-    return softmax(unembed(resid).float())
-
-
 @torch.inference_mode()
 def explain_data(
     model: Model,
@@ -164,10 +160,9 @@ def explain_data(
     check_choices(N, H, layer, head, top)
     layers = default_layers(N) if layer is None else (layer,)
     heads = tuple(range(H)) if head is None else (head,)
-    names = ["embed", "blocks.0.resid_pre", "logits"]
+    names = ["embed", "logits", *lens_names(N)]
     if cfg.position != "rope":
         names.append("pos")
-    names += [f"blocks.{i}.resid_post" for i in range(N)]
     names += [f"blocks.{i}.ffn.act" for i in range(N)]
     names += [f"blocks.{i}.attn.pattern" for i in layers]
     tr = model.run_with_trace(prompt, names)
@@ -175,7 +170,7 @@ def explain_data(
     embed_norms = tr["embed"][0].float().norm(dim=-1)  # (T, D) → (T,)
     pos_norms = tr["pos"].float().norm(dim=-1) if "pos" in tr else None  # (T, D) → (T,)
 
-    patterns = {i: tr[f"blocks.{i}.attn.pattern"][0].float() for i in layers}  # (H, T, T)
+    patterns = {i: tr.pattern(i) for i in layers}  # (H, T, T) each
     focus = []
     for i in layers:
         for h in heads:
@@ -183,16 +178,11 @@ def explain_data(
             order = torch.sort(row, descending=True, stable=True).indices[:attn_top]
             focus.append(HeadFocus(i, h, tuple(order.tolist()), tuple(row[order].tolist())))
 
-    resid = [tr[f"blocks.{i}.resid_post"][0].float() for i in range(N)]  # N × (T, D)
-    resid_norms = torch.stack([r[-1].norm() for r in resid])  # (N,)
+    last = torch.stack([tr[f"blocks.{i}.resid_post"][0, -1].float() for i in range(N)])  # (N, D)
+    resid_norms = last.norm(dim=-1)  # (N,)
     acts = torch.stack([tr[f"blocks.{i}.ffn.act"][0, -1].float() for i in range(N)])  # (N, F)
 
-    # Row 0 is what block 0 receives (embeddings, plus additive positions where the model has
-    # them): the same input the logit lens of api.Model reads.
-    stream = torch.stack([tr["blocks.0.resid_pre"][0].float()] + resid)  # (N + 1, T, D)
-    stream = stream.to(next(model.transformer.parameters()).dtype)
-    lens = lens_rows(stream, model.transformer.unembed)  # (N + 1, T, V)
-    lens_probs, lens_ids = lens.max(dim=-1)  # (N + 1, T) each
+    lens_probs, lens_ids = tr.logit_lens().max(dim=-1)  # (N + 1, T, V) → (N + 1, T) each
 
     logits = tr["logits"][0, -1].float()  # (V,)
     probs = softmax(logits)  # (V,)
