@@ -19,7 +19,7 @@ def test_cached_decode_equals_full_forward(smollm2):
         for t in range(split, T):
             stepwise.append(model(ids[:, t : t + 1], cache=cache)[0])  # (1, V) per step
     stepwise = torch.cat(stepwise)
-    assert cache.length == T
+    assert cache.offset == T
     assert (stepwise - full).abs().max().item() < 1e-4
 
 

@@ -9,7 +9,7 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.errors import ClearLMError
-from clearlm.trace import HOOK_POINTS
+from clearlm.model.hooks import HOOK_POINTS
 
 PROMPT = "The capital of France is"
 
@@ -143,13 +143,9 @@ def test_learned_position_models_expose_pos(tmp_path):
     save_tiny(GPT2LMHeadModel, cfg, tmp_path)
     loaded = load_hf_model(tmp_path)
     model = loaded.model
-    model.hooks.record, model.hooks.record_names = {}, None
-    try:
-        with torch.inference_mode():
-            model(torch.tensor([[5, 6, 7]]))
-        rec = model.hooks.record
-    finally:
-        model.hooks.record = None
+    with model.hooks.recording() as rec, torch.inference_mode():
+        model(torch.tensor([[5, 6, 7]]))
+    assert not model.hooks.active  # the recording ended with the block
     assert rec["pos"].shape == (3, 64)
     assert torch.equal(rec["blocks.0.resid_pre"][0], rec["embed"][0] + rec["pos"])
 

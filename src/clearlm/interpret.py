@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from clearlm.errors import ClearLMError
 from clearlm.inspect.token_pieces import token_pieces
 from clearlm.inspect.trace import Trace, lens_names
+from clearlm.model.hooks import HookFn, HookHandle, resolve_names
 from clearlm.sampling import softmax
-from clearlm.trace import HookFn, HookHandle, check_hook_name, resolve_names
 
 if TYPE_CHECKING:
     from clearlm.config import ModelConfig
@@ -49,7 +48,7 @@ class InterpretMixin:
 
         Args:
             prompt: text or token ids.
-            names: hook point names (see clearlm.trace.HOOK_POINTS), or None for all.
+            names: hook point names (see clearlm.model.hooks.HOOK_POINTS), or None for all.
 
         Returns:
             A :class:`~clearlm.inspect.trace.Trace`: name → tensor with B = 1 (e.g.
@@ -61,14 +60,9 @@ class InterpretMixin:
             ClearLMError: an unknown hook point name. ContextLengthError: empty/too-long prompt.
         """
         ids = self._ids_tensor(prompt)
-        hooks = self.transformer.hooks
         wanted = resolve_names(names, self.config.n_layers)
-        hooks.record, hooks.record_names = {}, wanted
-        try:
+        with self.transformer.hooks.recording(wanted) as recorded:
             logits = self.transformer(ids)  # (1, T, V)
-            recorded = hooks.record
-        finally:
-            hooks.record, hooks.record_names = None, None
         if wanted is None or "probs" in wanted:
             recorded["probs"] = softmax(logits.float())
         tokens = ids[0].tolist()
@@ -78,33 +72,24 @@ class InterpretMixin:
     def add_hook(self, name: str, fn: HookFn) -> HookHandle:
         """Call fn(tensor, name) whenever the forward pass reaches hook point `name`; if fn
         returns a tensor, it replaces the original (same shape). Returns a handle whose
-        ``remove()`` takes the hook away. Raises ClearLMError for an unknown name.
+        ``remove()`` takes the hook away. Raises ClearLMError for an unknown name, or one
+        this model lacks (``pos`` with RoPE; ``probs``, computed after the pass).
 
         Example, ablating head 3 of block 5: ``model.add_hook("blocks.5.attn.z",
         lambda z, _: z.index_fill(2, torch.tensor([3]), 0.0))``.
         """
-        check_hook_name(name, self.config.n_layers)
-        if name == "probs":
-            raise ClearLMError("'probs' is computed after the forward pass; hook 'logits' instead")
-        self.transformer.hooks.fns.setdefault(name, []).append(fn)
-        return HookHandle(self.transformer.hooks, name, fn)
+        return self.transformer.hooks.add(name, fn)
 
     @contextmanager
     def hooks(self, fns: Mapping[str, HookFn]) -> Iterator[InterpretMixin]:
         """``with model.hooks({"blocks.5.attn.z": fn}):`` — hooks that are removed when the
         block ends, also when it raises. Raises ClearLMError for an unknown name (none added)."""
-        for name in fns:
-            self.add_hook(name, fns[name]).remove()  # validate every name before adding any
-        handles = [self.add_hook(name, fn) for name, fn in fns.items()]
-        try:
+        with self.transformer.hooks.temporary(fns):
             yield self
-        finally:
-            for h in handles:
-                h.remove()
 
     def clear_hooks(self) -> None:
         """Remove every hook."""
-        self.transformer.hooks.fns.clear()
+        self.transformer.hooks.clear()
 
     def logit_lens(self, prompt: str | Sequence[int], position: int = -1) -> torch.Tensor:
         """The logit lens (nostalgebraist 2020) at `position`, from one traced forward pass:

@@ -1,7 +1,8 @@
 """The tensors recorded by one forward pass, and what is read from them.
 
-:meth:`clearlm.api.Model.run_with_trace` records the hook points (``clearlm.trace.HOOK_POINTS``)
-of one forward pass into a :class:`Trace`. Every view reads that one pass: the logit lens
+:meth:`clearlm.api.Model.run_with_trace` records the hook points
+(``clearlm.model.hooks.HOOK_POINTS``) of one forward pass into a :class:`Trace`. Every view
+reads that one pass: the logit lens
 (:meth:`Trace.logit_lens`, computed here and nowhere else), the next-token probabilities
 (:attr:`Trace.probs`) and the attention patterns (:meth:`Trace.pattern`), for
 ``Model.logit_lens``, ``clearlm explain`` and the ui alike.

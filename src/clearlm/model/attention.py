@@ -12,9 +12,9 @@ from torch import nn
 
 from clearlm.config import ModelConfig
 from clearlm.kv_cache import KVCache
+from clearlm.model.hooks import HookPoint
 from clearlm.model.norms import make_norm
 from clearlm.model.positions import apply_rope
-from clearlm.trace import HookRegistry
 
 
 def attention_mask(
@@ -73,8 +73,9 @@ class Attention(nn.Module):
         sliding = config.layer_types[layer_idx] == "sliding"
         self.window = config.sliding_window if sliding else None
         self.use_rope = config.position == "rope"
-        self.hooks = HookRegistry()  # replaced by the model's shared registry (Transformer)
-        self.prefix = f"blocks.{layer_idx}.attn"
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_scores, self.hook_pattern = HookPoint(), HookPoint()
+        self.hook_z, self.hook_out = HookPoint(), HookPoint()
 
     def forward(
         self,
@@ -83,7 +84,7 @@ class Attention(nn.Module):
         positions: torch.Tensor,
         cache: KVCache | None,
     ) -> torch.Tensor:
-        """x (B, T, D) → (B, T, D). With a cache, new keys/values are stored at `positions`.
+        """x (B, T, D) → (B, T, D). With a cache, new keys/values are stored at its offset.
 
         rope: (cos, sin), each (T, rope_dim), when the model uses RoPE, else None.
         """
@@ -97,27 +98,32 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Hd), (B, K, T, Hd)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        hooks, p = self.hooks, self.prefix
-        if hooks.active:
-            q, k, v = hooks(p + ".q", q), hooks(p + ".k", k), hooks(p + ".v", v)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if cache is not None:
-            k, v = cache.update(self.layer_idx, int(positions[0]), k, v)  # (B, K, S, Hd)
+            k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, K, S, Hd)
         mask = attention_mask(positions, k.shape[2], self.window)  # (T, S) or None
-        if hooks.active and (hooks.wants(p + ".scores") or hooks.wants(p + ".pattern")):
-            out = self.attend_traced(q, k, v, mask)
-        elif self.softcap is None:
-            # enable_gqa lets each group of G query heads share one key/value head without
-            # materialising repeated copies of k and v.
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=K != H
-            )  # (B, H, T, Hd)
+        if self.hook_scores.active or self.hook_pattern.active:
+            out = self.attend_traced(q, k, v, mask)  # the pattern exists only when wanted
         else:
-            out = self.attend_explicitly(q, k, v, mask)
-        out = out.transpose(1, 2)  # (B, T, H, Hd)
-        if hooks.active:
-            out = hooks(p + ".z", out)
+            out = self.attend(q, k, v, mask)  # (B, H, T, Hd)
+        out = self.hook_z(out.transpose(1, 2))  # (B, T, H, Hd)
         out = self.o_proj(out.reshape(B, T, H * Hd))  # (B, T, H·Hd): heads concatenated → (B, T, D)
-        return hooks(p + ".out", out) if hooks.active else out
+        return self.hook_out(out)
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """softmax(scores) · v: q (B, H, T, Hd), k/v (B, K, S, Hd), mask (T, S) → (B, H, T, Hd).
+
+        By scaled_dot_product_attention, whose enable_gqa lets each group of G query heads
+        share one key/value head without materialising repeated copies of k and v; written out
+        when the scores are soft-capped (SDPA cannot cap them).
+        """
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1]
+            )
+        return self.attend_explicitly(q, k, v, mask)
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q·kᵀ · scale, soft-capped (Gemma 2: cap · tanh(s / cap)), masked with −inf.
@@ -161,16 +167,10 @@ class Attention(nn.Module):
         computes it (so traced runs are bit-identical to untraced ones); a replaced pattern
         (e.g. an ablated head) is mixed with the values explicitly.
         """
-        hooks, p = self.hooks, self.prefix
         s = self.scores(q, k, mask)
-        s2 = hooks(p + ".scores", s)
+        s2 = self.hook_scores(s)
         pattern = torch.softmax(s2.float(), dim=-1).to(q.dtype)  # (B, H, T, S)
-        pattern2 = hooks(p + ".pattern", pattern)
+        pattern2 = self.hook_pattern(pattern)
         if s2 is s and pattern2 is pattern:
-            if self.softcap is None:
-                K, H = k.shape[1], q.shape[1]
-                return F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=K != H
-                )
-            return self.attend_explicitly(q, k, v, mask)
+            return self.attend(q, k, v, mask)
         return self.mix(pattern2, v)

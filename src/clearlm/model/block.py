@@ -9,8 +9,8 @@ from clearlm.config import ModelConfig
 from clearlm.kv_cache import KVCache
 from clearlm.model.attention import Attention
 from clearlm.model.ffn import make_ffn
+from clearlm.model.hooks import HookPoint
 from clearlm.model.norms import make_norm
-from clearlm.trace import HookRegistry
 
 
 class Block(nn.Module):
@@ -36,13 +36,8 @@ class Block(nn.Module):
             self.pre_feedforward_layernorm = make_norm(config)
             self.post_feedforward_layernorm = make_norm(config)
         self.mlp = make_ffn(config)
-        self.attach_hooks(HookRegistry(), f"blocks.{layer_idx}")
-
-    def attach_hooks(self, hooks: HookRegistry, prefix: str) -> None:
-        """Share the model's hook registry with this block and its sublayers."""
-        self.hooks, self.prefix = hooks, prefix
-        self.self_attn.hooks, self.self_attn.prefix = hooks, prefix + ".attn"
-        self.mlp.hooks, self.mlp.prefix = hooks, prefix + ".ffn"
+        self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
+        self.hook_resid_post = HookPoint()
 
     def forward(
         self,
@@ -52,21 +47,18 @@ class Block(nn.Module):
         cache: KVCache | None,
     ) -> torch.Tensor:
         """x (B, T, D) → (B, T, D); rope (cos, sin) of (T, rope_dim) or None; positions (T,)."""
-        hooks, p = self.hooks, self.prefix
-        if hooks.active:
-            x = hooks(p + ".resid_pre", x)
+        x = self.hook_resid_pre(x)
         if self.kind == "pre":
-            h = x + self.self_attn(self.input_layernorm(x), rope, positions, cache)
-            h = hooks(p + ".resid_mid", h) if hooks.active else h
+            attn = self.self_attn(self.input_layernorm(x), rope, positions, cache)
+            h = self.hook_resid_mid(x + attn)
             out = h + self.mlp(self.post_attention_layernorm(h))
         elif self.kind == "post":
             h = self.input_layernorm(x + self.self_attn(x, rope, positions, cache))
-            h = hooks(p + ".resid_mid", h) if hooks.active else h
+            h = self.hook_resid_mid(h)
             out = self.post_attention_layernorm(h + self.mlp(h))
         else:
             attn = self.self_attn(self.input_layernorm(x), rope, positions, cache)
-            h = x + self.post_attention_layernorm(attn)
-            h = hooks(p + ".resid_mid", h) if hooks.active else h
+            h = self.hook_resid_mid(x + self.post_attention_layernorm(attn))
             ffn = self.mlp(self.pre_feedforward_layernorm(h))
             out = h + self.post_feedforward_layernorm(ffn)
-        return hooks(p + ".resid_post", out) if hooks.active else out
+        return self.hook_resid_post(out)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clearlm.config import ModelConfig
-from clearlm.trace import HookRegistry
+from clearlm.model.hooks import HookPoint
 
 ACTIVATIONS = {
     "relu": F.relu,  # max(0, x): the original Transformer, OPT
@@ -29,14 +29,12 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
         self.act = ACTIVATIONS[config.activation]
-        self.hooks, self.prefix = HookRegistry(), "ffn"  # set by the Transformer
+        self.hook_pre_act, self.hook_act, self.hook_out = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.hooks.active:
-            return self.down_proj(self.act(self.up_proj(x)))
-        h, p = self.hooks, self.prefix
-        a = h(p + ".act", self.act(h(p + ".pre_act", self.up_proj(x))))  # (B, T, F)
-        return h(p + ".out", self.down_proj(a))
+        pre = self.hook_pre_act(self.up_proj(x))  # (B, T, F)
+        a = self.hook_act(self.act(pre))  # (B, T, F)
+        return self.hook_out(self.down_proj(a))  # (B, T, D)
 
 
 class GatedFFN(nn.Module):
@@ -53,15 +51,12 @@ class GatedFFN(nn.Module):
         self.up_proj = nn.Linear(d, f, bias=bias)
         self.down_proj = nn.Linear(f, d, bias=bias)
         self.act = ACTIVATIONS[config.activation]
-        self.hooks, self.prefix = HookRegistry(), "ffn"  # set by the Transformer
+        self.hook_pre_act, self.hook_act, self.hook_out = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.hooks.active:
-            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-        h, p = self.hooks, self.prefix
-        pre = h(p + ".pre_act", self.gate_proj(x))  # (B, T, F)
-        a = h(p + ".act", self.act(pre) * self.up_proj(x))  # (B, T, F)
-        return h(p + ".out", self.down_proj(a))
+        pre = self.hook_pre_act(self.gate_proj(x))  # (B, T, F): the gate
+        a = self.hook_act(self.act(pre) * self.up_proj(x))  # (B, T, F)
+        return self.hook_out(self.down_proj(a))  # (B, T, D)
 
 
 def make_ffn(config: ModelConfig) -> nn.Module:

@@ -9,9 +9,9 @@ from clearlm.config import ModelConfig
 from clearlm.errors import ContextLengthError
 from clearlm.kv_cache import KVCache
 from clearlm.model.block import Block
+from clearlm.model.hooks import HookPoint, HookRegistry
 from clearlm.model.norms import make_norm
 from clearlm.model.positions import RotaryEmbedding, sinusoidal_table
-from clearlm.trace import HookRegistry
 
 
 class Transformer(nn.Module):
@@ -22,7 +22,9 @@ class Transformer(nn.Module):
     ``layers.{i}.mlp.gate_proj``, ``norm``, ``lm_head``. Other families' names are mapped to
     these at load time. With ``tie_word_embeddings`` the output projection is the embedding.
     When ``embed_dim`` E ≠ d_model D (OPT-350m), ``project_in`` (E → D) follows the token lookup
-    and ``project_out`` (D → E) precedes the output projection.
+    and ``project_out`` (D → E) precedes the output projection. Its HookPoints (``hook_embed``
+    here, ``layers.{i}.self_attn.hook_q`` …) are named from the module tree by ``self.hooks``
+    (clearlm.model.hooks).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -36,14 +38,16 @@ class Transformer(nn.Module):
         if c.position == "learned":
             self.embed_positions = nn.Embedding(c.context_length + c.position_offset, c.d_model)
         self.layers = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
-        self.hooks = HookRegistry()  # one registry shared by every hook point (clearlm.trace)
-        for i, layer in enumerate(self.layers):
-            layer.attach_hooks(self.hooks, f"blocks.{i}")
         if c.final_norm:
             self.norm = make_norm(c)
         self.lm_head = nn.Linear(c.embed_dim, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.hook_embed = HookPoint()
+        if c.position != "rope":
+            self.hook_pos = HookPoint()
+        self.hook_final_norm, self.hook_logits = HookPoint(), HookPoint()
+        self.hooks = HookRegistry(self)  # every HookPoint, named from its place in the tree
         self.init_derived()
 
     def init_derived(self) -> None:
@@ -67,40 +71,35 @@ class Transformer(nn.Module):
         With RoPE, position enters later, inside attention, and nothing is added here.
         """
         x = self.embed_tokens(tokens)  # (B, T, D)
-        c, hooks = self.config, self.hooks
+        c = self.config
         if c.embed_scale != 1.0:
             # transformers rounds the scale to the activations' dtype first (Gemma's normalizer).
             x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
         if c.embed_dim != c.d_model:
             x = self.project_in(x)  # (B, T, E) → (B, T, D)
-        if hooks.active:
-            x = hooks("embed", x)
+        x = self.hook_embed(x)
         if c.position == "rope":
             return x
         if c.position == "learned":
             pos = self.embed_positions(positions + c.position_offset)  # (T, D)
         else:
             pos = self.sinusoids[positions + c.position_offset].to(x.dtype)  # (T, D)
-        if hooks.active:
-            pos = hooks("pos", pos)
-        return x + pos  # (B, T, D): (T, D) broadcast over the batch
+        return x + self.hook_pos(pos)  # (B, T, D): (T, D) broadcast over the batch
 
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
         """Stage 4: residual stream (B, T, D) → final norm → output projection → logits (B, T, V).
 
         Also what the logit lens applies to every block's output."""
-        hooks = self.hooks
         if self.config.final_norm:
             x = self.norm(x)
-        if hooks.active:
-            x = hooks("final_norm", x)
+        x = self.hook_final_norm(x)
         if self.config.embed_dim != self.config.d_model:
             x = self.project_out(x)  # (B, T, D) → (B, T, E)
         logits = self.lm_head(x)  # (B, T, V)
         cap = self.config.final_logit_softcap
         if cap is not None:  # Gemma 2: cap · tanh(logits / cap) keeps logits in (-cap, cap)
             logits = torch.tanh(logits / cap) * cap
-        return hooks("logits", logits) if hooks.active else logits
+        return self.hook_logits(logits)
 
     def forward(
         self,
@@ -114,8 +113,10 @@ class Transformer(nn.Module):
         Args:
             tokens: (B, T) int64 token ids.
             positions: (T,) int64 positions of the new tokens (shared by the batch); default
-                0 … T-1. With a cache they must continue from ``cache.length``.
-            cache: keys/values of earlier positions; updated in place with the new ones.
+                0 … T-1, or with a cache ``cache.offset`` … offset + T − 1 (positions passed
+                with a cache must be these: the cache writes at its offset).
+            cache: keys/values of earlier positions; the new ones are written at its offset,
+                which advances by T once every block has written (see clearlm.kv_cache).
             last_only: project only the last position to logits (what generation needs;
                 saves a (T-1) × D × V matmul).
 
@@ -127,7 +128,7 @@ class Transformer(nn.Module):
         """
         T = tokens.shape[1]
         if positions is None:
-            start = cache.length if cache is not None else 0
+            start = cache.offset if cache is not None else 0
             positions = torch.arange(start, start + T, device=tokens.device)
         if int(positions[-1]) >= self.config.context_length:
             raise ContextLengthError(
@@ -140,7 +141,7 @@ class Transformer(nn.Module):
         for layer, kind in zip(self.layers, self.config.layer_types, strict=True):
             x = layer(x, rope_local if kind == "sliding" else rope, positions, cache)
         if cache is not None:
-            cache.length = int(positions[-1]) + 1
+            cache.advance(T)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, D)
         return self.unembed(x)

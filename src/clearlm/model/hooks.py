@@ -1,0 +1,226 @@
+"""Named hook points at every stage of the seeds: the table of names, and the modules behind it.
+
+Every point is a tensor the forward pass computes anyway; a hook can read it (tracing) or
+return a replacement (intervention, e.g. ablating a head). Each point is a :class:`HookPoint`
+module placed in the model where its tensor is computed (``x = self.hook_resid_pre(x)``), an
+identity unless a hook or a recording is set on it. Its name comes from where it sits in the
+module tree, as TransformerLens's ``HookedRootModule.setup()`` names its points from
+``named_modules()``: the module path with transformers' container names shortened
+(``layers`` → ``blocks``, ``self_attn`` → ``attn``, ``mlp`` → ``ffn``) and the ``hook_`` prefix
+dropped, so ``layers.3.self_attn.hook_pattern`` is ``blocks.3.attn.pattern``.
+
+Shape letters: B batch, T tokens, S keys visible (= T without a cache), D d_model, H n_heads,
+K n_kv_heads, Hd head_dim, F d_ff, V vocab_size. ``{i}`` is the block index (0 … N−1).
+Names follow TransformerLens's scheme, shortened.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from clearlm.errors import ClearLMError
+
+# name → (shape, what it is). The one place the naming scheme is documented.
+HOOK_POINTS: dict[str, tuple[str, str]] = {
+    "embed": ("(B, T, D)", "token embeddings (× embed_scale where the family scales them)"),
+    "pos": ("(T, D)", "additive position encodings (learned or sinusoidal models only)"),
+    "blocks.{i}.resid_pre": ("(B, T, D)", "the residual stream entering block i"),
+    "blocks.{i}.attn.q": ("(B, H, T, Hd)", "queries, after q-norm and RoPE"),
+    "blocks.{i}.attn.k": ("(B, K, T, Hd)", "the new tokens' keys, after k-norm and RoPE"),
+    "blocks.{i}.attn.v": ("(B, K, T, Hd)", "the new tokens' values"),
+    "blocks.{i}.attn.scores": (
+        "(B, H, T, S)",
+        "q·kᵀ × scale (soft-capped where the family does), causal/window mask applied (−inf)",
+    ),
+    "blocks.{i}.attn.pattern": ("(B, H, T, S)", "softmax of the scores: attention weights"),
+    "blocks.{i}.attn.z": ("(B, T, H, Hd)", "each head's output, before the heads are mixed"),
+    "blocks.{i}.attn.out": ("(B, T, D)", "attention output after o_proj"),
+    "blocks.{i}.resid_mid": ("(B, T, D)", "residual stream between attention and FFN"),
+    "blocks.{i}.ffn.pre_act": ("(B, T, F)", "input of the activation (the gate for gated FFNs)"),
+    "blocks.{i}.ffn.act": ("(B, T, F)", "what enters down_proj: act(pre) (× up for gated FFNs)"),
+    "blocks.{i}.ffn.out": ("(B, T, D)", "FFN output after down_proj"),
+    "blocks.{i}.resid_post": ("(B, T, D)", "the residual stream leaving block i"),
+    "final_norm": ("(B, T, D)", "the residual stream after the final norm"),
+    "logits": ("(B, T, V)", "output projection (after any final soft-cap)"),
+    "probs": ("(B, T, V)", "softmax of the logits (computed by run_with_trace, float32)"),
+}
+AFTER_FORWARD = ("probs",)  # in the table but computed after the pass: no module in the tree
+
+HookFn = Callable[[torch.Tensor, str], torch.Tensor | None]
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    return re.compile("^" + re.escape(name).replace(r"\{i\}", r"(\d+)") + "$")
+
+
+_PATTERNS = [_pattern(n) for n in HOOK_POINTS]
+
+
+def check_hook_name(name: str, n_layers: int) -> None:
+    """Raise ClearLMError unless `name` is a hook point of a model with n_layers blocks."""
+    for pattern in _PATTERNS:
+        m = pattern.match(name)
+        if m and (not m.groups() or int(m.group(1)) < n_layers):
+            return
+    raise ClearLMError(
+        f"unknown hook point {name!r}; names look like: embed, blocks.0.attn.pattern, "
+        f"blocks.{n_layers - 1}.resid_post, logits (see clearlm.model.hooks.HOOK_POINTS)"
+    )
+
+
+def resolve_names(names: Iterable[str] | None, n_layers: int) -> set[str] | None:
+    """Validate requested names (None = everything)."""
+    if names is None:
+        return None
+    names = set(names)
+    for n in names:
+        check_hook_name(n, n_layers)
+    return names
+
+
+class HookPoint(nn.Module):
+    """The identity at one named point of the forward pass, unless hooks or a recording are set.
+
+    ``fns`` run in the order added, each as fn(x, name); one that returns a tensor replaces x
+    (same shape). ``record``, when set, receives a detached copy of the final x under the
+    point's name. ``name`` is given by :class:`HookRegistry` from the module tree.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = ""
+        self.fns: list[HookFn] = []
+        self.record: dict[str, torch.Tensor] | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether the point is read or replaced (lets attention skip computing its pattern)."""
+        return bool(self.fns) or self.record is not None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # Why not nn.Module's own __call__ every time: its dispatch costs about 1 µs, and a
+        # decode step passes some 330 points (SmolLM2); this keeps an idle point to ~0.2 µs.
+        # torch.compile traces this without a graph break (the branch is a guard).
+        if self.fns or self.record is not None:
+            return super().__call__(x)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for fn in self.fns:
+            out = fn(x, self.name)
+            if out is not None:
+                x = out
+        if self.record is not None:
+            self.record[self.name] = x.detach().clone()  # cache views change later: keep a copy
+        return x
+
+
+_CONTAINERS = {"layers": "blocks", "self_attn": "attn", "mlp": "ffn"}
+
+
+def hook_name(path: str) -> str:
+    """Module path → hook point name: ``layers.0.mlp.hook_act`` → ``blocks.0.ffn.act``."""
+    *parents, leaf = path.split(".")
+    if not leaf.startswith("hook_"):
+        raise ValueError(f"a HookPoint's attribute must start with 'hook_': {path!r}")
+    return ".".join([_CONTAINERS.get(p, p) for p in parents] + [leaf.removeprefix("hook_")])
+
+
+@dataclass
+class HookHandle:
+    """Returned by add; ``remove()`` takes the hook away again."""
+
+    point: HookPoint
+    fn: HookFn
+
+    def remove(self) -> None:
+        if self.fn in self.point.fns:
+            self.point.fns.remove(self.fn)
+
+
+class HookRegistry:
+    """Every hook point of one model by name, named once from its module tree.
+
+    Built after the model's modules exist (the Transformer's ``__init__`` ends with it).
+    ``points`` maps names to HookPoints, in module-tree order.
+    """
+
+    def __init__(self, root: nn.Module) -> None:
+        self.points: dict[str, HookPoint] = {}
+        for path, parent in root.named_modules():
+            for attr, child in parent.named_children():
+                if isinstance(child, HookPoint):
+                    child.name = hook_name(f"{path}.{attr}" if path else attr)
+                    self.points[child.name] = child
+                    # Why: reading ``self.hook_q`` otherwise goes through nn.Module.__getattr__
+                    # (≈0.5 µs; a decode step reads some 330 points). The instance dict is
+                    # looked up first; nn.Module.__setattr__ drops this entry on reassignment.
+                    parent.__dict__[attr] = child
+        self.n_layers = sum(name.endswith(".resid_pre") for name in self.points)
+
+    @property
+    def active(self) -> bool:
+        """Whether any point has a hook or is being recorded."""
+        return any(p.active for p in self.points.values())
+
+    def point(self, name: str) -> HookPoint:
+        """The HookPoint called `name`; ClearLMError for a name this model does not have."""
+        check_hook_name(name, self.n_layers)
+        if name not in self.points:
+            why = {
+                "probs": "it is computed after the forward pass; hook 'logits' instead",
+                "pos": "positions enter inside attention (RoPE); hook 'blocks.{i}.attn.q'",
+            }.get(name, "it is not in this model's module tree")
+            raise ClearLMError(f"this model has no hook point {name!r}: {why}")
+        return self.points[name]
+
+    def add(self, name: str, fn: HookFn) -> HookHandle:
+        """Call fn(tensor, name) whenever the pass reaches `name` (see HookPoint)."""
+        point = self.point(name)
+        point.fns.append(fn)
+        return HookHandle(point, fn)
+
+    def clear(self) -> None:
+        """Remove every hook (a recording in progress goes on)."""
+        for p in self.points.values():
+            p.fns.clear()
+
+    @contextmanager
+    def temporary(self, fns: Mapping[str, HookFn]) -> Iterator[None]:
+        """Hooks that are removed when the block ends, also when it raises. Every name is
+        checked before any hook is added (ClearLMError: none is added)."""
+        points = [self.point(name) for name in fns]
+        handles = []
+        try:
+            for point, fn in zip(points, fns.values(), strict=True):
+                point.fns.append(fn)
+                handles.append(HookHandle(point, fn))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    @contextmanager
+    def recording(self, names: set[str] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """Record the points named (None: all) during the block into the dict it yields.
+
+        Names must be valid (see resolve_names); one this model lacks (``pos`` with RoPE,
+        ``probs``) is simply not recorded. Points not named stay idle, so attention computes
+        its pattern only when ``scores`` or ``pattern`` is wanted.
+        """
+        store: dict[str, torch.Tensor] = {}
+        chosen = [p for n, p in self.points.items() if names is None or n in names]
+        before = [p.record for p in chosen]  # an enclosing recording resumes on exit
+        for p in chosen:
+            p.record = store
+        try:
+            yield store
+        finally:
+            for p, record in zip(chosen, before, strict=True):
+                p.record = record
