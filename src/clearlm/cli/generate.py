@@ -282,4 +282,4 @@ def _conversation(
         check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
     )  # fmt: skip
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
-    run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content)
+    run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content, quiet)

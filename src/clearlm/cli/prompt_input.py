@@ -11,7 +11,6 @@ from pathlib import Path
 
 import typer
 
-from clearlm.errors import ClearLMError
 from clearlm.text import clean_arg, read_stdin_text, read_text_file
 
 
@@ -22,9 +21,7 @@ def resolve_prompt(argument: str | None, file: Path | None, what: str = "PROMPT"
     if argument is not None and file is not None:
         raise typer.BadParameter(f"give {what} or -f FILE, not both", param_hint="'-f'")
     if file is not None:
-        if not Path(file).is_file():
-            raise ClearLMError(f"prompt file not found: {clean_arg(str(file))}")
-        return read_text_file(file)
+        return read_text_file(file, what="prompt file")
     if argument == "-":
         return read_stdin_text()
     return None if argument is None else clean_arg(argument)
