@@ -205,7 +205,7 @@ def test_dtype_by_name_and_unknown_dtype(tiny):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (("generate",), "give a PROMPT, '-' to read standard input, or -f FILE"),
+        (("generate",), "give a PROMPT (or -p TEXT), '-' to read standard input, or -f FILE"),
         (("generate", "hi", "--bogus"), "No such option: --bogus"),
         (("generate", "hi", "-n", "-5"), "--max-new-tokens"),
         (("generate", "hi", "--seed", "abc"), "--seed"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -459,19 +460,33 @@ def test_misspelled_alias_suggests_the_nearest():
 def test_every_alias_is_suggested_for_its_own_typos():
     for name in ALIASES:
         for typo in (name[:-1], name.replace("-", "_", 1), name.upper()[:4] + name[4:]):
-            with pytest.raises(ModelNotFoundError, match=f"did you mean '{name}'"):
+            with pytest.raises(ModelNotFoundError, match=f"did you mean .*'{re.escape(name)}'"):
                 models.get_alias(typo)
     with pytest.raises(ModelNotFoundError) as e:
         models.get_alias("llama-70b")
     assert "did you mean" not in str(e.value)  # nothing close: no guess
 
 
+def test_a_prefix_of_aliases_suggests_every_alias_it_starts():
+    for prefix in ("smollm2", "qwen2.5-coder", "gemma3", "QWEN"):
+        expected = [a for a in ALIASES if a.startswith(prefix.lower())]
+        assert expected, prefix
+        with pytest.raises(ModelNotFoundError) as e:
+            models.get_alias(prefix)
+        for alias in expected:
+            assert f"'{alias}'" in str(e.value).split("; known aliases")[0], (prefix, alias)
+
+
 def test_folder_without_config_json_names_its_gguf(tmp_path):
     (tmp_path / "b.gguf").write_bytes(b"GGUF")
     (tmp_path / "a.gguf").write_bytes(b"GGUF")
-    with pytest.raises(ModelNotFoundError, match="no config.json but holds a.gguf") as e:
+    (tmp_path / "c.gguf").write_bytes(b"<html>")  # not GGUF (an error page saved as .gguf)
+    with pytest.raises(ModelNotFoundError, match=r"holds 2 GGUF files \(a.gguf, b.gguf\)") as e:
         resolve_model(tmp_path)
-    assert f"-m {tmp_path / 'a.gguf'}" in str(e.value) and "(and 1 more .gguf)" in str(e.value)
+    assert f"-m {tmp_path / 'a.gguf'}" in str(e.value) and "c.gguf" not in str(e.value)
+    (tmp_path / "b.gguf").unlink()
+    with pytest.raises(ModelNotFoundError, match="no config.json but holds a.gguf;"):
+        resolve_model(tmp_path)  # one real GGUF: named alone
     empty = tmp_path / "empty"
     empty.mkdir()
     assert resolve_model(empty) == empty  # nothing to suggest: the loader says what is missing

@@ -6,6 +6,7 @@ print(model.generate("Once upon a time", max_new_tokens=32, temperature=0).text)
 probs = model.next_token_distribution("The capital of France is")  # (V,) float32
 """
 
+from clearlm import threads
 from clearlm.api import Model, load
 from clearlm.config import ModelConfig
 from clearlm.errors import (
@@ -36,4 +37,5 @@ __all__ = [
     "SamplingParamsError",
     "UnsupportedModelError",
     "load",
+    "threads",
 ]

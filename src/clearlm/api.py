@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from clearlm.api_args import check_sampling_keywords
 from clearlm.config import ModelConfig
 from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
 from clearlm.errors import ChatTemplateError, ClearLMError, PromptTypeError, SamplingParamsError
@@ -19,6 +20,7 @@ from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
 from clearlm.sampling import SamplingParams, softmax
 from clearlm.text import decode_utf8
+from clearlm.threads import set_threads
 from clearlm.tokenizer import Tokenizer
 
 Messages = Sequence[dict[str, str]]
@@ -171,6 +173,7 @@ class Model(InterpretMixin):
 
         Same settings as :meth:`generate`. Raises SamplingParamsError, ContextLengthError.
         """
+        check_sampling_keywords(sampling, "stream")
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         return stream_generate(
             self.transformer,
@@ -204,8 +207,10 @@ class Model(InterpretMixin):
             on_text: called with each new piece of text as it is produced.
 
         Raises:
-            SamplingParamsError: invalid settings. ContextLengthError: prompt empty or too long.
+            SamplingParamsError: invalid or unknown settings. ContextLengthError: prompt empty
+            or too long.
         """
+        check_sampling_keywords(sampling, "generate")
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         ids = self.encode(prompt)
         return generate(
@@ -220,14 +225,23 @@ class Model(InterpretMixin):
         params: SamplingParams | None = None,
         on_text: Callable[[str], None] | None = None,
         parse_special_in_content: bool = False,
+        system: str | None = None,
         **sampling: Any,
     ) -> GenerationResult:
         """Like :meth:`generate`, for a conversation rendered with the model's chat template.
 
         Message contents are text (see :meth:`chat_prompt`, and its opt-in
-        ``parse_special_in_content``). Unset settings default to greedy decoding
-        (CHAT_DEFAULTS: temperature 0)."""
+        ``parse_special_in_content``); ``system`` puts a system message first (as the CLI's
+        ``--system``). Unset settings default to greedy decoding (CHAT_DEFAULTS: temperature 0).
+        Raises ChatTemplateError when ``system`` is given and the messages start with one."""
+        check_sampling_keywords(sampling, "chat")
         params = self.sampling_params(params, CHAT_DEFAULTS, **sampling)
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        if system is not None:
+            if messages and messages[0].get("role") == "system":
+                raise ChatTemplateError("the messages start with a system message; drop system=")
+            messages = [{"role": "system", "content": system}, *messages]
         ids = self.chat_prompt(messages, parse_special_in_content)
         return generate(
             self.transformer, self.tokenizer, ids, params, max_new_tokens, _as_stops(stop), on_text
@@ -238,6 +252,7 @@ def load(
     model: str | os.PathLike[str] | None = None,
     dtype: str | torch.dtype = torch.float32,
     check: Callable[[Model], object] | None = None,
+    threads: int | None = None,
 ) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
@@ -250,12 +265,16 @@ def load(
             metadata set: enough for ``encode`` and ``chat_prompt``) before any weight is read;
             whatever it raises stops the load (the CLI refuses a missing chat template or a
             too-long prompt this way).
+        threads: torch's intra-op thread count, set for the whole process
+            (``torch.set_num_threads``); None applies the CLI's rule: ``$OMP_NUM_THREADS`` when
+            set, else the free cores (:func:`clearlm.threads.set_threads`, a 0.1 s look).
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
-        (unknown dtype), and what ``check`` raises.
+        (unknown dtype, threads < 1), and what ``check`` raises.
     """
     dtype = parse_dtype(dtype)
+    set_threads(threads)
     path = resolve_model(model)
     ckpt = open_checkpoint(path)
     # the header first (config, then tokenizer): a bad file fails before the slow part

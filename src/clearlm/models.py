@@ -153,9 +153,15 @@ def get_alias(name: str) -> ModelAlias:
 
 
 def did_you_mean(name: str) -> str:
-    """``" (did you mean 'X'?)"`` for the alias nearest to name (difflib ratio ≥ 0.6), else ""."""
-    close = difflib.get_close_matches(name, list(ALIASES), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """``" (did you mean 'X' or 'Y'?)"``: the aliases that start with name (``smollm2`` →
+    ``smollm2-135m-instruct``), then the nearest by difflib (ratio ≥ 0.6); "" when none."""
+    key = name.lower()
+    close = [a for a in ALIASES if key and a.startswith(key)]
+    close += [a for a in difflib.get_close_matches(key, list(ALIASES), n=1, cutoff=0.6)]
+    close = list(dict.fromkeys(close))  # each once, prefix matches first
+    if not close:
+        return ""
+    return f" (did you mean {' or '.join(repr(a) for a in close)}?)"
 
 
 def cached_path(alias: ModelAlias, cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -237,18 +243,34 @@ def resolve_model(
 def _check_folder(path: Path) -> None:
     """A folder without config.json that holds .gguf files: name the file the user meant.
 
+    Only files that start with the GGUF magic bytes count (a truncated download or a renamed
+    text file is not offered); several are all listed.
+
     Raises:
-        ModelNotFoundError: naming the first .gguf file (and how many more there are).
+        ModelNotFoundError: naming the folder's GGUF files.
     """
     if not path.is_dir() or (path / "config.json").exists():
         return
-    ggufs = sorted(path.glob("*.gguf"))
-    if ggufs:
-        more = f" (and {len(ggufs) - 1} more .gguf)" if len(ggufs) > 1 else ""
+    ggufs = [p for p in sorted(path.glob("*.gguf")) if _is_gguf(p)]
+    if len(ggufs) == 1:
         raise ModelNotFoundError(
-            f"{path} has no config.json but holds {ggufs[0].name}{more}; "
+            f"{path} has no config.json but holds {ggufs[0].name}; "
             f"to run it, give the file: -m {ggufs[0]}"
         )
+    if ggufs:
+        raise ModelNotFoundError(
+            f"{path} has no config.json but holds {len(ggufs)} GGUF files "
+            f"({', '.join(p.name for p in ggufs)}); give one of them: -m {ggufs[0]}"
+        )
+
+
+def _is_gguf(path: Path) -> bool:
+    """Whether the file starts with the 4 bytes b"GGUF" (the format's magic)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _fetch_on_first_use(alias: ModelAlias) -> Path:

@@ -69,21 +69,26 @@ def decode_utf8(data: bytes, source: str, strict: bool = False) -> str:
         ) from None
 
 
-def read_text_file(path: str | os.PathLike[str], strict: bool = False) -> str:
+def read_text_file(
+    path: str | os.PathLike[str], strict: bool = False, what: str = "text file"
+) -> str:
     """The exact characters of a UTF-8 text file: read as bytes, no newline translation.
 
     Args:
         path: the file.
         strict: raise on invalid UTF-8 instead of replacing it with U+FFFD.
+        what: how the error messages name the file ("prompt file").
 
     Raises:
-        ClearLMError: the file does not exist or cannot be read (one line naming it), or
-            ``strict`` and it is not UTF-8.
+        ClearLMError: the file does not exist, is a directory or cannot be read (one line
+            naming it), or ``strict`` and it is not UTF-8.
     """
     p = Path(path)
     name = clean_arg(str(p))  # printable even if the name is not UTF-8
+    if p.is_dir():
+        raise ClearLMError(f"{name} is a directory, not a file; give the {what} itself")
     if not p.is_file():
-        raise ClearLMError(f"text file not found: {name}")
+        raise ClearLMError(f"{what} not found: {name}")
     try:
         data = p.read_bytes()
     except OSError as e:

@@ -9,7 +9,9 @@ the ClearLMError's own code (see clearlm.errors). Tracebacks are for bugs only.
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import NoReturn
 
 import typer
 
@@ -19,10 +21,26 @@ from clearlm.errors import ClearLMError
 __all__ = ["DType", "ModelOpt", "app", "err", "main"]
 
 
+def _stdout_closed() -> NoReturn:
+    """The reader of stdout went away (``clearlm info | head -2``): end quietly with status 0.
+    stdout is pointed at /dev/null so the interpreter's last flush cannot fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
+
+
 def main() -> None:
-    """Entry point: run the app; every failure becomes one line on stderr and an exit code."""
+    """Entry point: run the app; every failure becomes one line on stderr and an exit code;
+    a closed stdout pipe, for any command, ends with status 0 and nothing on stderr."""
     try:
         code = app(standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered: a closed pipe shows here, not at exit
+    except SystemExit as e:
+        # rich (Console.on_broken_pipe) and typer's click turn a closed stdout into exit 1:
+        # the BrokenPipeError behind the exit, or click's PacifyFlushWrapper, is the sign
+        closed = isinstance(e.__context__, BrokenPipeError)
+        if closed or "PacifyFlushWrapper" in type(sys.stdout).__name__:
+            _stdout_closed()
+        raise e from None
     except typer.Abort:
         err.print("interrupted")
         sys.exit(130)
@@ -39,8 +57,7 @@ def main() -> None:
         err.print(f"[red]error:[/] {e}", soft_wrap=True)
         sys.exit(e.exit_code)
     except BrokenPipeError:  # the reader went away (e.g. `| head`): nothing left to say
-        sys.stderr.close()
-        sys.exit(0)
+        _stdout_closed()
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -7,18 +7,37 @@ no command module imports it back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
+import typer.core
 from rich.console import Console
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode="markdown",  # a docstring's lines join into paragraphs, as in Markdown
     help="Run real open-weight LLMs through a readable, from-scratch Transformer.",
 )
 err = Console(stderr=True, highlight=False)
+
+
+def _flag_type_hidden(display: Callable[..., str | None]) -> Callable[..., str | None]:
+    """typer's help shows ``<bool>`` beside every flag (--help, --json): a flag takes no value,
+    so its type column stays empty."""
+
+    def display_type_rich(self: typer.core.TyperOption, ctx: object) -> str | None:
+        return None if self.is_flag else display(self, ctx)
+
+    return display_type_rich
+
+
+typer.core.TyperOption.display_type_rich = _flag_type_hidden(  # type: ignore[method-assign]
+    typer.core.TyperOption.display_type_rich
+)
 
 ModelOpt = Annotated[
     str | None,
@@ -28,7 +47,20 @@ ModelOpt = Annotated[
         help="A .gguf file, a Hugging Face folder, or an alias (default smollm2-135m-instruct).",
     ),
 ]
-DType = Annotated[str, typer.Option(help="Parameter dtype: float32, bfloat16 or float16.")]
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def _check_dtype(value: str) -> str:
+    """--dtype must name one of DTYPE_NAMES: anything else is a usage error (exit 2)."""
+    if value not in DTYPE_NAMES:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(DTYPE_NAMES)}")
+    return value
+
+
+DType = Annotated[
+    str,
+    typer.Option(callback=_check_dtype, help="Parameter dtype: float32, bfloat16 or float16."),
+]
 
 
 def _version(value: bool) -> None:

@@ -6,67 +6,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from clearlm.cli.app import DType, ModelOpt, app, err
+from clearlm.cli.gen_options import (
+    File,
+    Json,
+    Logprobs,
+    MaxNew,
+    MinP,
+    PromptOpt,
+    RepPen,
+    Seed,
+    Stop,
+    Temp,
+    TopK,
+    TopP,
+    pick_prompt,
+)  # fmt: skip
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.text import clean_arg
-
-MaxNew = Annotated[
-    int, typer.Option("--max-new-tokens", "-n", min=0, help="Most tokens to generate.")
-]
-# Sampling options default to None: then the model folder's generation_config.json decides,
-# and failing that the command's own default (see _run).
-Temp = Annotated[
-    float | None,
-    typer.Option(help="Divide logits by this before softmax; 0 = greedy (default 0.8; chat 0)."),
-]
-TopK = Annotated[
-    int | None, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off (default 0).")
-]
-TopP = Annotated[
-    float | None,
-    typer.Option(
-        "--top-p", help="Keep the smallest set with this much probability; 1 = off (default 1)."
-    ),
-]
-MinP = Annotated[
-    float | None,
-    typer.Option(
-        "--min-p", help="Drop tokens below min_p × the top probability; 0 = off (default 0)."
-    ),
-]
-RepPen = Annotated[
-    float | None,
-    typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off (default 1)."),
-]
-Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed reproduces a run.")]
-Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")]
-
-
-Json = Annotated[
-    bool,
-    typer.Option(
-        "--json", help="Print one JSON object (text, token ids, finish reason, timings) at the end."
-    ),
-]
-Logprobs = Annotated[
-    int | None,
-    typer.Option(
-        "--logprobs",
-        min=0,
-        help="With --json (implied): per generated token its log-probability and the N most "
-        "likely alternatives (log-softmax of the raw logits).",
-    ),
-]
-File = Annotated[
-    Path | None, typer.Option("--file", "-f", help="Read the prompt from this file (UTF-8).")
-]
 
 
 def _run(
@@ -137,6 +100,7 @@ def generate(
         str | None,
         typer.Argument(help="Text to continue (no chat template); '-' reads standard input."),
     ] = None,
+    prompt_opt: PromptOpt = None,
     file: File = None,
     model: ModelOpt = None,
     max_new_tokens: MaxNew = 128,
@@ -156,9 +120,11 @@ def generate(
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.api import GENERATE_DEFAULTS
 
-    text = resolve_prompt(prompt, file)
+    text = resolve_prompt(pick_prompt(prompt, prompt_opt, "PROMPT"), file)
     if text is None:
-        raise typer.BadParameter("give a PROMPT, '-' to read standard input, or -f FILE")
+        raise typer.BadParameter(
+            "give a PROMPT (or -p TEXT), '-' to read standard input, or -f FILE"
+        )
     sampling = dict(
         temperature=temperature,
         top_k=top_k,
@@ -190,6 +156,7 @@ def chat(
             help="The user's message ('-' reads standard input); none opens a conversation."
         ),
     ] = None,
+    prompt_opt: PromptOpt = None,
     file: File = None,
     system: Annotated[str | None, typer.Option(help="A system message to put first.")] = None,
     parse_special_in_content: Annotated[
@@ -220,7 +187,7 @@ def chat(
     text: control tokens come only from the template."""
     from clearlm.api import CHAT_DEFAULTS
 
-    text = resolve_prompt(message, file, "MESSAGE")
+    text = resolve_prompt(pick_prompt(message, prompt_opt, "MESSAGE"), file, "MESSAGE")
     system = None if system is None else clean_arg(system)  # undecodable bytes → U+FFFD
     stops, special = [clean_arg(x) for x in stop or ()], parse_special_in_content
     sampling = dict(
@@ -282,4 +249,4 @@ def _conversation(
         check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
     )  # fmt: skip
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
-    run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content)
+    run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content, quiet)

@@ -7,24 +7,26 @@ stays "\\r\\n"); an argument's undecodable bytes become U+FFFD too.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
 
-from clearlm.errors import ClearLMError
+from clearlm.cli.app import err
 from clearlm.text import clean_arg, read_stdin_text, read_text_file
 
 
 def resolve_prompt(argument: str | None, file: Path | None, what: str = "PROMPT") -> str | None:
     """The prompt text: ``-`` reads standard input, ``-f FILE`` a file, else the argument itself
-    (None when neither was given). Raises typer.BadParameter (a usage error) when both are
+    (None when neither was given; ``-`` at a terminal says on stderr how to end the input).
+    Raises typer.BadParameter (a usage error) when both are
     given, ClearLMError when the file is missing or unreadable."""
     if argument is not None and file is not None:
         raise typer.BadParameter(f"give {what} or -f FILE, not both", param_hint="'-f'")
     if file is not None:
-        if not Path(file).is_file():
-            raise ClearLMError(f"prompt file not found: {clean_arg(str(file))}")
-        return read_text_file(file)
+        return read_text_file(file, what="prompt file")
     if argument == "-":
+        if sys.stdin.isatty():  # a person at a terminal may not know the shell waits for them
+            err.print("[dim]reading the prompt from standard input; end with Ctrl-D[/]")
         return read_stdin_text()
     return None if argument is None else clean_arg(argument)

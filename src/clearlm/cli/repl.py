@@ -77,6 +77,7 @@ def _answer(
     max_new_tokens: int,
     stop: Sequence[str],
     parse_special_in_content: bool = False,
+    quiet: bool = False,
 ) -> None:
     """Stream one answer to the last user message and keep it; on Ctrl-C or an error the
     unanswered message is dropped so the conversation stays well formed."""
@@ -96,7 +97,8 @@ def _answer(
         return
     write_out("\n")
     conv.turns.append({"role": "assistant", "content": result.text})
-    print_stats(result, model.config.context_length)
+    if not quiet:
+        print_stats(result, model.config.context_length)
 
 
 def run_repl(
@@ -106,9 +108,11 @@ def run_repl(
     stop: Sequence[str],
     system: str | None,
     parse_special_in_content: bool = False,
+    quiet: bool = False,
 ) -> None:
     """Read messages until end of input or /bye, answering each with the whole history
-    (message text stays text unless ``parse_special_in_content``, see Model.chat_prompt)."""
+    (message text stays text unless ``parse_special_in_content``, see Model.chat_prompt);
+    ``quiet`` leaves out the banner and each answer's stats line."""
     interactive = sys.stdin.isatty()
     conv = Conversation(system)
     if interactive:
@@ -116,7 +120,8 @@ def run_repl(
             import readline  # noqa: F401
         except ImportError:  # not on every platform; input() still works
             pass
-        err.print(f"[dim]chat with {model.path} · {HELP}[/]", soft_wrap=True)
+        if not quiet:
+            err.print(f"[dim]chat with {model.path} · {HELP}[/]", soft_wrap=True)
     while True:
         try:
             line = _read_line(interactive)
@@ -133,7 +138,7 @@ def run_repl(
             continue
         conv.turns.append({"role": "user", "content": line})
         try:
-            _answer(model, conv, params, max_new_tokens, stop, parse_special_in_content)
+            _answer(model, conv, params, max_new_tokens, stop, parse_special_in_content, quiet)
         except KeyboardInterrupt:  # Ctrl-C just outside the generation: keep turns paired
             if conv.turns and conv.turns[-1]["role"] == "user":
                 conv.turns.pop()

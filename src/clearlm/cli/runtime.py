@@ -8,11 +8,13 @@ weight load, then loads and prints one line on stderr::
     loading smollm2-135m-instruct (98 MB)… done in 6.4 s · 2 threads
 
 On a terminal a spinner with the elapsed time shows while a load takes longer than half a second.
-``--quiet`` prints nothing but errors.
+``--quiet`` prints nothing but errors (and an interruption: Ctrl-C while loading says
+``interrupted while loading MODEL`` and exits 130).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -125,12 +127,23 @@ def load_model(
             f"{path.name} has no chat template (a base model?); use `clearlm generate`"
         )
     n_threads = set_threads(threads)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if threads is not None and threads > cpus:  # allowed (it runs), but surely a slip
+        err.print(
+            f"[yellow]warning: --threads {threads} is more than the {cpus} CPUs here; "
+            "decoding will be slower than with fewer[/]",
+            soft_wrap=True,
+        )
     alias = name or DEFAULT_MODEL
     shown = alias if alias in ALIASES else path.name
     label = f"loading {shown} ({human_size(ckpt.size_bytes)})"
     start = time.perf_counter()
-    with spinner(label + "…", enabled=not quiet and err.is_terminal):
-        model = load(path, torch_dtype, check=check)
+    try:
+        with spinner(label + "…", enabled=not quiet and err.is_terminal):
+            model = load(path, torch_dtype, check=check, threads=n_threads)
+    except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
+        err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
+        raise typer.Exit(130) from None
     if not quiet:
         s = "" if n_threads == 1 else "s"
         err.print(

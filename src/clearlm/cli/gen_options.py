@@ -1,0 +1,73 @@
+"""The options generate and chat share: sampling settings, output form, and where the prompt
+comes from (``-p/--prompt``, the llama.cpp spelling, as well as the positional argument)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+MaxNew = Annotated[
+    int, typer.Option("--max-new-tokens", "-n", min=0, help="Most tokens to generate.")
+]
+# Sampling options default to None: then the model folder's generation_config.json decides,
+# and failing that the command's own default (see _run).
+Temp = Annotated[
+    float | None,
+    typer.Option(help="Divide logits by this before softmax; 0 = greedy (default 0.8; chat 0)."),
+]
+TopK = Annotated[
+    int | None, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off (default 0).")
+]
+TopP = Annotated[
+    float | None,
+    typer.Option(
+        "--top-p", help="Keep the smallest set with this much probability; 1 = off (default 1)."
+    ),
+]
+MinP = Annotated[
+    float | None,
+    typer.Option(
+        "--min-p", help="Drop tokens below min_p × the top probability; 0 = off (default 0)."
+    ),
+]
+RepPen = Annotated[
+    float | None,
+    typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off (default 1)."),
+]
+Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed reproduces a run.")]
+Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")]
+
+
+Json = Annotated[
+    bool,
+    typer.Option(
+        "--json", help="Print one JSON object (text, token ids, finish reason, timings) at the end."
+    ),
+]
+Logprobs = Annotated[
+    int | None,
+    typer.Option(
+        "--logprobs",
+        min=0,
+        help="With --json (implied): per generated token its log-probability and the N most "
+        "likely alternatives (log-softmax of the raw logits).",
+    ),
+]
+File = Annotated[
+    Path | None, typer.Option("--file", "-f", help="Read the prompt from this file (UTF-8).")
+]
+PromptOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prompt", "-p", help="The prompt as an option (llama.cpp's -p), instead of the argument."
+    ),
+]
+
+
+def pick_prompt(argument: str | None, option: str | None, what: str) -> str | None:
+    """The positional prompt or ``-p TEXT``; giving both is a usage error (exit 2)."""
+    if argument is not None and option is not None:
+        raise typer.BadParameter(f"give {what} or -p TEXT, not both", param_hint="'-p'")
+    return option if option is not None else argument

@@ -1,0 +1,204 @@
+"""What a fresh user met on a clean clone: --quiet in the chat loop, folders given as files, the
+Python API's thread rule and keyword mistakes, -h, -p, --dtype, Ctrl-C while loading, closed
+pipes for every command, and the small warnings and hints."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import typer
+from tiny_gguf import write_tiny_llama
+
+import clearlm
+from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("polish") / "tiny.gguf", context_length=256)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path):
+    return clearlm.load(tiny_path, threads=1)
+
+
+def cli(*args: str, stdin: bytes | None = None, **env: str) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONIOENCODING": "utf-8", **env}
+    return subprocess.run(
+        [sys.executable, "-m", "clearlm", *args], input=stdin, capture_output=True, env=full_env,
+        timeout=300,
+    )  # fmt: skip
+
+
+def test_quiet_silences_the_stats_of_the_chat_loop(tiny, tiny_path):
+    lines = b"hi\nhello\n"
+    loud = cli("chat", "-m", str(tiny_path), "-n", "5", stdin=lines)
+    quiet = cli("chat", "-m", str(tiny_path), "-n", "5", "-q", stdin=lines)
+    assert loud.returncode == quiet.returncode == 0, (loud.stderr, quiet.stderr)
+    assert loud.stderr.decode().count("finish:") == 2
+    assert quiet.stderr == b""
+    assert quiet.stdout == loud.stdout  # the same answers, only the stats line is gone
+    first = tiny.chat("hi", max_new_tokens=5).text
+    assert quiet.stdout.decode().startswith(first + "\n")
+
+
+def test_a_folder_given_as_a_file_says_it_is_a_directory(tmp_path, tiny_path):
+    for reader in (
+        lambda: clearlm.text.read_text_file(tmp_path),
+        lambda: clearlm.text.read_text_file(tmp_path, what="prompt file"),
+    ):
+        with pytest.raises(ClearLMError, match="is a directory, not a file"):
+            reader()
+    gen = cli("generate", "-f", str(tmp_path), "-m", str(tiny_path))
+    ppl = cli("perplexity", str(tmp_path), "-m", str(tiny_path))
+    for proc in (gen, ppl):
+        line = proc.stderr.decode().strip()
+        assert proc.returncode == 1 and line.startswith("error:"), line
+        assert f"{tmp_path} is a directory, not a file" in line and "not found" not in line
+    missing = cli("generate", "-f", str(tmp_path / "nope.txt"), "-m", str(tiny_path))
+    assert missing.returncode == 1 and b"prompt file not found" in missing.stderr
+
+
+def test_threads_module_is_reachable_after_import_clearlm():
+    code = "import clearlm, torch; print(clearlm.threads.set_threads(1), torch.get_num_threads())"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "1"]
+
+
+def test_load_applies_the_thread_rule_or_the_given_count(tiny_path, monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        clearlm.load(tiny_path, threads=2)
+        assert torch.get_num_threads() == 2
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.setattr(clearlm.threads, "default_threads", lambda: 1)  # the CLI's rule
+        clearlm.load(tiny_path)
+        assert torch.get_num_threads() == 1
+        with pytest.raises(SamplingParamsError, match="threads must be an integer"):
+            clearlm.load(tiny_path, threads=0)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs", "hint"),
+    [
+        ("generate", {"max_length": 5}, "use max_new_tokens"),
+        ("generate", {"do_sample": True}, "temperature=0 is greedy"),
+        ("stream", {"temprature": 0.5}, "the settings are"),
+        ("chat", {"top_n": 3}, "the settings are"),
+    ],
+)
+def test_unknown_sampling_keywords_are_a_typed_error(tiny, method, kwargs, hint):
+    with pytest.raises(SamplingParamsError) as e:
+        getattr(tiny, method)("Hi", **kwargs)
+    message = str(e.value)
+    assert f"{method}() got an unknown setting {next(iter(kwargs))!r}" in message
+    assert hint in message and "temperature, top_k, top_p, min_p, repetition_penalty" in message
+
+
+def test_chat_takes_a_system_message(tiny):
+    system = {"role": "system", "content": "Be brief."}
+    got = tiny.chat("Hi", system="Be brief.", max_new_tokens=6)
+    want = tiny.chat([system, {"role": "user", "content": "Hi"}], max_new_tokens=6)
+    assert got.tokens == want.tokens and got.prompt_tokens == want.prompt_tokens
+    assert got.prompt_tokens > tiny.chat("Hi", max_new_tokens=0).prompt_tokens
+    with pytest.raises(ChatTemplateError, match="start with a system message"):
+        tiny.chat([system, {"role": "user", "content": "Hi"}], system="again")
+
+
+def test_dtype_is_a_usage_error_naming_the_allowed_values(tiny_path):
+    proc = cli("generate", "hi", "-m", str(tiny_path), "--dtype", "bogus")
+    line = proc.stderr.decode().strip()
+    assert proc.returncode == 2
+    assert line.startswith("error:") and "'bogus' is not one of float32, bfloat16, float16" in line
+
+
+def test_ctrl_c_while_loading_says_so_even_with_quiet(tiny_path, monkeypatch, capsys):
+    from clearlm.cli import runtime
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("clearlm.api.load", interrupted)
+    for quiet in (False, True):
+        with pytest.raises(typer.Exit) as e:
+            runtime.load_model(str(tiny_path), threads=1, quiet=quiet)
+        assert e.value.exit_code == 130
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1] == "interrupted while loading tiny.gguf"
+
+
+def test_h_is_help_everywhere_and_help_reflows(tmp_path):
+    for args in ((), ("generate",), ("chat",), ("info",), ("explain",), ("perplexity",)):
+        short, long = cli(*args, "-h", COLUMNS="300"), cli(*args, "--help", COLUMNS="300")
+        assert short.returncode == long.returncode == 0, short.stderr
+        assert short.stdout == long.stdout and b"Usage:" in short.stdout
+        assert b"<bool>" not in short.stdout  # flags take no value: no type shown
+    explain = cli("-h", COLUMNS="300").stdout.decode()
+    # the docstring's lines join into one paragraph on a wide terminal
+    assert "where the last token attends, residual-stream norms and FFN statistics" in explain
+
+
+@pytest.mark.parametrize("command", [["info", "MODEL"], ["walkthrough"], ["--help"]])
+def test_a_closed_stdout_ends_every_command_with_status_0(command, tiny_path):
+    argv = [str(tiny_path) if a == "MODEL" else a for a in command]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clearlm", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()  # the reader is gone before the first line is written
+    rc = proc.wait(timeout=300)
+    stderr = proc.stderr.read().decode()
+    assert rc == 0 and stderr == "", stderr
+
+
+def test_prompt_option_like_llama_cpp(tiny_path):
+    args = ("-m", str(tiny_path), "-n", "4", "--temperature", "0", "--json")
+    positional = cli("generate", "Hello", *args)
+    option = cli("generate", "-p", "Hello", *args)
+    assert positional.returncode == option.returncode == 0, option.stderr
+    assert json.loads(option.stdout)["token_ids"] == json.loads(positional.stdout)["token_ids"]
+    assert json.loads(option.stdout)["prompt_token_ids"] == clearlm.load(tiny_path).encode("Hello")
+    chat = cli("chat", "--prompt", "Hello", *args)
+    assert chat.returncode == 0, chat.stderr
+    both = cli("generate", "Hi", "-p", "Hello", *args)
+    assert both.returncode == 2 and b"not both" in both.stderr
+
+
+def test_more_threads_than_cpus_warns_and_still_runs(tiny_path):
+    cpus = len(os.sched_getaffinity(0))
+    proc = cli("generate", "-p", "Hi", "-m", str(tiny_path), "-n", "2", "-t", str(cpus + 1))
+    assert proc.returncode == 0, proc.stderr
+    warning = f"warning: --threads {cpus + 1} is more than the {cpus} CPUs here"
+    assert warning in proc.stderr.decode()
+    ok = cli("generate", "-p", "Hi", "-m", str(tiny_path), "-n", "2", "-t", "1")
+    assert b"warning" not in ok.stderr
+
+
+class _Terminal:
+    """A stand-in for stdin at a terminal: isatty() is True, bytes come from a buffer."""
+
+    def __init__(self, data: bytes) -> None:
+        self.buffer = io.BytesIO(data)
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_dash_at_a_terminal_says_how_to_end_the_prompt(monkeypatch, capsys):
+    from clearlm.cli.prompt_input import resolve_prompt
+
+    monkeypatch.setattr(sys, "stdin", _Terminal(b"typed text\n"))
+    assert resolve_prompt("-", None) == "typed text\n"
+    assert "reading the prompt from standard input; end with Ctrl-D" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"piped")))
+    assert resolve_prompt("-", None) == "piped"
+    assert capsys.readouterr().err == ""  # a pipe needs no hint
