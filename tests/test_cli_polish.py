@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -202,3 +203,43 @@ def test_dash_at_a_terminal_says_how_to_end_the_prompt(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"piped")))
     assert resolve_prompt("-", None) == "piped"
     assert capsys.readouterr().err == ""  # a pipe needs no hint
+
+
+def test_absurd_thread_counts_are_refused_before_torch_sees_them(tiny_path):
+    """`--threads 100000` crashed libgomp (segfault, exit 139): now a usage error, exit 2."""
+    from clearlm.threads import MAX_THREADS, set_threads
+
+    proc = cli("generate", "-p", "Hi", "-m", str(tiny_path), "-n", "2", "-t", "100000")
+    assert proc.returncode == 2, proc.stderr
+    err_lines = proc.stderr.decode().strip().splitlines()
+    assert len(err_lines) == 1 and "--threads" in err_lines[0], err_lines
+    before = torch.get_num_threads()
+    with pytest.raises(SamplingParamsError, match=f"from 1 to {MAX_THREADS}"):
+        set_threads(MAX_THREADS + 1)
+    assert torch.get_num_threads() == before
+
+
+def test_prompt_files_that_are_pipes_are_read(tmp_path, tiny_path):
+    """`-f <(cmd)` and a FIFO are files to read, not 'not found'; the ids are the text's."""
+    fifo = tmp_path / "prompt.fifo"
+    os.mkfifo(fifo)
+    args = ("-m", str(tiny_path), "-n", "2", "--temperature", "0", "--json")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clearlm", "generate", "-f", str(fifo), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:  # a non-blocking open fails (ENXIO) until clearlm opens the FIFO to read it
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert proc.poll() is None, proc.communicate()[1]  # it ended without reading
+            assert time.monotonic() < deadline, "clearlm never opened the FIFO"
+            time.sleep(0.05)
+    os.write(fd, b"Hello\r\nthere")
+    os.close(fd)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["prompt_token_ids"] == clearlm.load(tiny_path).encode("Hello\r\nthere")

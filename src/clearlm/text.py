@@ -87,7 +87,7 @@ def read_text_file(
     name = clean_arg(str(p))  # printable even if the name is not UTF-8
     if p.is_dir():
         raise ClearLMError(f"{name} is a directory, not a file; give the {what} itself")
-    if not p.is_file():
+    if not p.exists():  # pipes and devices (`-f <(cmd)`, /dev/stdin, a FIFO) are read too
         raise ClearLMError(f"{what} not found: {name}")
     try:
         data = p.read_bytes()

@@ -78,15 +78,20 @@ def default_threads() -> int:
     return choose_threads(torch.get_num_threads(), len(cpus), busy_cpus(cpus))
 
 
+# More threads than this only slows torch down; far more crashes its OpenMP runtime
+# (`--threads 100000` ended in a segfault in libgomp).
+MAX_THREADS = 512
+
+
 def set_threads(threads: int | None = None) -> int:
     """Set torch's intra-op thread count and return it.
 
     Args:
-        threads: a count ≥ 1; None means ``$OMP_NUM_THREADS`` when it is set (left as torch
-            read it), else :func:`default_threads`.
+        threads: a count in [1, MAX_THREADS]; None means ``$OMP_NUM_THREADS`` when it is set
+            (left as torch read it), else :func:`default_threads`.
 
     Raises:
-        SamplingParamsError: threads < 1.
+        SamplingParamsError: threads outside [1, MAX_THREADS].
     """
     import torch
 
@@ -94,7 +99,13 @@ def set_threads(threads: int | None = None) -> int:
         if os.environ.get("OMP_NUM_THREADS"):
             return torch.get_num_threads()
         threads = default_threads()
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise SamplingParamsError(f"threads must be an integer ≥ 1, got {threads!r}")
+    if (
+        isinstance(threads, bool)
+        or not isinstance(threads, int)
+        or not 1 <= threads <= MAX_THREADS
+    ):
+        raise SamplingParamsError(
+            f"threads must be an integer from 1 to {MAX_THREADS}, got {threads!r}"
+        )
     torch.set_num_threads(threads)
     return threads

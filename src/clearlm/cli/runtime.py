@@ -24,6 +24,7 @@ from typing import Annotated, Any
 import typer
 
 from clearlm.cli.app import err
+from clearlm.threads import MAX_THREADS
 
 ThreadsOpt = Annotated[
     int | None,
@@ -31,6 +32,7 @@ ThreadsOpt = Annotated[
         "--threads",
         "-t",
         min=1,
+        max=MAX_THREADS,
         help="CPU threads for torch. Default: the free cores (physical cores allowed to this "
         "process, less those other processes keep busy), or $OMP_NUM_THREADS when set.",
     ),
