@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from clearlm.api_checks import check_callable
 from clearlm.errors import ContextLengthError, SamplingParamsError
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
@@ -190,7 +191,11 @@ def generate(
     stop: Sequence[str] = (),
     on_text: Callable[[str], None] | None = None,
 ) -> GenerationResult:
-    """Run stream_generate to the end and collect the result (optionally echoing text)."""
+    """Run stream_generate to the end and collect the result (optionally echoing text).
+
+    Raises ClearLMError when on_text is neither None nor callable (before generating)."""
+    if on_text is not None:
+        check_callable(on_text, "on_text")
     text, tokens, logprobs = [], [], []
     reason = "length"
     t0 = time.perf_counter()
