@@ -12,6 +12,7 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.errors import (
     ClearLMError,
+    ContextLengthError,
     ModelNotFoundError,
     PromptTypeError,
     SamplingError,
@@ -133,3 +134,19 @@ def test_nan_logits_message_names_half_only_for_half():
         check_logits(bad.half())
     with pytest.raises(SamplingError, match="bfloat16 can overflow"):
         check_logits(bad.bfloat16())
+
+
+def test_context_length_messages(m):
+    """The tiny model's context is 64: a 64-token prompt can be scored but not continued, and
+    a 65-token one is reported as 65 tokens against 64 (it said 65 against 65)."""
+    ctx = m.config.context_length
+    assert ctx == 64
+    assert m.logits([104] * ctx).shape == (ctx, m.config.vocab_size)
+    for call in (m.logits, m.next_token_distribution):
+        with pytest.raises(ContextLengthError) as e:
+            call([104] * (ctx + 1))
+        assert str(e.value).startswith(
+            "the prompt has 65 tokens but the model's context length is 64"
+        )
+    with pytest.raises(ContextLengthError, match="64 tokens and fills .* of 64: no room"):
+        m.generate([104] * ctx, max_new_tokens=1)

@@ -137,7 +137,7 @@ class Model(InterpretMixin):
 
     def _ids_tensor(self, prompt: str | Sequence[int]) -> torch.Tensor:
         ids = self.encode(prompt)
-        check_fits(len(ids), self.config.context_length + 1)  # empty or too long → error
+        check_fits(len(ids), self.config.context_length, new_tokens=0)  # empty or too long
         return torch.tensor([ids], dtype=torch.long)  # (1, T)
 
     @torch.inference_mode()
