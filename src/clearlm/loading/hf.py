@@ -32,7 +32,7 @@ def read_json(path: Path) -> dict[str, Any]:
         raise InvalidModelFileError(f"{path} is not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise InvalidModelFileError(
-            f"{path} holds a JSON {type(data).__name__}, not an object ({{...}})"
+            f"{path} must hold a JSON object ({{...}}), not a JSON {type(data).__name__}"
         )
     return data
 
