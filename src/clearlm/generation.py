@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from clearlm.api_checks import check_callable
+from clearlm.api_checks import check_callable, check_stop
 from clearlm.errors import ContextLengthError, SamplingParamsError
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
@@ -199,9 +199,11 @@ def generate(
 ) -> GenerationResult:
     """Run stream_generate to the end and collect the result (optionally echoing text).
 
-    Raises ClearLMError when on_text is neither None nor callable (before generating)."""
+    Raises ClearLMError when on_text is neither None nor callable, SamplingParamsError for a
+    stop that is not a non-empty string (both before generating)."""
     if on_text is not None:
         check_callable(on_text, "on_text")
+    stop = check_stop(stop)  # SamplingParamsError for a non-str or empty stop
     text, tokens, logprobs = [], [], []
     reason = "length"
     t0 = time.perf_counter()
