@@ -184,3 +184,22 @@ def test_cli_path_with_control_characters_stays_one_line():
     assert proc.returncode == 3, err
     assert len(err.splitlines()) == 1 and "\x1b" not in err, err
     assert "nope\\n\\x1b[31mred.gguf" in err
+
+
+def test_sinusoid_table_grows_with_identical_rows(monkeypatch):
+    """XGLM's sinusoidal table is built for TABLE_START positions at most and grows on demand."""
+    from clearlm.config import ModelConfig
+    from clearlm.model.positions import RotaryEmbedding, sinusoidal_table
+    from clearlm.model.transformer import Transformer
+
+    monkeypatch.setattr(RotaryEmbedding, "TABLE_START", 8)
+    config = ModelConfig(
+        "xglm", 11, 8, 1, 2, 2, 4, 16, 1e-5, 40, True,
+        position="sinusoidal", position_offset=2, norm="layer", ffn="mlp", activation="gelu",
+    )  # fmt: skip
+    model = Transformer(config).eval()
+    assert len(model.sinusoids) == 10
+    model(torch.zeros(1, 30, dtype=torch.long))
+    assert len(model.sinusoids) == 32
+    full = sinusoidal_table(42, 8, "fairseq")
+    assert torch.equal(model.sinusoids, full[:32])
