@@ -31,6 +31,7 @@ GGUF_CASES = {  # name: (key, value, type, what the message must say)
     "base_nan": ("llama.rope.freq_base", math.nan, T.FLOAT32, "finite"),
     "base_inf": ("llama.rope.freq_base", math.inf, T.FLOAT32, "finite"),
     "rope_dim_str": ("llama.rope.dimension_count", "x", T.STRING, "positive integer"),
+    "heads_not_dividing": ("llama.attention.head_count", 3, T.UINT32, "not a multiple"),
 }
 
 
@@ -111,6 +112,7 @@ def with_config(src, dst, change):
 HF_CASES = {
     "json_list": (lambda c: [c], "JSON list"),
     "heads_0": (lambda c: {**c, "num_attention_heads": 0}, "num_attention_heads = 0"),
+    "heads_3": (lambda c: {**c, "num_attention_heads": 3}, "not a multiple"),
     "layers_str": (lambda c: {**c, "num_hidden_layers": "2"}, "num_hidden_layers = '2'"),
     "hidden_float": (lambda c: {**c, "hidden_size": 64.5}, "hidden_size = 64.5"),
     "rope_params_str": (lambda c: {**c, "rope_parameters": "x"}, "rope_parameters = 'x'"),

@@ -66,7 +66,13 @@ def _config(
     # head_count_kv is optional in the GGUF spec: absent means plain multi-head attention.
     kv_key = f"{arch_name}.attention.head_count_kv"
     n_kv_heads = int(uniform(metadata.get(kv_key, n_heads), kv_key, source))
-    head_dim = int(metadata.get(f"{arch_name}.attention.key_length", d_model // n_heads))
+    key_length = f"{arch_name}.attention.key_length"
+    if key_length not in metadata and d_model % n_heads:
+        raise InvalidModelFileError(
+            f"{source}: {arch_name}.embedding_length ({d_model}) is not a multiple of "
+            f"{arch_name}.attention.head_count ({n_heads}) and {key_length} is absent"
+        )
+    head_dim = int(metadata.get(key_length, d_model // n_heads))
     check_head_lengths(metadata, arch_name, head_dim, source)
     if "tokenizer.ggml.tokens" in metadata:
         vocab_size = len(metadata["tokenizer.ggml.tokens"])
