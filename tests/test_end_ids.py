@@ -105,6 +105,25 @@ def test_bad_end_id_value_is_a_typed_error(tmp_path: Path) -> None:
         tokenizer_from_hf_folder(path)
 
 
+@pytest.mark.parametrize(
+    ("file", "value", "bad"),
+    [
+        ("config.json", 100000, 100000),
+        ("config.json", -1, -1),
+        ("generation_config.json", [1, 600], 600),
+    ],
+)
+def test_hf_end_id_outside_vocabulary(tmp_path: Path, file: str, value, bad: int) -> None:
+    """The tester's inputs (vocab 600): 100000 and -1 were accepted and never matched."""
+    path = _folder(tmp_path)
+    assert json.loads((path / "config.json").read_text())["vocab_size"] == 600
+    data = json.loads((path / file).read_text()) if (path / file).exists() else {}
+    (path / file).write_text(json.dumps({**data, "eos_token_id": value}))
+    with pytest.raises(InvalidModelFileError) as e:
+        tokenizer_from_hf_folder(path)
+    assert f"{file}: eos_token_id {bad} is outside the vocabulary" in str(e.value)
+
+
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("eot") / "t.gguf", context_length=64)

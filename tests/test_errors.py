@@ -262,3 +262,11 @@ def test_ui_busy_port_is_one_line(tiny):
         port = s.getsockname()[1]
         proc = run_cli("ui", "--model", str(tiny), "--port", str(port))
     assert_one_line_error(proc, f"cannot serve on 127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_empty_stop_string_is_refused(tmp_path, command):
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    proc = run_cli(command, "-m", str(path), "--stop", "", "hi", "-n", "2")
+    assert_one_line_error(proc, "stop string must not be empty")
+    assert proc.returncode == SamplingParamsError.exit_code

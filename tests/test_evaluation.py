@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 from hf_tiny import TINY, batch_tokens, save_tiny
+from tiny_gguf import write_tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from clearlm.errors import ClearLMError
+from clearlm.errors import ClearLMError, SamplingParamsError
 from clearlm.evaluation import perplexity, windows
 from clearlm.loading.hf import load_hf_model
 
@@ -65,6 +68,51 @@ def test_bad_arguments(tmp_path):
         perplexity(ours, list(range(10)), context=1000)
     with pytest.raises(ClearLMError, match="fewer than 2"):
         perplexity(ours, [5])
+
+
+@pytest.mark.parametrize(
+    ("context", "stride", "option"),
+    [
+        (1, None, "--context"),
+        (0, None, "--context"),
+        (-5, None, "--context"),
+        (2.5, None, "--context"),
+        (True, None, "--context"),
+        (None, 0, "--stride"),
+        (None, -1, "--stride"),
+        (8, 9, "--stride"),
+    ],
+)
+def test_window_options_out_of_range(tmp_path, context, stride, option):
+    """context 1 was a ZeroDivisionError; 0 silently meant the default; -5 blamed --stride."""
+    save_tiny(LlamaForCausalLM, LlamaConfig(**TINY), tmp_path)
+    ours = load_hf_model(tmp_path).model
+    with pytest.raises(SamplingParamsError) as e:
+        perplexity(ours, list(range(10)), context=context, stride=stride)
+    assert str(e.value).startswith(option), str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--context", "1"], "--context"),
+        (["--context", "-5"], "--context"),
+        (["--context", "0"], "--context"),
+        (["--stride", "0"], "--stride"),
+    ],
+)
+def test_cli_window_options_are_usage_errors(tmp_path, args, option):
+    text = tmp_path / "t.txt"
+    text.write_text("hello hello hello")
+    model = write_tiny_llama(tmp_path / "m.gguf")
+    proc = subprocess.run(
+        [sys.executable, "-m", "clearlm", "perplexity", str(text), "-m", str(model), *args],
+        capture_output=True,
+        text=True,
+    )
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error:") and option in err, err
 
 
 def test_smollm2_perplexity_on_alice(smollm2, alice_text):

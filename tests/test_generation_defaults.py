@@ -44,7 +44,6 @@ CONFIGS = {
     "greedy-with-penalty": {"do_sample": False, "repetition_penalty": 1.3, "top_k": 5},
     "min_p-top_k-null": {"do_sample": True, "min_p": 0.1, "top_k": None, "temperature": 1.3},
     "top_k-0": {"do_sample": True, "top_k": 0, "temperature": 1.5},
-    "do_sample-string": {"do_sample": "true", "temperature": 0.9},
 }
 
 
@@ -82,11 +81,8 @@ def test_resolved_defaults_equal_transformers(name, tmp_path, hf_model) -> None:
         params = params_for(tmp_path, fallback)
         assert params.is_greedy == (effective.do_sample is not True)
         ours = filter_logits(logits, history, params)
-        if effective.do_sample is True or not effective.do_sample:
-            assert torch.equal(torch.isinf(ours), torch.isinf(expected))
-            torch.testing.assert_close(ours, expected, rtol=0, atol=0)
-        else:  # "true": transformers adds its warpers, but its mode is greedy (`is not True`)
-            assert torch.equal(ours.argmax(-1), expected.argmax(-1))
+        assert torch.equal(torch.isinf(ours), torch.isinf(expected))
+        torch.testing.assert_close(ours, expected, rtol=0, atol=0)
         if effective.do_sample is True:
             assert params.temperature == effective.temperature
             assert params.top_k == effective.top_k and params.top_p == effective.top_p
@@ -144,6 +140,9 @@ def test_sources(tmp_path) -> None:
     rows = {r[0]: r[1:] for r in describe(read_generation_config(tmp_path))}
     assert rows["temperature"] == ("0", "0", "generation_config.json (do_sample absent: greedy)")
     assert rows["top_p"] == ("0.9", "0.9", "generation_config.json")
+    write(tmp_path, {"do_sample": None, "top_p": 0.9})
+    rows = {r[0]: r[1:] for r in describe(read_generation_config(tmp_path))}
+    assert rows["temperature"] == ("0", "0", "generation_config.json (do_sample null: greedy)")
     rows = {r[0]: r[1:] for r in describe(FileDefaults())}
     assert rows["temperature"] == ("0.8", "0", "clearlm default")
 
@@ -162,6 +161,9 @@ def test_unsupported_settings_are_reported(tmp_path) -> None:
         ({"do_sample": True, "temperature": -1}, "temperature must be in [0, inf)"),
         ({"top_k": -2}, "top_k must be an integer >= 0"),
         ([1, 2], "must hold a JSON object"),
+        ({"do_sample": "yes", "temperature": 0.7}, "do_sample = 'yes' is invalid"),
+        ({"do_sample": 1}, "do_sample = 1 is invalid"),
+        ({"do_sample": "true"}, "do_sample = 'true' is invalid"),  # transformers: greedy
     ],
 )
 def test_invalid_values_name_the_file(config, needle, tmp_path) -> None:

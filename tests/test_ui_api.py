@@ -6,6 +6,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+import clearlm
 from clearlm.inspect.sampling_explain import explain_sampling
 from clearlm.sampling import SamplingParams, filter_logits, softmax
 from clearlm.ui import create_app
@@ -162,3 +163,33 @@ def test_byte_tokens_show_as_hex_pieces_not_replacement_characters(client, smoll
         if m
     )
     assert raw == prompt.encode()
+
+
+@pytest.fixture(scope="module")
+def tiny_client(tmp_path_factory) -> TestClient:
+    from tiny_gguf import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path_factory.mktemp("ui-tiny") / "tiny.gguf")
+    return TestClient(create_app(clearlm.load(path)))
+
+
+@pytest.mark.parametrize("layer", ["1", True, 1.0])
+def test_layer_must_be_a_json_integer(tiny_client, layer):
+    """ "layer": "1" and true were silently read as 1."""
+    r = tiny_client.post("/api/attention", json={"prompt": "hello", "layer": layer})
+    assert r.status_code == 422 and "layer" in r.json()["error"], r.text
+    ok = tiny_client.post("/api/attention", json={"prompt": "hello", "layer": 1})
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"prompt=hi", b'{"prompt": "hi"', b"\xff\xfe"])
+def test_unparsable_body_uses_the_error_shape(tiny_client, body):
+    for content_type in ("application/json", "application/x-www-form-urlencoded"):
+        r = tiny_client.post("/api/analyze", content=body, headers={"content-type": content_type})
+        assert 400 <= r.status_code < 500, r.text
+        assert set(r.json()) == {"error"} and r.json()["error"], r.text
+
+
+def test_sampling_still_takes_ints_for_floats(tiny_client):
+    r = tiny_client.post("/api/sampling", json={"prompt": "hello", "temperature": 1, "top_p": 1})
+    assert r.status_code == 200, r.text

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValue, GGUFWriter
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -55,9 +55,12 @@ def write_tiny_llama(
     matrix_type: GGMLQuantizationType = GGMLQuantizationType.F32,
     seed: int = 0,
     chat_template: str | None = CHATML,
+    overrides: dict | None = None,
 ) -> Path:
     """Write a random tiny model: 256 byte tokens, 3 merges, 3 special tokens; return its path.
-    ``chat_template=None`` leaves the template out (as in Gemma 3 270M base)."""
+    ``chat_template=None`` leaves the template out (as in Gemma 3 270M base). ``overrides``
+    maps a metadata key to (value, GGUFValueType), written over the standard value (bad-file
+    tests)."""
     rng = np.random.default_rng(seed)
     merged = ["he", "ll", "ĠĠ"]  # a few merges so the BPE has some to apply
     tokens = byte_level_alphabet() + merged + SPECIALS
@@ -83,6 +86,8 @@ def write_tiny_llama(
     w.add_add_bos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
+    for key, (value, vtype) in (overrides or {}).items():
+        w.kv_data[0][key] = GGUFValue(value=value, type=vtype)
 
     def mat(n_out: int, n_in: int) -> np.ndarray:
         return (rng.standard_normal((n_out, n_in)) * 0.1).astype(np.float32)

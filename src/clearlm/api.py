@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from clearlm.api_args import check_sampling_keywords
+from clearlm.api_checks import (
+    check_ids,
+    check_messages,
+    check_params,
+    check_sampling_keywords,
+    check_stop,
+)
 from clearlm.config import ModelConfig
 from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
-from clearlm.errors import ChatTemplateError, ClearLMError, PromptTypeError, SamplingParamsError
+from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.interpret import InterpretMixin
 from clearlm.loading.checkpoint import open_checkpoint
@@ -47,10 +53,9 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def _as_stops(stop: str | Sequence[str] | None) -> list[str]:
-    """A stop string or a list of them (a bare string is one stop, not its characters)."""
-    if stop is None:
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
+    """A stop string or a list of them (a bare string is one stop, not its characters).
+    Raises SamplingParamsError for a non-str or empty stop (api_checks.check_stop)."""
+    return check_stop(stop)
 
 
 @dataclass
@@ -86,6 +91,7 @@ class Model(InterpretMixin):
             SamplingParamsError: both params and keywords were given, or a value is invalid.
         """
         given = {k: v for k, v in sampling.items() if v is not None}
+        params = check_params(params)  # a dict of fields becomes a SamplingParams
         if params is not None:
             if given:
                 raise SamplingParamsError(
@@ -105,15 +111,7 @@ class Model(InterpretMixin):
             prompt = decode_utf8(bytes(prompt), "prompt")
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        if not isinstance(prompt, Iterable):
-            raise PromptTypeError(f"a prompt is text or a list of token ids, not {prompt!r}")
-        if not all(isinstance(i, int) or getattr(i, "ndim", 1) == 0 for i in prompt):
-            kinds = sorted({type(i).__name__ for i in prompt})
-            raise PromptTypeError(
-                f"a prompt is a string or a list of token ids, got a list of {'/'.join(kinds)}; "
-                "batches of prompts are not supported yet: call once per prompt"
-            )
-        ids = [int(i) for i in prompt]
+        ids = check_ids(prompt)  # PromptTypeError: not ids (a dict, bools, strings, ...)
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
         if bad:
             raise ClearLMError(
@@ -133,8 +131,11 @@ class Model(InterpretMixin):
         is the opt-in for trusted messages. Raises ChatTemplateError for an empty
         conversation, a missing template or one that fails.
         """
+        if isinstance(messages, bytes | bytearray):  # text, as in encode
+            messages = decode_utf8(bytes(messages), "message")
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
+        check_messages(messages)
         if not messages:
             raise ChatTemplateError("the conversation is empty; give at least one message")
         return self.tokenizer.encode_chat(
@@ -143,7 +144,7 @@ class Model(InterpretMixin):
 
     def _ids_tensor(self, prompt: str | Sequence[int]) -> torch.Tensor:
         ids = self.encode(prompt)
-        check_fits(len(ids), self.config.context_length + 1)  # empty or too long → error
+        check_fits(len(ids), self.config.context_length, new_tokens=0)  # empty or too long
         return torch.tensor([ids], dtype=torch.long)  # (1, T)
 
     @torch.inference_mode()

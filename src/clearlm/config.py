@@ -74,6 +74,21 @@ class RopeScaling:
         return f"{self.kind} ×{self.factor:g}{extra}"
 
 
+# ModelConfig fields that are sizes or counts: positive integers.
+SIZE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "d_ff",
+    "context_length",
+    "embed_dim",
+    "rope_dim",
+)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of a decoder-only Transformer (names follow the field's usage).
@@ -158,6 +173,7 @@ class ModelConfig:
                     f"{name} {getattr(self, name)!r} is not supported; supported: "
                     + ", ".join(allowed)
                 )
+        self._check_values()
         if self.n_heads % self.n_kv_heads != 0:
             raise InvalidModelFileError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
@@ -168,6 +184,29 @@ class ModelConfig:
             )
         if "sliding" in self.layer_types and not self.sliding_window:
             raise InvalidModelFileError("sliding layers need a sliding_window size")
+
+    def _check_values(self) -> None:
+        """Sizes are positive ints, ε and RoPE bases finite and > 0, RoPE's dims even and
+        within a head: InvalidModelFileError naming the field otherwise (the loaders check the
+        file's own keys first, naming them; this catches what a family derived)."""
+
+        def bad(name: str, want: str) -> InvalidModelFileError:
+            return InvalidModelFileError(
+                f"config value {name} = {getattr(self, name)!r} is invalid: it must be {want}"
+            )
+
+        for name in SIZE_FIELDS:
+            v, low = getattr(self, name), 0 if name == "n_layers" else 1  # 0 layers: a toy
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise bad(name, "a positive integer")
+        for name in ("norm_eps", "rope_theta", "rope_local_theta", "embed_scale"):
+            v = getattr(self, name)
+            if v is None and name == "rope_local_theta":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise bad(name, "a finite number > 0")
+        if self.position == "rope" and (self.rope_dim % 2 or self.rope_dim > self.head_dim):
+            raise bad("rope_dim", f"even and at most head_dim ({self.head_dim})")
 
     def describe(self) -> list[tuple[str, str, str]]:
         """(seed stage, name, value) for every field: what ``clearlm info`` prints."""

@@ -93,7 +93,13 @@ def read_generation_config(folder: str | Path) -> FileDefaults:
     raw = read_json(path)
     if not isinstance(raw, dict):
         raise InvalidModelFileError(f"{path} must hold a JSON object")
-    sampling = raw.get("do_sample") is True  # transformers: `do_sample is not True` -> greedy
+    do_sample = raw.get("do_sample")
+    if do_sample is not None and not isinstance(do_sample, bool):
+        # transformers would read "yes" as greedy (`do_sample is not True`): refuse, not guess
+        raise InvalidModelFileError(
+            f"{path}: do_sample = {do_sample!r} is invalid: it must be true or false"
+        )
+    sampling = do_sample is True  # transformers: `do_sample is not True` -> greedy
     ignored = tuple(
         f"{key}={raw[key]!r}"
         for key, (off, sampling_only) in UNSUPPORTED.items()
@@ -113,7 +119,7 @@ def read_generation_config(folder: str | Path) -> FileDefaults:
                 raise InvalidModelFileError(f"{path}: {e}") from None
             values[key], sources[key] = raw[key], FILE
     if not sampling:
-        said = "false" if raw.get("do_sample") is False else "absent"
+        said = "false" if do_sample is False else "null" if "do_sample" in raw else "absent"
         values["temperature"], sources["temperature"] = 0.0, f"{FILE} (do_sample {said}: greedy)"
     return FileDefaults(values, sources, ignored, str(path))
 

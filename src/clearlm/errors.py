@@ -8,11 +8,31 @@ Exit codes: 1 other, 2 command-line usage (unknown option, missing argument, bad
 sampling or generation settings, 8 chat template, 9 pull failed.
 """
 
+import unicodedata
+
+
+def printable(text: str) -> str:
+    """text with control characters and line separators escaped the way repr() writes them
+    (newline → \\n, ESC → \\x1b), so a path or value quoted in a message keeps it one line and
+    cannot drive the terminal."""
+    return "".join(
+        c.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(c) in ("Cc", "Zl", "Zp")
+        else c
+        for c in text
+    )
+
 
 class ClearLMError(Exception):
-    """Base class: a problem with the user's input or environment, with a one-line message."""
+    """Base class: a problem with the user's input or environment, with a one-line message.
+
+    The message is passed through :func:`printable`: whatever file name or value it quotes,
+    it stays one line."""
 
     exit_code = 1
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(printable(a) if isinstance(a, str) else a for a in args))
 
 
 class ModelNotFoundError(ClearLMError):

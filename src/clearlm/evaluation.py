@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from clearlm.errors import ClearLMError, ContextLengthError
+from clearlm.errors import ClearLMError, ContextLengthError, SamplingParamsError
 from clearlm.model.transformer import Transformer
 from clearlm.sampling import log_softmax
 
@@ -53,6 +53,10 @@ def windows(n_tokens: int, context: int, stride: int) -> list[tuple[int, int, in
     return out
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 @torch.inference_mode()
 def perplexity(
     model: Transformer,
@@ -71,16 +75,25 @@ def perplexity(
         progress: called as progress(windows_done, windows_total).
 
     Raises:
-        ClearLMError: fewer than 2 tokens, or stride outside [1, context].
+        ClearLMError: fewer than 2 tokens.
+        SamplingParamsError: context not an int >= 2 (a window of 1 token predicts nothing),
+            stride not an int in [1, context]; None (not 0) means the default.
         ContextLengthError: context larger than the model's.
     """
     ctx_max = model.config.context_length
-    context = context or ctx_max
+    if context is not None and (not _is_int(context) or context < 2):
+        raise SamplingParamsError(
+            f"--context (window length) must be an integer >= 2, got {context!r}: a window "
+            "needs one token to predict from and one to score"
+        )
+    context = ctx_max if context is None else context
     if context > ctx_max:
         raise ContextLengthError(f"--context {context} exceeds the model's {ctx_max} tokens")
-    stride = stride or max(1, context // 2)
-    if not 1 <= stride <= context:
-        raise ClearLMError(f"--stride must be between 1 and the context ({context}), got {stride}")
+    if stride is not None and (not _is_int(stride) or not 1 <= stride <= context):
+        raise SamplingParamsError(
+            f"--stride must be an integer between 1 and the context ({context}), got {stride!r}"
+        )
+    stride = max(1, context // 2) if stride is None else stride
     if len(tokens) < 2:
         raise ClearLMError("the text has fewer than 2 tokens: nothing to predict")
     ids = torch.tensor([list(tokens)], dtype=torch.long)  # (1, N)

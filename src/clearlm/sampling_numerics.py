@@ -34,9 +34,14 @@ def check_logits(logits: Tensor) -> None:
         return
     has_bad = bool((torch.isnan(row_max) | torch.isposinf(row_max)).any())
     if has_bad:
+        half = logits.dtype in (torch.float16, torch.bfloat16)
+        hint = (
+            f"{str(logits.dtype).removeprefix('torch.')} can overflow: try --dtype float32"
+            if half
+            else "check the model file's weights, or what a hook returned"
+        )
         raise SamplingError(
-            "the logits contain NaN or +inf, so they give no probability distribution; "
-            "check the model's output (float16 can overflow: try --dtype float32)"
+            "the logits contain NaN or +inf, so they give no probability distribution; " + hint
         )
     raise SamplingError(
         "every logit of a row is -inf, so no token is possible; "

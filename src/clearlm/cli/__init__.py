@@ -14,9 +14,10 @@ import sys
 from typing import NoReturn
 
 import typer
+from rich.markup import escape
 
 from clearlm.cli.app import DType, ModelOpt, app, err
-from clearlm.errors import ClearLMError
+from clearlm.errors import ClearLMError, printable
 
 __all__ = ["DType", "ModelOpt", "app", "err", "main"]
 
@@ -51,10 +52,11 @@ def main() -> None:
             sys.exit(0)
         name = ctx.command_path if ctx is not None else "clearlm"
         message = e.format_message() if hasattr(e, "format_message") else str(e)
+        message = escape(printable(message))  # a value may hold control chars or [markup]
         err.print(f"[red]error:[/] {message} (see '{name} --help')", soft_wrap=True)
         sys.exit(getattr(e, "exit_code", 2))
     except ClearLMError as e:
-        err.print(f"[red]error:[/] {e}", soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         sys.exit(e.exit_code)
     except BrokenPipeError:  # the reader went away (e.g. `| head`): nothing left to say
         _stdout_closed()

@@ -52,12 +52,14 @@ def _run(
     Sampling values: the user's options over the model's generation_config.json over the
     command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
     """
+    from clearlm.api_checks import check_stop
     from clearlm.generation import check_fits, generate
     from clearlm.sampling import SamplingParams
 
     as_json = as_json or logprobs is not None
     given = {k: v for k, v in sampling.items() if v is not None}
     SamplingParams(**{**fallback, **given})  # validate the user's values before the slow load
+    stop = check_stop(stop)  # '' would match at once: refused before the load too
     # The prompt is built on the header first: no chat template, or too long, fails before the
     # weights are read.
     model = load_model(

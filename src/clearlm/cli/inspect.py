@@ -93,10 +93,12 @@ def perplexity(
     text_file: Annotated[str, typer.Argument(help="A UTF-8 text file to score.")],
     model: ModelOpt = None,
     context: Annotated[
-        int | None, typer.Option(help="Window length in tokens (default: the model's context).")
+        int | None,
+        typer.Option(min=2, help="Window length in tokens, >= 2 (default: the model's context)."),
     ] = None,
     stride: Annotated[
-        int | None, typer.Option(help="Tokens between window starts (default: context / 2).")
+        int | None,
+        typer.Option(min=1, help="Tokens between window starts, >= 1 (default: context / 2)."),
     ] = None,
     dtype: DType = "float32",
     threads: ThreadsOpt = None,

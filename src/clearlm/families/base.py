@@ -89,6 +89,16 @@ def _yarn_from_hf(p: dict[str, Any], factor: float) -> dict[str, Any]:
     )
 
 
+def whole_heads(c: HFConfig, d_model: int, n_heads: int) -> int:
+    """hidden_size / num_attention_heads, which must divide exactly when head_dim is absent."""
+    if d_model % n_heads:
+        raise InvalidModelFileError(
+            f"{c.source}: hidden_size ({d_model}) is not a multiple of num_attention_heads "
+            f"({n_heads}) and head_dim is absent"
+        )
+    return d_model // n_heads
+
+
 def decoder_core(c: HFConfig) -> dict[str, Any]:
     """The fields every Llama-style config.json spells the same way (rope_from_hf may
     override context_length)."""
@@ -100,7 +110,7 @@ def decoder_core(c: HFConfig) -> dict[str, Any]:
         n_layers=int(c.req("num_hidden_layers")),
         n_heads=n_heads,
         n_kv_heads=int(c.get("num_key_value_heads", n_heads)),
-        head_dim=int(c.get("head_dim", d_model // n_heads)),
+        head_dim=int(c.get("head_dim", whole_heads(c, d_model, n_heads))),
         d_ff=int(c.req("intermediate_size")),
         norm_eps=float(c.get("rms_norm_eps", 1e-6)),
         context_length=int(c.req("max_position_embeddings")),

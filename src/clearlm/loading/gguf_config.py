@@ -12,6 +12,7 @@ from typing import Any
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 from clearlm.families import gguf_arch
+from clearlm.loading.config_values import check_gguf_values, config_errors
 from clearlm.loading.gguf_keys import (
     check_freq_factors,
     check_head_lengths,
@@ -40,6 +41,19 @@ def config_from_gguf(
     arch_name = metadata.get("general.architecture")
     arch = gguf_arch(arch_name, source)
     check_keys(metadata, arch_name, arch.keys | {arch.norm_eps_key}, source)
+    check_gguf_values(metadata, arch_name, source)
+    with config_errors(source):
+        return _config(metadata, tensor_names, source, rope_freqs, arch_name, arch)
+
+
+def _config(
+    metadata: dict[str, Any],
+    tensor_names: set[str],
+    source: str,
+    rope_freqs: tuple[float, ...] | None,
+    arch_name: str,
+    arch: Any,
+) -> ModelConfig:
 
     def req(key: str) -> Any:
         full = f"{arch_name}.{key}"
@@ -52,7 +66,13 @@ def config_from_gguf(
     # head_count_kv is optional in the GGUF spec: absent means plain multi-head attention.
     kv_key = f"{arch_name}.attention.head_count_kv"
     n_kv_heads = int(uniform(metadata.get(kv_key, n_heads), kv_key, source))
-    head_dim = int(metadata.get(f"{arch_name}.attention.key_length", d_model // n_heads))
+    key_length = f"{arch_name}.attention.key_length"
+    if key_length not in metadata and d_model % n_heads:
+        raise InvalidModelFileError(
+            f"{source}: {arch_name}.embedding_length ({d_model}) is not a multiple of "
+            f"{arch_name}.attention.head_count ({n_heads}) and {key_length} is absent"
+        )
+    head_dim = int(metadata.get(key_length, d_model // n_heads))
     check_head_lengths(metadata, arch_name, head_dim, source)
     if "tokenizer.ggml.tokens" in metadata:
         vocab_size = len(metadata["tokenizer.ggml.tokens"])

@@ -17,17 +17,24 @@ from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
 from clearlm.families import family_for
 from clearlm.families.base import Family, HFConfig
+from clearlm.loading.config_values import check_hf_values, config_errors
 from clearlm.loading.load import LoadedModel, TensorInfo, assemble
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON file as a dict. Raises InvalidModelFileError naming the file if it is not JSON."""
+    """A JSON file as a dict. Raises InvalidModelFileError naming the file if it is not JSON
+    or not a JSON object."""
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))  # bytes: no newline translation
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(path.read_bytes().decode("utf-8"))  # bytes: no newline translation
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise InvalidModelFileError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise InvalidModelFileError(
+            f"{path} must hold a JSON object ({{...}}), not a JSON {type(data).__name__}"
+        )
+    return data
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -85,10 +92,13 @@ def inspect_hf(folder: str | Path) -> tuple[ModelConfig, dict[str, Any], list[Te
     family, config, raw = _config(folder)
     infos = []
     for f in safetensors_files(folder):
-        with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():
-                sl = sf.get_slice(name)
-                infos.append(TensorInfo(name, sl.get_dtype(), tuple(sl.get_shape())))
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    sl = sf.get_slice(name)
+                    infos.append(TensorInfo(name, sl.get_dtype(), tuple(sl.get_shape())))
+        except Exception as e:  # safetensors raises its own SafetensorError on bad bytes
+            raise InvalidModelFileError(f"{f} is not a readable safetensors file ({e})") from None
     return config, {"hf.config": raw}, infos
 
 
@@ -97,9 +107,12 @@ def _config(folder: Path) -> tuple[Family, ModelConfig, dict[str, Any]]:
     if not cfg_path.is_file():
         raise ModelNotFoundError(f"{folder} has no config.json; is it a Hugging Face model folder?")
     raw = read_json(cfg_path)
+    check_hf_values(raw, str(cfg_path))
     family = family_for(raw.get("model_type"), str(cfg_path))
     safetensors_files(folder)  # refuse pickles before reading anything else
-    return family, family.build_config(HFConfig(raw, str(cfg_path)), raw["model_type"]), raw
+    with config_errors(str(cfg_path)):
+        config = family.build_config(HFConfig(raw, str(cfg_path)), raw["model_type"])
+    return family, config, raw
 
 
 def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:

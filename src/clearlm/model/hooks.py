@@ -64,6 +64,11 @@ _PATTERNS = [_pattern(n) for n in HOOK_POINTS]
 
 def check_hook_name(name: str, n_layers: int) -> None:
     """Raise ClearLMError unless `name` is a hook point of a model with n_layers blocks."""
+    if not isinstance(name, str):
+        raise ClearLMError(
+            f"a hook point name is a string such as 'blocks.0.resid_post', got "
+            f"{type(name).__name__} {name!r}"
+        )
     for pattern in _PATTERNS:
         m = pattern.match(name)
         if m and (not m.groups() or int(m.group(1)) < n_layers):
@@ -74,11 +79,19 @@ def check_hook_name(name: str, n_layers: int) -> None:
     )
 
 
+def check_hook_fn(name: str, fn: object) -> None:
+    """Raise ClearLMError unless fn is callable (it would fail only when the pass reached it)."""
+    if not callable(fn):
+        raise ClearLMError(
+            f"the hook for {name!r} must be a function fn(tensor, name), got {type(fn).__name__}"
+        )
+
+
 def resolve_names(names: Iterable[str] | None, n_layers: int) -> set[str] | None:
     """Validate requested names (None = everything)."""
     if names is None:
         return None
-    names = set(names)
+    names = {names} if isinstance(names, str) else set(names)  # one name, not its letters
     for n in names:
         check_hook_name(n, n_layers)
     return names
@@ -183,6 +196,7 @@ class HookRegistry:
     def add(self, name: str, fn: HookFn) -> HookHandle:
         """Call fn(tensor, name) whenever the pass reaches `name` (see HookPoint)."""
         point = self.point(name)
+        check_hook_fn(name, fn)
         point.fns.append(fn)
         return HookHandle(point, fn)
 
@@ -195,7 +209,13 @@ class HookRegistry:
     def temporary(self, fns: Mapping[str, HookFn]) -> Iterator[None]:
         """Hooks that are removed when the block ends, also when it raises. Every name is
         checked before any hook is added (ClearLMError: none is added)."""
+        if not isinstance(fns, Mapping):
+            raise ClearLMError(
+                "hooks take a dict {hook point name: function}, got " + type(fns).__name__
+            )
         points = [self.point(name) for name in fns]
+        for name, fn in fns.items():
+            check_hook_fn(name, fn)
         handles = []
         try:
             for point, fn in zip(points, fns.values(), strict=True):

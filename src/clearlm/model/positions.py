@@ -112,17 +112,24 @@ class RotaryEmbedding(nn.Module):
     with 2j+1 (llama.cpp's layout); llama GGUF Q/K rows are un-permuted at load time
     (loading/gguf.py) so both give the same numbers.
 
-    Static scalings precompute cos/sin for every position: (P, d) float32. "dynamic" depends on
-    the sequence length, so it computes them per call.
+    Static scalings keep cos/sin tables, (P, d) float32, for the first P positions: P starts
+    at min(max_positions, TABLE_START) and doubles (up to max_positions) when a forward pass
+    needs a later position, so a file claiming a huge context allocates only what runs use.
+    Each row depends only on its position, so the table size does not change any value.
+    "dynamic" depends on the sequence length, so it computes them per call.
     """
+
+    TABLE_START = 32768  # positions: 8 MiB per table at d = 64; most contexts fit unchanged
 
     def __init__(
         self, rope_dim: int, base: float, max_positions: int, scaling: RopeScaling | None = None
     ) -> None:
         super().__init__()
         self.rope_dim, self.base, self.scaling = rope_dim, base, scaling
+        self.max_positions = max_positions
         self.dynamic = scaling is not None and scaling.kind == "dynamic"
-        cos, sin = self._tables(torch.arange(max_positions), max_positions)
+        n = min(max_positions, self.TABLE_START)
+        cos, sin = self._tables(torch.arange(n), max_positions)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -137,10 +144,22 @@ class RotaryEmbedding(nn.Module):
             return emb.cos() * a, emb.sin() * a
         return emb.cos(), emb.sin()
 
+    def _grow(self, need: int) -> None:
+        """Rebuild the tables to cover positions < need (doubling, capped at max_positions)."""
+        n = len(self.cos)
+        while n < need:
+            n *= 2
+        n = min(max(n, need), self.max_positions)
+        device = self.cos.device
+        cos, sin = self._tables(torch.arange(n, device=device), self.max_positions)
+        self.cos, self.sin = cos, sin
+
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (T,) int64 → (cos, sin), each (T, d) float32."""
         if self.dynamic:
             return self._tables(positions, int(positions.max()) + 1)
+        if positions.numel() and int(positions.max()) >= len(self.cos):
+            self._grow(int(positions.max()) + 1)
         return self.cos[positions], self.sin[positions]
 
 

@@ -59,8 +59,8 @@ class Transformer(nn.Module):
             self.rope = RotaryEmbedding(c.rope_dim, c.rope_theta, c.context_length, c.rope_scaling)
             if c.rope_local_theta is not None:  # Gemma 3: sliding layers use their own base
                 self.rope_local = RotaryEmbedding(c.rope_dim, c.rope_local_theta, c.context_length)
-        if c.position == "sinusoidal":
-            n = c.context_length + c.position_offset
+        if c.position == "sinusoidal":  # grown on demand in embed, as RoPE's tables are
+            n = min(c.context_length, RotaryEmbedding.TABLE_START) + c.position_offset
             self.register_buffer(
                 "sinusoids", sinusoidal_table(n, c.d_model, "fairseq"), persistent=False
             )
@@ -83,6 +83,10 @@ class Transformer(nn.Module):
         if c.position == "learned":
             pos = self.embed_positions(positions + c.position_offset)  # (T, D)
         else:
+            need = int(positions.max()) + 1 + c.position_offset if positions.numel() else 0
+            if need > len(self.sinusoids):  # rows depend only on their position: same values
+                n = min(max(need, 2 * len(self.sinusoids)), c.context_length + c.position_offset)
+                self.sinusoids = sinusoidal_table(n, c.d_model, "fairseq").to(x.device)
             pos = self.sinusoids[positions + c.position_offset].to(x.dtype)  # (T, D)
         return x + self.hook_pos(pos)  # (B, T, D): (T, D) broadcast over the batch
 

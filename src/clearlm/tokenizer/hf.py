@@ -102,15 +102,28 @@ def _read_template(path: Path) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _end_ids(folder: Path) -> set[int]:
+def _end_ids(folder: Path, tokenizer_size: int) -> set[int]:
     """eos_token_id (an int or a list) of config.json (and its text_config, as multimodal
-    configs such as Gemma 3's nest it) and generation_config.json, all together."""
+    configs such as Gemma 3's nest it) and generation_config.json, all together.
+
+    Every id must lie in the model's vocabulary (config.json's vocab_size, else the
+    tokenizer's size): InvalidModelFileError naming the file otherwise, as for GGUF."""
+    model = _read_json(folder / "config.json")
+    vocab = next(
+        (
+            part["vocab_size"]
+            for part in (model, model.get("text_config"))
+            if isinstance(part, dict) and type(part.get("vocab_size")) is int
+        ),
+        tokenizer_size,
+    )
     ends: set[int] = set()
     for name in ("config.json", "generation_config.json"):
         config = _read_json(folder / name)
         for part in (config, config.get("text_config")):
             if isinstance(part, dict):
-                ends |= set(id_list(part.get("eos_token_id"), f"{folder / name}: eos_token_id"))
+                where = f"{folder / name}: eos_token_id"
+                ends |= set(id_list(part.get("eos_token_id"), where, vocab))
     return ends
 
 
@@ -194,8 +207,8 @@ def tokenizer_from_hf_folder(folder: str | Path) -> Tokenizer:
     config = _read_json(config_path)
     named, special = _register_tokens(backend, config, config_path)
     bos, eos, add_bos, add_eos = _bos_eos(backend, config, named)
-    ends = _end_ids(folder) | ({eos} if eos is not None else set())
     size = max(backend.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    ends = _end_ids(folder, size) | ({eos} if eos is not None else set())
     templates = _chat_templates(folder, config)
     return Tokenizer(
         backend=backend,

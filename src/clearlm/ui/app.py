@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clearlm.api import Model
 from clearlm.errors import ClearLMError
@@ -38,7 +39,8 @@ CACHE_SIZE = 8
 class PromptIn(BaseModel):
     """A request about one prompt."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: "layer": "1" or true is an error, not 1 (a JSON int still fills a float field)
+    model_config = ConfigDict(extra="forbid", strict=True)
     # a JSON "\ud800" escape arrives as a lone surrogate: it becomes U+FFFD, as in the API
     prompt: Annotated[str, AfterValidator(clean_text)]
 
@@ -110,6 +112,12 @@ def create_app(model: Model, title: str | None = None) -> FastAPI:
     @app.exception_handler(ClearLMError)
     async def clearlm_error(_: Request, exc: ClearLMError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # e.g. a body that is not JSON at all: starlette says "There was an error parsing the
+        # body" as {"detail": ...}; the page reads {"error": ...}
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
