@@ -8,28 +8,21 @@ head, the embedding and the QuantLinear head share one Packed (no second copy of
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from clearlm.quant.pack import Packed, dequantize_packed
+from clearlm.quant.pack import Packed, PackedModule, dequantize_packed
 
 
-class QuantEmbedding(nn.Module):
+class QuantEmbedding(PackedModule):
     """ids (...) int64 → (..., D) float32 rows of a (V, D) packed table."""
 
     def __init__(self, packed: Packed) -> None:
-        super().__init__()
+        super().__init__(packed)
         self.num_embeddings, self.embedding_dim = packed.shape
-        self.bits, self.block, self.qtype = packed.bits, packed.block, packed.qtype
-        self.register_buffer("codes", packed.codes)
-        self.register_buffer("scale", packed.scale)
-        empty = torch.empty(0, dtype=packed.scale.dtype)
-        self.register_buffer("min", packed.min if packed.min is not None else empty)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)  # (T,)
-        mn = self.min[flat] if self.min.numel() else None
-        rows = Packed(self.codes[flat], self.scale[flat], mn, self.bits, self.block, self.qtype)
-        return dequantize_packed(rows).reshape(*ids.shape, self.embedding_dim)  # (..., D)
+        rows = dequantize_packed(self.packed(flat))  # (T, D): only the rows asked for
+        return rows.reshape(*ids.shape, self.embedding_dim)  # (..., D)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, qtype={self.qtype}"

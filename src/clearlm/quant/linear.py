@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from clearlm.quant.kernels import load_kernels
-from clearlm.quant.pack import Packed, dequantize_packed
+from clearlm.quant.pack import Packed, PackedModule, dequantize_packed
 
 SMALL_M = 4  # measured (1 thread, 4864x896): kernel 1.0-1.3 ms, dequantize+matmul 2.0 ms at 4
 CHUNK_ELEMS = 1 << 22  # float32 elements per dequantized chunk (16 MiB)
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(PackedModule):
     """y = x @ W.T + b with W (out_features, in_features) held as a :class:`Packed` weight.
 
     Buffers: ``codes`` (int8 (N, K) or uint8 (N, K/2)), ``scale`` (N, K/block) float16/32,
@@ -33,18 +32,9 @@ class QuantLinear(nn.Module):
     computed in float32 and returned in their own dtype."""
 
     def __init__(self, packed: Packed, bias: torch.Tensor | None = None) -> None:
-        super().__init__()
+        super().__init__(packed)
         self.out_features, self.in_features = packed.shape
-        self.bits, self.block, self.qtype = packed.bits, packed.block, packed.qtype
-        self.register_buffer("codes", packed.codes)
-        self.register_buffer("scale", packed.scale)
-        empty = torch.empty(0, dtype=packed.scale.dtype)
-        self.register_buffer("min", packed.min if packed.min is not None else empty)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
-
-    def packed(self) -> Packed:
-        mn = self.min if self.min.numel() else None
-        return Packed(self.codes, self.scale, mn, self.bits, self.block, self.qtype)
 
     def dequantized(self, r0: int = 0, r1: int | None = None) -> torch.Tensor:
         """Rows [r0, r1) of the float32 weight (all rows by default)."""

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import Q4_K
+from torch import nn
 
 from clearlm.errors import ClearLMError
 
@@ -162,3 +163,26 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
     if p.min is not None:
         w = w + p.min.float()[..., None]  # one rounding, as the reference
     return w.reshape(n, k)
+
+
+class PackedModule(nn.Module):
+    """A module that holds one :class:`Packed` weight as buffers, so ``state_dict``, ``.to()``
+    and sharing one table between tied modules work: ``codes``, ``scale`` and ``min`` (an empty
+    tensor for formats without a per-block offset). QuantLinear and QuantEmbedding build on it.
+    """
+
+    def __init__(self, packed: Packed) -> None:
+        super().__init__()
+        self.bits, self.block, self.qtype = packed.bits, packed.block, packed.qtype
+        self.register_buffer("codes", packed.codes)
+        self.register_buffer("scale", packed.scale)
+        empty = torch.empty(0, dtype=packed.scale.dtype)
+        self.register_buffer("min", packed.min if packed.min is not None else empty)
+
+    def packed(self, rows: torch.Tensor | None = None) -> Packed:
+        """The weight as a Packed, or only the given rows (an int64 index tensor (R,))."""
+        mn = self.min if self.min.numel() else None
+        if rows is None:
+            return Packed(self.codes, self.scale, mn, self.bits, self.block, self.qtype)
+        mn = None if mn is None else mn[rows]
+        return Packed(self.codes[rows], self.scale[rows], mn, self.bits, self.block, self.qtype)
