@@ -8,7 +8,7 @@ import pytest
 from tiny_gguf import write_tiny_llama
 
 import clearlm
-from clearlm.generation import _held_back
+from clearlm.text_stream import held_back as _held_back
 
 
 @pytest.fixture(scope="module")
