@@ -100,12 +100,14 @@ class Chunk:
         finish_reason: None while generating; on the last chunk one of "eos" (the model's
             end token), "stop" (a stop string), "length" (max_new_tokens), "context_length"
             (prompt + generated tokens filled the context window).
+        index: which prompt of a batch it belongs to (0 for a single prompt).
     """
 
     text: str
     token: int | None = None
     logprob: float | None = None
     finish_reason: str | None = None
+    index: int = 0
 
 
 @dataclass
