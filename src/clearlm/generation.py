@@ -25,9 +25,10 @@ from clearlm.tokenizer import Tokenizer
 
 
 def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
-    """A KV cache sized for `max_seq_len` positions (tokens) in the model's dtype."""
+    """A KV cache of `batch_size` slots sized for `max_seq_len` positions (tokens) in the model's
+    dtype (its first floating-point parameter's: compact weight modules hold packed codes)."""
     c = model.config
-    dtype = model.embed_tokens.weight.dtype
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
     return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, dtype)
 
 
@@ -100,12 +101,14 @@ class Chunk:
         finish_reason: None while generating; on the last chunk one of "eos" (the model's
             end token), "stop" (a stop string), "length" (max_new_tokens), "context_length"
             (prompt + generated tokens filled the context window).
+        index: which prompt of a batch it belongs to (0 for a single prompt).
     """
 
     text: str
     token: int | None = None
     logprob: float | None = None
     finish_reason: str | None = None
+    index: int = 0
 
 
 @dataclass
