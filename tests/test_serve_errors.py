@@ -25,7 +25,7 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> clearlm.Model:
     return clearlm.load(
-        write_tiny_llama(tmp_path_factory.mktemp("e") / "t.gguf", context_length=CTX), threads=1
+        write_tiny_llama(tmp_path_factory.mktemp("e") / "t.gguf", context_length=CTX),
     )
 
 

@@ -21,7 +21,7 @@ MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> clearlm.Model:
     path = write_tiny_llama(tmp_path_factory.mktemp("s") / "t.gguf", context_length=256)
-    return clearlm.load(path, threads=1)
+    return clearlm.load(path)
 
 
 @pytest.fixture(scope="module")
