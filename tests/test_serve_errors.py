@@ -76,6 +76,7 @@ CASES = [  # (path, body, param, a piece of the message)
     ("completions", with_(GOOD, prompt=[5, 10**6]), "prompt", "outside the vocabulary"),
     ("completions", with_(GOOD, stop=["ok", ""]), "stop", "must not be empty"),
     ("completions", with_(GOOD, echo=True, logprobs=1), "echo", "not supported"),
+    ("completions", with_(GOOD, logit_bias={"5": 1}), "logit_bias", "not supported"),
     ("chat/completions", with_(CHAT, messages=[]), "messages", "at least 1 item"),
     ("chat/completions", with_(CHAT, messages={"role": "user"}), "messages", "valid list"),
     ("chat/completions", with_(CHAT, messages=[{"role": "robot", "content": "x"}]),
@@ -108,6 +109,15 @@ def test_the_official_client_raises_its_typed_errors(url, tiny):
         c.chat.completions.create(model=MODEL, messages=long)
     r = c.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0)
     assert r.choices[0].text == tiny.generate("hi", max_new_tokens=2, temperature=0).text
+
+
+def test_null_means_unset(url):
+    nulls = dict(n=None, stream=None, echo=None, logprobs=None, stop=None, seed=None, user=None,
+                 logit_bias=None, stream_options=None, temperature=None)  # fmt: skip
+    r = post(url, "completions", with_(GOOD, **nulls))
+    assert r.status_code == 200 and len(r.json()["choices"]) == 1
+    r = post(url, "chat/completions", with_(CHAT, logprobs=None, top_logprobs=None, n=None))
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
 
 
 def test_lone_surrogates_become_replacement_characters(url, tiny):

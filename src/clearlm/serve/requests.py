@@ -72,9 +72,11 @@ def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
 def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, limits: Limits,
             where: str) -> dict[str, Any]:  # fmt: skip
     """The checks and fields both endpoints share."""
-    ctx = model.config.context_length
-    if body.n > limits.max_n:
-        raise APIError(400, f"n must be at most {limits.max_n}, got {body.n}", "n", "invalid_value")
+    ctx, n = model.config.context_length, body.n or 1
+    if n > limits.max_n:
+        raise APIError(400, f"n must be at most {limits.max_n}, got {n}", "n", "invalid_value")
+    if body.logit_bias:
+        raise APIError(400, "logit_bias is not supported", "logit_bias", "unsupported")
     if max_tokens is not None and max_tokens > ctx:
         raise APIError(
             400, f"max_tokens is {max_tokens} but the model's context length is {ctx}",
@@ -89,9 +91,9 @@ def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, 
         raise APIError(400, "a stop string must not be empty", "stop", "invalid_value")
     return dict(
         prompt=prompt,
-        params=sampling_params(model, body, body.n),
+        params=sampling_params(model, body, n),
         stop=stop,
-        stream=body.stream,
+        stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
     )
 
@@ -135,6 +137,6 @@ def chat_job(model: Model, body: ChatBody, limits: Limits) -> Job:
         **common,
         max_new_tokens=min(max_tokens or room, room),
         top_logprobs=body.top_logprobs or 0,
-        logprobs=body.logprobs,
+        logprobs=bool(body.logprobs),
         echo="",
     )

@@ -4,8 +4,9 @@ Bodies are parsed here rather than by FastAPI so that every failure (not UTF-8, 
 unknown field, a wrong type) is one :class:`~clearlm.serve.errors.APIError` naming the field.
 Types are strict (``"temperature": "0.5"`` or ``"stream": 1`` are errors; a JSON integer fills
 a float field) and unknown fields are refused, so a misspelt setting is never silently
-ignored. Value ranges of the sampling settings are :class:`~clearlm.sampling.SamplingParams`'
-own (see :func:`clearlm.serve.requests.sampling_params`).
+ignored; ``null`` means "unset" for every optional field, as some clients send it. Value
+ranges of the sampling settings are :class:`~clearlm.sampling.SamplingParams`' own (see
+:func:`clearlm.serve.requests.sampling_params`).
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ class Sampling(Strict):
     frequency_penalty: float | None = None
     stop: Text | list[Text] | None = None
     seed: int | None = None
-    n: int = Field(default=1, ge=1)
-    stream: bool = False
+    n: int | None = Field(default=None, ge=1)  # None (null): 1
+    stream: bool | None = None  # None (null): false
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored, as an end-user id for the caller's logs
+    logit_bias: dict[str, float] | None = None  # only empty: refused otherwise (requests.py)
 
 
 class CompletionBody(Sampling):
@@ -55,7 +57,7 @@ class CompletionBody(Sampling):
 
     prompt: Text | list[int]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
+    echo: bool | None = None
 
 
 class TextPart(Strict):
@@ -80,7 +82,7 @@ class ChatBody(Sampling):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
