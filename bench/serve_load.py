@@ -5,7 +5,7 @@ model, then runs ``--rounds`` rounds of ``--concurrency`` streaming ``/v1/comple
 at once (``openai.AsyncOpenAI``), each with its own prompt and seed, and prints:
 requests/s and generated tokens/s (over the wall time of all rounds), p50 / p95 time to first
 token (from sending the request to the first streamed text), and the number of failures.
-Usage: ``.venv/bin/python bench/serve_load.py [--model smollm2] [--concurrency 32] [--rounds 3]
+Usage: ``.venv/bin/python bench/serve_load.py [--model ALIAS] [--concurrency 32] [--rounds 3]
 [--max-tokens 32] [--threads N]``. The tests (tests/test_serve_load.py) run the same functions.
 """
 
@@ -112,7 +112,7 @@ def serve_in_thread(app) -> tuple[str, object, threading.Thread]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)

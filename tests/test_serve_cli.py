@@ -118,7 +118,7 @@ def test_readme_client_snippet_runs_as_pasted(gguf, capsys):
     code = readme_snippet()
     assert "http://127.0.0.1:8000/v1" in code
     model = clearlm.load(gguf)
-    with serving(create_app(model, model_id="smollm2")) as url:
+    with serving(create_app(model, model_id="smollm2-135m-instruct")) as url:
         exec(compile(code.replace("http://127.0.0.1:8000/v1", url), "README.md", "exec"), {})
     out = capsys.readouterr().out
     want = model.chat("What is the capital of France?", max_new_tokens=32, temperature=0).text

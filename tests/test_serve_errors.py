@@ -15,6 +15,7 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.serve import create_app
+from clearlm.serve.serial_engine import SerialEngine
 
 MODEL = "tiny"
 CTX = 128
@@ -160,3 +161,22 @@ def test_a_client_that_disconnects_frees_its_slot_at_once(tiny):
         r = post(u, "completions", json.dumps(GOOD).encode())  # 3 tokens, ~0.06 s
         assert r.status_code == 200 and time.monotonic() - t1 < 1.5
         assert len(engine.added) == 2
+
+
+class BrokenEngine(SerialEngine):
+    def step(self):
+        raise RuntimeError("boom")
+
+
+def test_an_engine_failure_is_a_500_and_the_server_stays_up(tiny):
+    with serving(create_app(tiny, BrokenEngine(tiny.transformer, []), model_id=MODEL)) as u:
+        r = post(u, "completions", json.dumps(GOOD).encode())
+        assert r.status_code == 500
+        assert (
+            r.json()["error"]["type"] == "server_error" and "boom" in r.json()["error"]["message"]
+        )
+        body = {**GOOD, "stream": True}
+        with httpx.stream("POST", f"{u}/completions", json=body, timeout=30) as s:
+            lines = [ln for ln in s.iter_lines() if ln]
+        assert "boom" in json.loads(lines[-1].removeprefix("data: "))["error"]["message"]
+        assert httpx.get(u.removesuffix("/v1") + "/health").status_code == 200
