@@ -15,6 +15,7 @@ range, an unknown model, a prompt longer than the context), 401 for a missing or
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from collections.abc import AsyncIterator
@@ -169,7 +170,8 @@ def create_app(
         if body.model != name:
             raise APIError(400, f"unknown model {body.model!r}; this server serves {name!r}",
                            "model", "model_not_found")  # fmt: skip
-        job = (completion_job if kind == "completion" else chat_job)(model, body, limits)
+        prepare = completion_job if kind == "completion" else chat_job
+        job = await asyncio.to_thread(prepare, model, body, limits)  # tokenizing: off the loop
         session = Session(runner, job, model.tokenizer, kind)
         await session.start()
         if job.stream:
