@@ -30,11 +30,11 @@ def is_loopback(host: str) -> bool:
 
 
 def build_engine(model: Any, max_batch: int) -> Any:
-    """The engine the server drives: the serial one (one request at a time; ``max_batch`` is
-    for a batching engine and unused here)."""
-    from clearlm.serve.serial_engine import SerialEngine
+    """The engine the server drives: continuous batching over ``max_batch`` cache slots
+    (clearlm.engine.scheduler.BatchEngine)."""
+    from clearlm.engine.scheduler import BatchEngine
 
-    return SerialEngine(model.transformer, model.tokenizer.eos_ids)
+    return BatchEngine(model.transformer, model.tokenizer.eos_ids, max_batch=max_batch)
 
 
 @app.command()

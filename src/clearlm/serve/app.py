@@ -3,9 +3,10 @@
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (``stream: true`` gives server-sent events ending with
 ``data: [DONE]``). The app only parses, checks and shapes; generation is the engine's, driven by
-one :class:`~clearlm.serve.runner.Runner` thread. The engine is an argument: the serial one
-(:class:`~clearlm.serve.serial_engine.SerialEngine`) by default, or any object with the
-:class:`~clearlm.engine.Engine` methods.
+one :class:`~clearlm.serve.runner.Runner` thread. The engine is an argument: the
+continuous-batching :class:`~clearlm.engine.scheduler.BatchEngine` by default, or any object with
+the :class:`~clearlm.engine.Engine` methods (the one-at-a-time
+:class:`~clearlm.serve.serial_engine.SerialEngine` serves as the unbatched reference in tests).
 
 Every refusal is OpenAI's error shape (:mod:`clearlm.serve.errors`): 400 for bad input (a body
 that is not UTF-8 or JSON, over ``max_body`` bytes, unknown or mistyped fields, values out of
@@ -30,12 +31,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from clearlm.api import Model
 from clearlm.engine import Engine
+from clearlm.engine.scheduler import BatchEngine
 from clearlm.serve.errors import APIError
 from clearlm.serve.handler import Session
 from clearlm.serve.requests import Limits, chat_job, completion_job
 from clearlm.serve.runner import Runner
 from clearlm.serve.schemas import ChatBody, CompletionBody, parse
-from clearlm.serve.serial_engine import SerialEngine
 
 MAX_BODY = 1 << 20  # bytes: 1 MiB
 
@@ -102,13 +103,14 @@ def create_app(
 
     Args:
         model: the loaded model (tokenizer, chat template, context length).
-        engine: an :class:`~clearlm.engine.Engine`; default ``SerialEngine`` on the model.
+        engine: an :class:`~clearlm.engine.Engine`; default a continuous-batching
+            ``BatchEngine`` on the model.
         model_id: the name requests give as ``model``; default the model file's name.
         api_key: when set, every request needs ``Authorization: Bearer <api_key>``.
         max_body: the largest request body accepted, in bytes.
         limits: per-request limits (``n``).
     """
-    engine = engine or SerialEngine(model.transformer, model.tokenizer.eos_ids)
+    engine = engine or BatchEngine(model.transformer, model.tokenizer.eos_ids)
     runner = Runner(engine)
     limits = limits or Limits()
     name = model_id or str(model.path).rsplit("/", 1)[-1]
