@@ -21,7 +21,8 @@ from clearlm.serve.serial_engine import SerialEngine
 MODEL = "tiny"
 CTX = 128
 GOOD = {"model": MODEL, "prompt": "hi", "max_tokens": 3, "temperature": 0}
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "temperature": 0}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
