@@ -24,12 +24,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(app) -> Iterator[str]:
-    """Run ``app`` on 127.0.0.1 in a thread; yield its base URL (``http://127.0.0.1:P/v1``)."""
+def serving(app, grace_s: int | None = None) -> Iterator[str]:
+    """Run ``app`` on 127.0.0.1 in a thread; yield its base URL (``http://127.0.0.1:P/v1``).
+    On exit the server shuts down gracefully, cancelling requests after ``grace_s`` seconds."""
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="on", timeout_graceful_shutdown=grace_s)  # fmt: skip
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S

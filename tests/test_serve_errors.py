@@ -5,6 +5,7 @@ key, and a client that walks away mid-stream freeing its slot at once."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -20,7 +21,8 @@ from clearlm.serve.serial_engine import SerialEngine
 MODEL = "tiny"
 CTX = 128
 GOOD = {"model": MODEL, "prompt": "hi", "max_tokens": 3, "temperature": 0}
-CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "temperature": 0}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +182,29 @@ def test_an_engine_failure_is_a_500_and_the_server_stays_up(tiny):
             lines = [ln for ln in s.iter_lines() if ln]
         assert "boom" in json.loads(lines[-1].removeprefix("data: "))["error"]["message"]
         assert httpx.get(u.removesuffix("/v1") + "/health").status_code == 200
+
+
+def test_shutdown_cancels_what_outlives_the_grace_period(tiny):
+    """A 100-token stream at 0.02 s a step (2 s) and a 1 s grace period: cut, cleanly."""
+    engine = SlowEngine(tiny.transformer, [], delay_s=0.02)
+    app = create_app(tiny, engine, model_id=MODEL)
+    lines: list[str] = []
+
+    def read(url: str) -> None:
+        body = {**GOOD, "max_tokens": 100, "stream": True}
+        try:
+            with httpx.stream("POST", f"{url}/completions", json=body, timeout=30) as r:
+                lines.extend(ln for ln in r.iter_lines() if ln)
+        except httpx.TransportError:  # the server closed the connection mid-stream
+            lines.append("(closed)")
+
+    with serving(app, grace_s=1) as u:
+        reader = threading.Thread(target=read, args=(u,))
+        reader.start()
+        while not lines:
+            time.sleep(0.01)
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 1.0 + 2.0  # the grace period, not the 2 s of the stream
+    reader.join(10)
+    assert "data: [DONE]" not in lines and len(lines) < 100
+    assert not engine.has_work() and not app.state.runner.thread.is_alive()

@@ -145,3 +145,15 @@ def test_chat_top_logprobs_equal_an_independent_computation(client, tiny):
     got = content[0].top_logprobs
     assert [bytes(e.bytes) for e in got] == [tiny.tokenizer.token_bytes(i) for i in top.indices]
     assert [e.logprob for e in got] == pytest.approx(top.values.tolist(), abs=1e-5)
+
+
+def test_the_app_runs_without_its_lifespan_events(tiny):
+    """fastapi's TestClient outside a ``with`` sends no startup event: the runner starts on
+    the first request instead of leaving it waiting."""
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(tiny, model_id=MODEL))
+    r = client.post(
+        "/v1/completions", json=dict(model=MODEL, prompt="hi", max_tokens=3, temperature=0)
+    )
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

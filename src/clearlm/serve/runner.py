@@ -49,7 +49,11 @@ class Runner:
         self.thread = threading.Thread(target=self._run, name="clearlm-engine", daemon=True)
 
     def start(self) -> None:
-        self.thread.start()
+        """Start the engine thread (once; :meth:`add` starts it too, for an app run without
+        its lifespan events)."""
+        with self.small:
+            if not self.thread.is_alive() and not self.stopping and self.thread.ident is None:
+                self.thread.start()
 
     def add(
         self,
@@ -64,6 +68,7 @@ class Runner:
         Raises:
             RuntimeError: the server is stopping. ClearLMError: what ``engine.add`` raises.
         """
+        self.start()
         added: list[str] = []
         with self.lock:
             if self.stopping:
