@@ -24,10 +24,9 @@ from clearlm.tokenizer import StreamingDetokenizer, Tokenizer
 
 
 def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
-    """A KV cache sized for `max_seq_len` positions (tokens) in the model's dtype."""
-    c = model.config
-    dtype = model.embed_tokens.weight.dtype
-    return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, dtype)
+    """A KV cache sized for `max_seq_len` positions (tokens) in the model's dtype, on its device
+    (``Transformer.new_cache``; a parallel rank's holds only its layers or heads)."""
+    return model.new_cache(batch_size, max_seq_len)
 
 
 @torch.inference_mode()

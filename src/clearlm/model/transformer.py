@@ -65,6 +65,23 @@ class Transformer(nn.Module):
                 "sinusoids", sinusoidal_table(n, c.d_model, "fairseq"), persistent=False
             )
 
+    # --- device and cache hooks (issue 12): the parallel models (clearlm.parallel) override
+    # new_cache to hold only their ranks' layers / heads.
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live (the first parameter not on the meta device)."""
+        for p in self.parameters():
+            if not p.is_meta:
+                return p.device
+        return torch.device("cpu")
+
+    def new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
+        """A KV cache for ``max_seq_len`` positions, in the weights' dtype, on their device."""
+        c, p = self.config, self.embed_tokens.weight
+        return KVCache(
+            c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, p.dtype, self.device
+        )
+
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Stage 1: tokens (B, T) → H0 = Embedding(token) · scale + PositionEncoding (B, T, D).
 
@@ -131,9 +148,11 @@ class Transformer(nn.Module):
             ContextLengthError: positions run past the model's context length or the cache.
         """
         T = tokens.shape[1]
+        tokens = tokens.to(self.device)  # ids built on the CPU (generation, api) follow the weights
         if positions is None:
             start = cache.offset if cache is not None else 0
             positions = torch.arange(start, start + T, device=tokens.device)
+        positions = positions.to(tokens.device)
         if int(positions[-1]) >= self.config.context_length:
             raise ContextLengthError(
                 f"position {int(positions[-1])} is past the model's context length "
