@@ -11,6 +11,7 @@ once; a silent one after the timeout.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,8 +57,10 @@ def is_output_rank() -> bool:
 
 
 def _first_line(e: BaseException) -> str:
+    """The first line of a native error, without gloo's ``[/path/pair.cc:553] `` prefix."""
     text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
+    line = re.sub(r"^\[[^\]]*:\d+\] ", "", text[0]) if text else type(e).__name__
+    return line[:160]
 
 
 def init(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
@@ -79,13 +82,32 @@ def init(device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[in
     backend = "nccl" if device.type == "cuda" else "gloo"
     where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     try:
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        with _native_stderr_hidden():  # c10d logs each failed connect try with a C++ trace
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     except Exception as e:  # DistStoreError, RuntimeError, TimeoutError, ValueError ...
         raise DistributedError(
             f"rank {os.environ['RANK']}: could not join the other ranks at {where} within "
             f"{timeout_s:g} s ({_first_line(e)})"
         ) from None
     return dist.get_rank(), dist.get_world_size()
+
+
+@contextmanager
+def _native_stderr_hidden() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for the block (native code writes there directly;
+    the error that ends the block still reaches the user as one line)."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 @contextmanager
