@@ -76,7 +76,7 @@ def generate_step(
     check_fits(len(prompt), ctx)
     n_new = min(max_new_tokens, ctx - len(prompt))
     cache = new_cache(model, 1, len(prompt) + n_new)
-    seq = torch.tensor([list(prompt)], dtype=torch.long)  # (1, P): the penalty needs history
+    seq = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)  # (1, P): history
     logits = prefill(model, seq, cache)  # (1, V)
     for i in range(n_new):
         token, logprob = sampler(logits, seq)  # (1,), (1,)
