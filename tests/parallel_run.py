@@ -31,14 +31,16 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     }
 
 
-def run_ranks(commands: list[list[str]], timeout_s: float) -> list[subprocess.CompletedProcess]:
-    """Run commands[r] as rank r of len(commands), all at once; kill them all past timeout_s.
-    Returns each rank's completed process (stdout, stderr as text)."""
+def run_ranks(
+    commands: list[list[str]], timeout_s: float, env: dict[int, dict[str, str]] | None = None
+) -> list[subprocess.CompletedProcess]:
+    """Run commands[r] as rank r of len(commands), all at once (``env[r]`` added to rank r's
+    environment); kill them all past timeout_s. Returns each rank's completed process."""
     port = free_port()
     procs = [
         subprocess.Popen(
             cmd,
-            env=rank_env(r, len(commands), port),
+            env={**rank_env(r, len(commands), port), **(env or {}).get(r, {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

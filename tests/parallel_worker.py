@@ -3,6 +3,7 @@ would: RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT in the environment).
 
     python tests/parallel_worker.py JOBS.json OUT.pt
 
+PARALLEL_TEST_DIE_AT_STEP=k makes a rank exit abruptly at greedy step k (the failure test).
 JOBS.json: [{"path": ..., "mode": "tensor" | "pipeline", "tokens": [[...], ...],
 "prompt": [...], "n": 8}, ...]. For each job every rank loads its share, computes the logits
 of the batch (no cache) and n greedy tokens (prefill + decode with the KV cache); rank 0 saves
@@ -12,6 +13,7 @@ of the batch (no cache) and n greedy tokens (prefill + decode with the KV cache)
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -28,7 +30,10 @@ def greedy(model, prompt: list[int], n: int) -> list[int]:
     cache = new_cache(model, 1, len(prompt) + n)
     logits = prefill(model, torch.tensor([prompt]), cache)  # (1, V)
     out = []
-    for _ in range(n):
+    die_at = int(os.environ.get("PARALLEL_TEST_DIE_AT_STEP", "-1"))  # a rank killed mid-run
+    for step in range(n):
+        if step == die_at:
+            os._exit(1)
         out.append(int(logits[0].argmax()))
         logits = decode_step(model, torch.tensor([[out[-1]]]), cache)
     return out

@@ -35,6 +35,7 @@ from clearlm.parallel.pipeline import stage_plan
 from clearlm.parallel.slicing import Take, _read_gguf_part, read_gguf_part
 from clearlm.parallel.tensor import head_split, shard_plan
 
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 WORKER = str(Path(__file__).parent / "parallel_worker.py")
 HF_CASES = {  # one per model type (11), plus llama untied
     **{k: LLAMA[k] for k in ("llama", "llama-tied", "mistral-window", "qwen2", "qwen3")},
@@ -157,21 +158,38 @@ def _one_error_line(stderr: str) -> str:
     return lines[0]
 
 
-def test_rank_that_dies_ends_the_others(tiny_gguf):
-    """Rank 1 joins, then dies; rank 0 (generating) ends with one line and exit code 11."""
-    die = [
-        sys.executable,
-        "-c",
-        "import os, torch.distributed as d; d.init_process_group('gloo'); os._exit(1)",
-    ]  # noqa: E501
-    gen = clearlm_cmd("generate", "hi", "-m", tiny_gguf, "--pipeline-parallel", "2", "-n", "4")
+def test_rank_killed_mid_generation(tiny_gguf, tmp_path):
+    """Rank 1 exits abruptly at decode step 3 of 8: rank 0, waiting for its hidden states,
+    ends with one line and exit code 11, well within the 10 s timeout."""
+    job = dict(path=tiny_gguf, mode="pipeline", tokens=[[5, 6]], prompt=[5, 6, 7], n=8)
+    (tmp_path / "jobs.json").write_text(json.dumps([job]))
+    cmd = [sys.executable, WORKER, str(tmp_path / "jobs.json"), str(tmp_path / "out.pt")]
     start = time.perf_counter()
-    rank0, rank1 = run_ranks([gen + ["--dist-timeout", "5"], die], timeout_s=60)
-    assert time.perf_counter() - start < 60
+    rank0, rank1 = run_ranks([cmd, cmd], timeout_s=60, env={1: {"PARALLEL_TEST_DIE_AT_STEP": "3"}})
+    assert time.perf_counter() - start < 30
     assert rank1.returncode == 1
     assert rank0.returncode == 11
     line = _one_error_line(rank0.stderr)
     assert line.startswith("error: rank 0: lost the other ranks during"), line
+
+
+def test_cli_under_torchrun_prints_what_one_process_prints(tiny_gguf):
+    """``torchrun --nproc-per-node 2 -m clearlm generate ... --tensor-parallel 2`` (the real
+    launcher) prints exactly the one-process text, once (rank 1 prints nothing); the pipeline
+    mode runs the same generation code (its tokens: test_parallel_matches_one_process)."""
+    args = ["generate", "hello world", "-m", tiny_gguf, "-n", "12", "--temperature", "0", "-q"]
+    env = {k: v for k, v in rank_env(0, 1, 0).items() if k not in DIST_VARS}
+
+    def run(cmd: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+    one = run(clearlm_cmd(*args))
+    assert one.returncode == 0 and one.stdout.strip(), one.stderr
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    tp = run([*torchrun, "-m", "clearlm", *args, "--tensor-parallel", "2"])
+    assert tp.returncode == 0, tp.stderr[-2000:]
+    assert tp.stdout == one.stdout
 
 
 def test_unreachable_rendezvous_is_one_line(tiny_gguf):
