@@ -30,6 +30,7 @@ from test_family_gpt2_opt_xglm import CASES as GPT2_OPT_XGLM
 from test_family_llama import CASES as LLAMA
 from tiny_gguf import write_tiny_llama
 
+import clearlm
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.parallel.pipeline import stage_plan
 from clearlm.parallel.slicing import Take, _read_gguf_part, read_gguf_part
@@ -42,7 +43,8 @@ HF_CASES = {  # one per model type (11), plus llama untied
     **{k: GEMMA_PHI3[k] for k in ("gemma", "gemma2-softcap", "gemma3", "phi3-partial-window")},
     **{k: GPT2_OPT_XGLM[k] for k in ("gpt2-untied", "opt-350m-like", "xglm")},
 }
-NAMES = [*HF_CASES, "llama-gguf-q8_0", "smollm2"]
+NINE_HEADS = dict(n_heads=9, n_kv_heads=3)  # SmolLM2's: 5 + 4 heads, unequal kv groups
+NAMES = [*HF_CASES, "llama-gguf-q8_0", "llama-gguf-9-heads", "smollm2"]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,9 @@ def two_ranks(tmp_path_factory, smollm2_path):
         save_tiny(cls, config, tmp / name)
         paths[name] = str(tmp / name)
     q8 = write_tiny_llama(tmp / "q8.gguf", matrix_type=GGMLQuantizationType.Q8_0, d_model=128)
-    paths["llama-gguf-q8_0"], paths["smollm2"] = str(q8), str(smollm2_path)
+    h9 = write_tiny_llama(tmp / "h9.gguf", d_model=144, **NINE_HEADS)
+    paths["llama-gguf-q8_0"], paths["llama-gguf-9-heads"] = str(q8), str(h9)
+    paths["smollm2"] = str(smollm2_path)
     tokens = (batch_tokens(length=10) % 247 + 3).tolist()  # inside every vocabulary here
     prompt = (batch_tokens(seed=2, batch=1, length=6)[0] % 247 + 3).tolist()
     jobs = [
@@ -104,28 +108,35 @@ def test_head_split_cases():
     assert head_split(4, 1, 1, 2) == ([2, 3], [0])
 
 
-def test_ranks_read_only_their_part(smollm2_path):
-    """Pipeline rank 0 of 2 reads blocks 0-14 and the embedding, nothing of blocks 15-29 nor
-    the final norm; tensor rank 1 reads 4 of the 9 heads' rows and half of d_ff and vocab."""
-    ckpt = open_checkpoint(smollm2_path)
+def test_ranks_read_only_their_part(tmp_path):
+    """SmolLM2's head layout (9 heads, 3 key/value heads) on a 4-block F32 llama GGUF: pipeline
+    rank 0 of 2 reads blocks 0-1 and the embedding, nothing of blocks 2-3 nor the final norm;
+    tensor rank 1 reads 4 of the 9 heads, one key/value head per query head, half of d_ff."""
+    path = write_tiny_llama(tmp_path / "h9.gguf", d_model=144, n_layers=4, **NINE_HEADS)
+    ckpt = open_checkpoint(path)
     c = ckpt.config
     first = read_gguf_part(ckpt.reader, c, stage_plan(c, 0, 2))
     layers = {int(k.split(".")[1]) for k in first if k.startswith("layers.")}
-    assert (
-        layers == set(range(15)) and "embed_tokens.weight" in first and "norm.weight" not in first
-    )
+    assert layers == {0, 1}
+    assert "embed_tokens.weight" in first and "norm.weight" not in first
     tp = read_gguf_part(ckpt.reader, c, shard_plan(c, 1, 2))
-    assert tp["layers.0.self_attn.q_proj.weight"].shape == (4 * 64, 576)
-    assert tp["layers.0.self_attn.k_proj.weight"].shape == (4 * 64, 576)  # kv head per query
-    assert tp["layers.0.self_attn.o_proj.weight"].shape == (576, 4 * 64)
-    assert tp["layers.0.mlp.down_proj.weight"].shape == (576, 768)
-    assert tp["embed_tokens.weight"].shape == (24576, 576)
+    assert tp["layers.0.self_attn.q_proj.weight"].shape == (4 * 16, 144)
+    assert tp["layers.0.self_attn.k_proj.weight"].shape == (4 * 16, 144)  # kv head per query
+    assert tp["layers.0.self_attn.o_proj.weight"].shape == (144, 4 * 16)
+    assert tp["layers.0.mlp.down_proj.weight"].shape == (144, 64)
+    assert tp["embed_tokens.weight"].shape == (131, 144)  # 262 tokens: rows 131-261
 
 
-def test_slices_equal_the_whole_tensors_cut(tmp_path):
-    """Every tensor-parallel slice read from a Q8_0 llama GGUF (rows of quantized data,
-    llama.cpp's Q/K permutation undone per head) equals the whole model's tensor, cut."""
-    path = write_tiny_llama(tmp_path / "q.gguf", matrix_type=GGMLQuantizationType.Q8_0, d_model=128)
+@pytest.mark.parametrize(
+    "kind",
+    [dict(matrix_type=GGMLQuantizationType.Q8_0, d_model=128), dict(d_model=144, **NINE_HEADS)],
+    ids=["q8_0", "f32-9-heads"],
+)
+def test_slices_equal_the_whole_tensors_cut(tmp_path, kind):
+    """Every tensor-parallel slice read from a llama GGUF (Q8_0: rows of quantized data; F32
+    with 9 heads: repeated key/value rows; llama.cpp's Q/K permutation undone per head) equals
+    the whole model's tensor, cut."""
+    path = write_tiny_llama(tmp_path / "q.gguf", **kind)
     ckpt = open_checkpoint(path)
     whole = ckpt.load().model.state_dict()
     for rank in (0, 1):
@@ -183,13 +194,12 @@ def test_cli_under_torchrun_prints_what_one_process_prints(tiny_gguf):
     def run(cmd: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
-    one = run(clearlm_cmd(*args))
-    assert one.returncode == 0 and one.stdout.strip(), one.stderr
+    one = clearlm.load(tiny_gguf).generate("hello world", 12, temperature=0.0)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     tp = run([*torchrun, "-m", "clearlm", *args, "--tensor-parallel", "2"])
     assert tp.returncode == 0, tp.stderr[-2000:]
-    assert tp.stdout == one.stdout
+    assert tp.stdout == one.text + "\n"
 
 
 def test_unreachable_rendezvous_is_one_line(tiny_gguf):
