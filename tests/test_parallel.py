@@ -31,8 +31,11 @@ from test_family_llama import CASES as LLAMA
 from tiny_gguf import write_tiny_llama
 
 import clearlm
+from clearlm.errors import DistributedError
 from clearlm.loading.checkpoint import open_checkpoint
+from clearlm.parallel import launch
 from clearlm.parallel.pipeline import stage_plan
+from clearlm.parallel.place import load_placed
 from clearlm.parallel.slicing import Take, _read_gguf_part, read_gguf_part
 from clearlm.parallel.tensor import head_split, shard_plan
 
@@ -219,3 +222,45 @@ def test_unreachable_rendezvous_is_one_line(tiny_gguf):
     line = _one_error_line(done.stderr)
     assert line.startswith("error: rank 1: could not join the other ranks at 127.0.0.1:"), line
     assert elapsed < 30, elapsed
+
+
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        (dict(tensor_parallel=2, pipeline_parallel=2), "use --tensor-parallel or --pipeline-"),
+        (dict(tensor_parallel=0), "--tensor-parallel must be an integer ≥ 1, got 0"),
+        (dict(pipeline_parallel=True), "--pipeline-parallel must be an integer ≥ 1, got True"),
+        (dict(tensor_parallel=2), "--tensor-parallel / --pipeline-parallel need one process"),
+    ],
+)
+def test_bad_parallel_options_are_one_typed_line(tiny_gguf, monkeypatch, sizes, message):
+    """Refused before any weight is read or any rank is waited for (no torchrun here)."""
+    for var in DIST_VARS:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(DistributedError) as e:
+        load_placed(open_checkpoint(tiny_gguf), torch.float32, torch.device("cpu"), **sizes)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_more_ranks_than_heads_or_blocks(tiny_gguf):
+    c = open_checkpoint(tiny_gguf).config  # 4 heads, 2 blocks
+    with pytest.raises(DistributedError, match="--tensor-parallel 5 is more than the 4 heads"):
+        shard_plan(c, 0, 5)
+    with pytest.raises(DistributedError, match="--pipeline-parallel 3 is more than the model's 2"):
+        stage_plan(c, 0, 3)
+
+
+def test_world_size_must_match(tiny_gguf, monkeypatch):
+    """torchrun started 1 process for --tensor-parallel 2: one line saying what to pass."""
+    env = rank_env(0, 1, free_port())
+    for var in DIST_VARS:
+        monkeypatch.setenv(var, env[var])
+    try:
+        with pytest.raises(DistributedError) as e:
+            load_placed(open_checkpoint(tiny_gguf), torch.float32, torch.device("cpu"), 2, 1, 5.0)
+        assert str(e.value) == (
+            "--tensor-parallel 2 needs 2 processes, but torchrun started 1; "
+            "use --nproc-per-node 2 (times --nnodes)"
+        )
+    finally:
+        launch.shutdown()
