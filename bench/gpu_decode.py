@@ -88,4 +88,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except clearlm.ClearLMError as e:
+        raise SystemExit(f"error: {e}") from None
