@@ -82,15 +82,14 @@ class PipelineStage(Transformer):
     def new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
         """A cache whose buffers exist only for this rank's blocks (others: empty tensors)."""
         c = self.config
-        cache = KVCache(0, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, self.dtype)
-        shape = (batch_size, c.n_kv_heads, max_seq_len, c.head_dim)  # (B, K, S_max, Hd)
-
-        def buf(i: int) -> torch.Tensor:
-            size = shape if self.start <= i < self.stop else (0,)
-            return torch.zeros(size, dtype=self.dtype, device=self.device)
-
-        cache.keys = [buf(i) for i in range(c.n_layers)]
-        cache.values = [buf(i) for i in range(c.n_layers)]
+        cache = KVCache(
+            self.stop - self.start, batch_size, c.n_kv_heads, c.head_dim, max_seq_len,
+            self.dtype, self.device,
+        )  # fmt: skip
+        empty = torch.empty(0, dtype=self.dtype, device=self.device)
+        before, after = [empty] * self.start, [empty] * (c.n_layers - self.stop)
+        cache.keys = before + cache.keys + after
+        cache.values = before + cache.values + after
         return cache
 
     def forward(
@@ -99,8 +98,13 @@ class PipelineStage(Transformer):
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
         last_only: bool = False,
+        *,
+        slot: int = 0,
+        n_keys: int | None = None,
     ) -> torch.Tensor:
-        """tokens (B, T) → logits (B, T, V) or (B, 1, V), on every rank (see the module doc).
+        """tokens (B, T) → logits (B, T, V) or (B, 1, V), on every rank (see the module doc);
+        arguments as Transformer.forward, whose preparation (positions, cache rows, masks,
+        RoPE tables) every rank repeats alike.
 
         Raises:
             ContextLengthError: as Transformer.forward (on every rank alike).
@@ -108,27 +112,41 @@ class PipelineStage(Transformer):
         B, T = tokens.shape
         dev, c = self.device, self.config
         tokens = tokens.to(dev)
-        if positions is None:
-            start = cache.offset if cache is not None else 0
-            positions = torch.arange(start, start + T, device=dev)
-        positions = positions.to(dev)
-        if int(positions[-1]) >= c.context_length:
-            raise ContextLengthError(
-                f"position {int(positions[-1])} is past the model's context length "
-                f"({c.context_length} tokens)"
-            )
-        rope = self.rope(positions) if self.rope is not None else None  # (T, d) cos, sin
-        rope_local = self.rope_local(positions) if self.rope_local is not None else rope
+        if positions is not None:
+            positions = positions.to(dev)
+        rows = None
+        if cache is not None:
+            if positions is None:
+                start = cache.lengths[slot : slot + B, None]  # (B, 1) each slot's length
+                positions = start + torch.arange(T, device=dev)  # (B, T)
+            rows = cache.rows(slot, positions.expand(B, T), n_keys)
+            keys: torch.Tensor | int = rows.n_keys
+            bound = min(rows.n_keys, c.context_length)
+        else:
+            if positions is None:
+                positions = torch.arange(T, device=dev)  # (T,)
+            bound = int(positions.max()) + 1 if positions.numel() else 0
+            if bound > c.context_length:
+                raise ContextLengthError(
+                    f"position {bound - 1} is past the model's context length "
+                    f"({c.context_length} tokens)"
+                )
+            keys = positions
+        masks = self.masks(positions, keys)
+        rope = self.rope(positions, bound) if self.rope is not None else None  # cos, sin
+        rope_local = self.rope_local(positions, bound) if self.rope_local is not None else rope
         if self.rank == 0:
-            x = self.embed(tokens, positions)  # (B, T, D)
+            x = self.embed(tokens, positions, bound)  # (B, T, D)
         else:
             x = torch.empty(B, T, c.d_model, dtype=self.dtype, device=dev)  # (B, T, D)
             run("recv", lambda: dist.recv(x, src=self.rank - 1))
         for i in range(self.start, self.stop):
-            kind = c.layer_types[i]
-            x = self.layers[i](x, rope_local if kind == "sliding" else rope, positions, cache)
-        if cache is not None:
-            cache.advance(T)
+            local = c.layer_types[i] == "sliding"
+            x = self.layers[i](
+                x, rope_local if local else rope, positions, rows, masks[c.layer_types[i]]
+            )
+        if rows is not None:
+            rows.advance()
         last = self.world - 1
         if self.rank != last:
             run("send", lambda: dist.send(x.contiguous(), dst=self.rank + 1))
