@@ -140,10 +140,10 @@ class PipelineStage(Transformer):
         else:
             x = torch.empty(B, T, c.d_model, dtype=self.dtype, device=dev)  # (B, T, D)
             run("recv", lambda: dist.recv(x, src=self.rank - 1))
-        for i in range(self.start, self.stop):
-            local = c.layer_types[i] == "sliding"
+        for i in range(self.start, self.stop):  # this rank's blocks only
+            kind = c.layer_types[i]
             x = self.layers[i](
-                x, rope_local if local else rope, positions, rows, masks[c.layer_types[i]]
+                x, rope_local if kind == "sliding" else rope, positions, rows, masks[kind]
             )
         if rows is not None:
             rows.advance()
