@@ -34,7 +34,7 @@ import clearlm
 from clearlm.errors import DistributedError
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.parallel import launch
-from clearlm.parallel.pipeline import stage_plan
+from clearlm.parallel.pipeline import PipelineStage, stage_plan
 from clearlm.parallel.place import load_placed
 from clearlm.parallel.slicing import Take, _read_gguf_part, read_gguf_part
 from clearlm.parallel.tensor import head_split, shard_plan
@@ -264,3 +264,13 @@ def test_world_size_must_match(tiny_gguf, monkeypatch):
         )
     finally:
         launch.shutdown()
+
+
+def test_pipeline_cache_holds_only_the_ranks_blocks(tiny_gguf):
+    """Rank 1 of 2 (block 1 of 2): buffers for block 1 only, empty for block 0."""
+    c = open_checkpoint(tiny_gguf).config
+    stage = PipelineStage(c)
+    stage.setup_stage(1, 2)
+    cache = stage.new_cache(2, 16)
+    assert cache.keys[0].numel() == cache.values[0].numel() == 0
+    assert cache.keys[1].shape[:2] == (2, c.n_kv_heads) and cache.keys[1].shape[-1] == c.head_dim
