@@ -18,6 +18,7 @@ from clearlm.api_checks import (
 )
 from clearlm.config import ModelConfig
 from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
+from clearlm.devices import resolve_device
 from clearlm.engine.batch_api import generate_prompts, is_batch, stream_prompts
 from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
@@ -25,6 +26,7 @@ from clearlm.interpret import InterpretMixin
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
+from clearlm.parallel.place import load_placed
 from clearlm.sampling import SamplingParams, softmax
 from clearlm.text import decode_utf8
 from clearlm.threads import set_threads
@@ -57,8 +59,8 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 class Model(InterpretMixin):
     """A loaded model: the Transformer, its tokenizer, config and the file's metadata.
 
-    Build one with :func:`load`. Every method takes text (or token ids) and runs on the CPU in
-    the parameters' dtype. ``generation_defaults`` holds the sampling values of the folder's
+    Build one with :func:`load`. Every method takes text (or token ids) and runs on the weights'
+    device in their dtype. ``generation_defaults`` holds the sampling values of the folder's
     generation_config.json as transformers reads it (see :mod:`clearlm.defaults`; empty for
     GGUF files and for a file that sets no sampling key). The interpretability methods
     (run_with_trace, add_hook, hooks, logit_lens, to_str_tokens) come from
@@ -174,14 +176,8 @@ class Model(InterpretMixin):
         if is_batch(prompt):
             return stream_prompts(self, prompt, max_new_tokens, stop, params, sampling)
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
-        return stream_generate(
-            self.transformer,
-            self.tokenizer,
-            self.encode(prompt),
-            params,
-            max_new_tokens,
-            check_stop(stop),
-        )
+        ids, stops = self.encode(prompt), check_stop(stop)
+        return stream_generate(self.transformer, self.tokenizer, ids, params, max_new_tokens, stops)
 
     def generate(
         self,
@@ -256,6 +252,9 @@ def load(
     dtype: str | torch.dtype = torch.float32,
     check: Callable[[Model], object] | None = None,
     threads: int | None = None,
+    device: str | torch.device | None = "cpu",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
 ) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
@@ -271,12 +270,16 @@ def load(
         threads: torch's intra-op thread count, set for the whole process
             (``torch.set_num_threads``); None applies the CLI's rule: ``$OMP_NUM_THREADS`` when
             set, else the free cores (:func:`clearlm.threads.set_threads`, a 0.1 s look).
+        device: "cpu", "cuda", "cuda:N", "mps" or "auto" (CUDA when present); the cache,
+            masks, RoPE tables and sampling follow the weights there (clearlm.devices).
+        tensor_parallel, pipeline_parallel: N > 1 splits the model over the N ranks of a
+            torchrun launch (every rank calls load and generate alike; see clearlm.parallel).
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
-        (unknown dtype, threads < 1), and what ``check`` raises.
+        (unknown dtype, threads < 1), DeviceError, DistributedError, and what ``check`` raises.
     """
-    dtype = parse_dtype(dtype)
+    dtype, where = parse_dtype(dtype), resolve_device(device)
     set_threads(threads)
     path = resolve_model(model)
     ckpt = open_checkpoint(path)
@@ -285,7 +288,7 @@ def load(
     if check is not None:
         weightless = Model(None, tokenizer, config, ckpt.metadata, {}, str(path))  # type: ignore[arg-type]
         check(weightless)
-    loaded = ckpt.load(dtype)
+    loaded = load_placed(ckpt, dtype, where, tensor_parallel, pipeline_parallel)
     return Model(
         loaded.model,
         tokenizer,

@@ -92,3 +92,17 @@ class PullError(ClearLMError):
 
 class ChecksumError(PullError):
     """An assembled file's sha256 is not the one the alias table expects."""
+
+
+class DeviceError(ClearLMError):
+    """A ``device`` torch does not have here (``cuda`` on a CPU-only build, ``cuda:3`` with two
+    GPUs, ``mps`` off Apple silicon), or a name torch does not know."""
+
+    exit_code = 10
+
+
+class DistributedError(ClearLMError):
+    """Running across processes failed: the rendezvous could not be reached, a rank died or
+    stopped answering within the timeout, or the parallel options do not fit the launch."""
+
+    exit_code = 11

@@ -102,7 +102,7 @@ def perplexity(
     for i, (begin, end, first) in enumerate(spans):
         logits = model(ids[:, begin:end])[0]  # (end − begin, V)
         # position p predicts token p + 1: scored targets first … end−1 use logits first−1 … end−2
-        logp = log_softmax(logits[first - begin - 1 : end - begin - 1].float())
+        logp = log_softmax(logits[first - begin - 1 : end - begin - 1].float()).cpu()
         targets = ids[0, first:end]
         nll -= logp.gather(-1, targets[:, None]).sum().item()
         count += end - first

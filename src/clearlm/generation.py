@@ -25,11 +25,9 @@ from clearlm.tokenizer import Tokenizer
 
 
 def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
-    """A KV cache of `batch_size` slots sized for `max_seq_len` positions (tokens) in the model's
-    dtype (its first floating-point parameter's: compact weight modules hold packed codes)."""
-    c = model.config
-    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
-    return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, dtype)
+    """A KV cache sized for `max_seq_len` positions (tokens) in the model's dtype, on its device
+    (``Transformer.new_cache``; a parallel rank's holds only its layers or heads)."""
+    return model.new_cache(batch_size, max_seq_len)
 
 
 @torch.inference_mode()
@@ -79,7 +77,7 @@ def generate_step(
     check_fits(len(prompt), ctx)
     n_new = min(max_new_tokens, ctx - len(prompt))
     cache = new_cache(model, 1, len(prompt) + n_new)
-    seq = torch.tensor([list(prompt)], dtype=torch.long)  # (1, P): the penalty needs history
+    seq = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)  # (1, P): history
     logits = prefill(model, seq, cache)  # (1, V)
     for i in range(n_new):
         token, logprob = sampler(logits, seq)  # (1,), (1,)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clearlm.cli.app import DType, ModelOpt, app, err
+from clearlm.cli.placement import DeviceOpt, Placement
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.errors import ClearLMError
 
@@ -38,6 +39,7 @@ def explain(
     dtype: DType = "float32",
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Show every stage for PROMPT: tokens and embeddings, where the last token attends,
     residual-stream norms and FFN statistics, the logit lens, the next-token probabilities and
@@ -57,6 +59,7 @@ def explain(
     m = load_model(
         model, dtype, threads, quiet,
         check=lambda h: check_choices(h.config.n_layers, h.config.n_heads, layer, head, top),
+        placement=Placement(device),
     )  # fmt: skip
     ex = explain_data(m, clean_arg(prompt), layer, head, top)  # bad bytes → U+FFFD
 

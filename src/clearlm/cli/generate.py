@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Annotated, Any
 
 import typer
@@ -27,6 +28,13 @@ from clearlm.cli.gen_options import (
     pick_prompt,
 )  # fmt: skip
 from clearlm.cli.output import print_stats, result_json, write_out
+from clearlm.cli.placement import (
+    DeviceOpt,
+    DistTimeoutOpt,
+    PipelineParallelOpt,
+    Placement,
+    TensorParallelOpt,
+)
 from clearlm.cli.prompt_input import resolve_prompt
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.text import clean_arg
@@ -45,15 +53,18 @@ def _run(
     threads: int | None = None,
     quiet: bool = False,
     chat: bool = False,
+    placement: Placement | None = None,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
+    In a parallel run every rank generates alike and only rank 0 prints.
 
     Sampling values: the user's options over the model's generation_config.json over the
     command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
     """
     from clearlm.api_checks import check_stop
     from clearlm.generation import check_fits, generate
+    from clearlm.parallel.launch import shared_seed, shutdown
     from clearlm.sampling import SamplingParams
 
     as_json = as_json or logprobs is not None
@@ -62,17 +73,24 @@ def _run(
     stop = check_stop(stop)  # '' would match at once: refused before the load too
     # The prompt is built on the header first: no chat template, or too long, fails before the
     # weights are read.
+    placement = placement or Placement()
+    prints = placement.prints
+    quiet = quiet or not prints
     model = load_model(
         model_name, dtype, threads, quiet,
         check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length), chat=chat,
+        placement=placement,
     )  # fmt: skip
     params = model.sampling_params(None, fallback, **given)
+    if placement.parallel:  # every rank must draw the same token from the same logits
+        params = replace(params, seed=shared_seed(params.seed))
     ids = build_prompt(model)
     shown: list[str] = []
 
     def echo(text: str) -> None:
         shown.append(text)
-        write_out(text)
+        if prints:
+            write_out(text)
 
     try:
         result = generate(
@@ -88,6 +106,9 @@ def _run(
         write_out("\n")
         err.print(f"[yellow]interrupted after {len(''.join(shown))} characters[/]")
         raise typer.Exit(130) from None
+    shutdown()
+    if not prints:
+        return
     if as_json:
         write_out(json.dumps(result_json(model, ids, result, logprobs), ensure_ascii=False) + "\n")
         return
@@ -118,6 +139,10 @@ def generate(
     logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
+    device: DeviceOpt = "cpu",
+    tensor_parallel: TensorParallelOpt = 1,
+    pipeline_parallel: PipelineParallelOpt = 1,
+    dist_timeout: DistTimeoutOpt = 30.0,
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.api import GENERATE_DEFAULTS
@@ -147,6 +172,7 @@ def generate(
         logprobs,
         threads,
         quiet,
+        placement=Placement(device, tensor_parallel, pipeline_parallel, dist_timeout),
     )
 
 
@@ -183,6 +209,10 @@ def chat(
     logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
+    device: DeviceOpt = "cpu",
+    tensor_parallel: TensorParallelOpt = 1,
+    pipeline_parallel: PipelineParallelOpt = 1,
+    dist_timeout: DistTimeoutOpt = 30.0,
 ) -> None:
     """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
     a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
@@ -200,14 +230,18 @@ def chat(
         repetition_penalty=repetition_penalty,
         seed=seed,
     )
+    placement = Placement(device, tensor_parallel, pipeline_parallel, dist_timeout)
     if text is None:
         if as_json or logprobs is not None:
             raise typer.BadParameter(
                 "--json and --logprobs need a MESSAGE (not a conversation)", param_hint="'--json'"
             )
+        if placement.parallel:
+            raise typer.BadParameter("a conversation runs in one process; give a MESSAGE")
         _conversation(
-            model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet
-        )
+            model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet,
+            placement,
+        )  # fmt: skip
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text}
@@ -225,6 +259,7 @@ def chat(
         threads,
         quiet,
         chat=True,
+        placement=placement,
     )
 
 
@@ -238,6 +273,7 @@ def _conversation(
     parse_special_in_content: bool = False,
     threads: int | None = None,
     quiet: bool = False,
+    placement: Placement | None = None,
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
     from clearlm.api import CHAT_DEFAULTS
@@ -249,6 +285,7 @@ def _conversation(
     m = load_model(
         model_name, dtype, threads, quiet,
         check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
+        placement=placement,
     )  # fmt: skip
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
     run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content, quiet)

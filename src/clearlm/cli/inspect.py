@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clearlm.cli.app import DType, ModelOpt, app, err
+from clearlm.cli.placement import DeviceOpt, Placement
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.text import read_text_file
 
@@ -103,6 +104,7 @@ def perplexity(
     dtype: DType = "float32",
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Perplexity of TEXT_FILE under the model, with a sliding window and a progress bar."""
     from rich.progress import Progress
@@ -111,7 +113,7 @@ def perplexity(
 
     # the file's exact characters: bytes decoded as UTF-8, no newline translation
     text = read_text_file(text_file, strict=True)
-    m = load_model(model, dtype, threads, quiet)
+    m = load_model(model, dtype, threads, quiet, placement=Placement(device))
     ids = m.tokenizer.encode(text)
     with Progress(console=err, transient=True, disable=quiet) as bar:
         task = bar.add_task("scoring windows", total=None)

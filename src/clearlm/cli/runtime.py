@@ -95,6 +95,7 @@ def load_model(
     quiet: bool = False,
     check: Callable[[Any], object] | None = None,
     chat: bool = False,
+    placement: Any = None,
 ) -> Any:
     """Set the threads, load (checking the input on the header first), say so on stderr.
 
@@ -108,6 +109,7 @@ def load_model(
             prompt longer than the context).
         chat: the command needs a chat template: a GGUF without one is refused at once, from
             its key names alone (``Checkpoint.has_chat_template``: loading/peek.py, ~0.03 s).
+        placement: a :class:`clearlm.cli.placement.Placement` (device, parallel ranks).
 
     Returns:
         The loaded :class:`clearlm.api.Model`.
@@ -142,7 +144,8 @@ def load_model(
     start = time.perf_counter()
     try:
         with spinner(label + "…", enabled=not quiet and err.is_terminal):
-            model = load(path, torch_dtype, check=check, threads=n_threads)
+            where = placement.load_kwargs() if placement is not None else {}
+            model = load(path, torch_dtype, check=check, threads=n_threads, **where)
     except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
         err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
         raise typer.Exit(130) from None

@@ -14,7 +14,7 @@ Shape letters: T prompt tokens, N blocks, H heads, D d_model, F d_ff, V vocab, k
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -200,7 +200,7 @@ def explain_data(
     for _, why in sampling:
         ids |= {why.token} | {i for s in why.steps for i, _ in s.top}
     decoded = dict(zip(sorted(ids), token_pieces(model.tokenizer, sorted(ids)), strict=True))
-    return Explanation(
+    return _on_cpu(Explanation(
         prompt=prompt if isinstance(prompt, str) else model.tokenizer.decode(list(prompt)),
         tokens=list(tr.tokens),
         text=list(tr.text),
@@ -226,7 +226,19 @@ def explain_data(
         temperature_probs=temperature_probs,
         sampling=sampling,
         decoded=decoded,
-    )
+    ))  # fmt: skip
+
+
+def _on_cpu(ex: Explanation) -> Explanation:
+    """The shown tensors brought to the CPU (a model on CUDA or MPS computes them there; the
+    pictures and the text read them with .numpy() and .tolist())."""
+
+    def cpu(v: object) -> object:
+        if isinstance(v, Tensor):
+            return v.cpu()
+        return {k: cpu(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    return replace(ex, **{f.name: cpu(getattr(ex, f.name)) for f in fields(ex)})
 
 
 def show(text: str) -> str:

@@ -135,6 +135,7 @@ class RotaryEmbedding(nn.Module):
 
     def _tables(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         inv_freq = rope_inv_freq(self.rope_dim, self.base, self.scaling, seq_len)
+        inv_freq = inv_freq.to(positions.device)  # (d/2,): the tables live with the positions
         freqs = positions.float()[..., None] * inv_freq  # (..., T, d/2): angle p·θ_j
         emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, d): same angle for j and j + d/2
         if self.scaling is not None and self.scaling.kind == "yarn":

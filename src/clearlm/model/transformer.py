@@ -66,6 +66,26 @@ class Transformer(nn.Module):
                 "sinusoids", sinusoidal_table(n, c.d_model, "fairseq"), persistent=False
             )
 
+    # --- device and cache hooks (issue 12): the parallel models (clearlm.parallel) override
+    # new_cache to hold only their ranks' layers / heads.
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live (the first parameter not on the meta device)."""
+        for p in self.parameters():
+            if not p.is_meta:
+                return p.device
+        return torch.device("cpu")
+
+    def new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
+        """A KV cache of ``batch_size`` slots for ``max_seq_len`` positions, on the weights'
+        device, in their dtype (the first floating-point parameter's: compact weight modules
+        hold packed codes)."""
+        c = self.config
+        dtype = next(p.dtype for p in self.parameters() if p.is_floating_point() and not p.is_meta)
+        return KVCache(
+            c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, dtype, self.device
+        )
+
     def embed(
         self, tokens: torch.Tensor, positions: torch.Tensor, bound: int | None = None
     ) -> torch.Tensor:
@@ -154,6 +174,9 @@ class Transformer(nn.Module):
             length; with one, the rows or n_keys do not fit it.
         """
         B, T = tokens.shape
+        tokens = tokens.to(self.device)  # ids built on the CPU (generation, api) follow the weights
+        if positions is not None:
+            positions = positions.to(tokens.device)
         ctx = self.config.context_length
         rows = None
         if cache is not None:
