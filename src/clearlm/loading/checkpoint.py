@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gguf import GGUFReader
 
 from clearlm.config import ModelConfig
 from clearlm.defaults import FileDefaults, read_generation_config
 from clearlm.loading import peek
 from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_metadata, tensor_infos
+from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.hf import inspect_hf, load_hf_model
 from clearlm.loading.load import LoadedModel, TensorInfo, assemble
 from clearlm.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
@@ -42,7 +42,7 @@ class GGUFCheckpoint:
         return peek.has_chat_template(self.path)
 
     @cached_property
-    def reader(self) -> GGUFReader:
+    def reader(self) -> GGUFFile:
         """The memory-mapped file. Raises ModelNotFoundError, InvalidModelFileError."""
         return open_gguf(self.path)
 
