@@ -21,6 +21,7 @@ from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
 from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.interpret import InterpretMixin
+from clearlm.load_options import parse_dtype, parse_weights
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
@@ -30,27 +31,6 @@ from clearlm.threads import set_threads
 from clearlm.tokenizer import Tokenizer
 
 Messages = Sequence[dict[str, str]]
-
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """ "float32" / "bfloat16" / "float16" (or the torch dtype itself) → torch dtype.
-
-    Raises SamplingParamsError for anything else."""
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    raise SamplingParamsError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
-
 
 def _as_stops(stop: str | Sequence[str] | None) -> list[str]:
     """A stop string or a list of them (a bare string is one stop, not its characters).
@@ -77,6 +57,8 @@ class Model(InterpretMixin):
     tensor_types: dict[str, str]
     path: str
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    weights: str = "float32"  # "compact": a GGUF's block-quantized matrices stay packed
+    weight_bytes: int = 0  # bytes the loaded weights hold in memory
 
     def sampling_params(
         self,
@@ -254,6 +236,7 @@ def load(
     dtype: str | torch.dtype = torch.float32,
     check: Callable[[Model], object] | None = None,
     threads: int | None = None,
+    weights: str | None = None,
 ) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
@@ -269,12 +252,20 @@ def load(
         threads: torch's intra-op thread count, set for the whole process
             (``torch.set_num_threads``); None applies the CLI's rule: ``$OMP_NUM_THREADS`` when
             set, else the free cores (:func:`clearlm.threads.set_threads`, a 0.1 s look).
+        weights: "compact" keeps a GGUF's block-quantized matrices (Q4_0 … Q6_K) packed as in
+            the file and computes with kernels that read them (the GGUF's exact values, float32
+            sums in another order); "float32" dequantizes every tensor (the reference path,
+            today's parity baseline). None: compact with float32, float32 with a half dtype.
+            Hugging Face folders and F32/F16 tensors are float either way; ``Model.weights``
+            says which mode the model got and ``Model.weight_bytes`` what it holds.
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
-        (unknown dtype, threads < 1), and what ``check`` raises.
+        (unknown dtype or weights, compact with a half dtype, threads < 1), and what
+        ``check`` raises.
     """
     dtype = parse_dtype(dtype)
+    weights = parse_weights(weights, dtype)
     set_threads(threads)
     path = resolve_model(model)
     ckpt = open_checkpoint(path)
@@ -283,7 +274,7 @@ def load(
     if check is not None:
         weightless = Model(None, tokenizer, config, ckpt.metadata, {}, str(path))  # type: ignore[arg-type]
         check(weightless)
-    loaded = ckpt.load(dtype)
+    loaded = ckpt.load(dtype, weights)
     return Model(
         loaded.model,
         tokenizer,
@@ -292,4 +283,6 @@ def load(
         loaded.tensor_types,
         str(path),
         ckpt.generation_config.values,
+        loaded.weights,
+        loaded.weight_bytes,
     )

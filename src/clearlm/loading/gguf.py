@@ -124,14 +124,15 @@ def load_tensors(
     arch = gguf_arch(config.architecture, source)
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        ours = _rename(t, arch, config, source)
+        ours = our_name(t, arch, config, source)
         if ours is None:
             continue  # rope_freqs.weight: already in the config (read_config), not a parameter
-        w = _dequantize(t, source)  # (out, in) float32
+        w = dequantize_tensor(t, source)  # (out, in) float32
         if arch.unpermute_qk:
             w = unpermute_qk(ours, w, config)
         w = unshift_norm(ours, w, arch.norm_shift)  # Gemma GGUFs store 1 + w
-        state[ours] = _to_torch(w, dtype)
+        state[ours] = to_torch(w, dtype)
+        reader.release(t.data_offset, t.n_bytes)  # copied: its mapped pages can go
     return arch.convert(state, config)
 
 
@@ -140,7 +141,7 @@ def _stored_shape(t: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(t.shape))
 
 
-def _rename(t: Any, arch: GGUFArch, config: ModelConfig, source: str) -> str | None:
+def our_name(t: Any, arch: GGUFArch, config: ModelConfig, source: str) -> str | None:
     """Our name for tensor ``t``; None for ``rope_freqs.weight`` once taken into the config.
 
     Raises:
@@ -157,7 +158,7 @@ def _rename(t: Any, arch: GGUFArch, config: ModelConfig, source: str) -> str | N
     return ours
 
 
-def _dequantize(t: Any, source: str) -> np.ndarray:
+def dequantize_tensor(t: Any, source: str) -> np.ndarray:
     """The tensor's values in float32, shape (out, in).
 
     Raises:
@@ -175,7 +176,7 @@ def _dequantize(t: Any, source: str) -> np.ndarray:
         raise InvalidModelFileError(f"{source}: tensor {t.name} is truncated ({e})") from None
 
 
-def _to_torch(w: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def to_torch(w: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     w = np.ascontiguousarray(w, dtype=np.float32)
     if not w.flags.writeable:  # F32 tensors come straight from the read-only memory map
         w = w.copy()

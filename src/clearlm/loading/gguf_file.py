@@ -132,10 +132,20 @@ class GGUFFile:
             data = data.reshape(*np_dims[:-1], row)
         return GGUFTensor(name, qtype, tuple(int(d) for d in dims), n, n_bytes, start, data)
 
+    def close(self) -> None:
+        """Forget the tensor views and unmap the file (once no one else holds a view)."""
+        self.tensors = []
+        try:
+            self._map.close()
+        except BufferError:  # a view of the map is still alive elsewhere: it unmaps with it
+            pass
+
     def release(self, start: int, length: int) -> None:
         """Drop the mapped pages of bytes [start, start + length) from this process's memory
         (``MADV_DONTNEED``): a read-only file mapping re-reads them from the page cache if they
         are touched again, so this is always safe, and packed tensors stop counting in RSS."""
+        if self._map.closed:
+            return
         first = start - start % PAGE
         end = min(len(self._map), start + length)
         if hasattr(self._map, "madvise") and end > first:
