@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from clearlm.cli.app import DType, ModelOpt, app, err
+from clearlm.cli.app import DType, ModelOpt, Weights, app, err
 from clearlm.cli.gen_options import (
     File,
     Json,
@@ -45,6 +45,7 @@ def _run(
     threads: int | None = None,
     quiet: bool = False,
     chat: bool = False,
+    weights: str | None = None,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
@@ -65,6 +66,7 @@ def _run(
     model = load_model(
         model_name, dtype, threads, quiet,
         check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length), chat=chat,
+        weights=weights,
     )  # fmt: skip
     params = model.sampling_params(None, fallback, **given)
     ids = build_prompt(model)
@@ -114,6 +116,7 @@ def generate(
     seed: Seed = None,
     stop: Stop = None,
     dtype: DType = "float32",
+    weights: Weights = None,
     as_json: Json = False,
     logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
@@ -147,6 +150,7 @@ def generate(
         logprobs,
         threads,
         quiet,
+        weights=weights,
     )
 
 
@@ -179,6 +183,7 @@ def chat(
     seed: Seed = None,
     stop: Stop = None,
     dtype: DType = "float32",
+    weights: Weights = None,
     as_json: Json = False,
     logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
@@ -206,8 +211,9 @@ def chat(
                 "--json and --logprobs need a MESSAGE (not a conversation)", param_hint="'--json'"
             )
         _conversation(
-            model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet
-        )
+            model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet,
+            weights,
+        )  # fmt: skip
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": text}
@@ -225,6 +231,7 @@ def chat(
         threads,
         quiet,
         chat=True,
+        weights=weights,
     )
 
 
@@ -238,6 +245,7 @@ def _conversation(
     parse_special_in_content: bool = False,
     threads: int | None = None,
     quiet: bool = False,
+    weights: str | None = None,
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
     from clearlm.api import CHAT_DEFAULTS
@@ -249,6 +257,7 @@ def _conversation(
     m = load_model(
         model_name, dtype, threads, quiet,
         check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
+        weights=weights,
     )  # fmt: skip
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
     run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content, quiet)

@@ -95,6 +95,7 @@ def load_model(
     quiet: bool = False,
     check: Callable[[Any], object] | None = None,
     chat: bool = False,
+    weights: str | None = None,
 ) -> Any:
     """Set the threads, load (checking the input on the header first), say so on stderr.
 
@@ -108,6 +109,7 @@ def load_model(
             prompt longer than the context).
         chat: the command needs a chat template: a GGUF without one is refused at once, from
             its key names alone (``Checkpoint.has_chat_template``: loading/peek.py, ~0.03 s).
+        weights: "compact", "float32" or None (the API's default: :func:`clearlm.api.load`).
 
     Returns:
         The loaded :class:`clearlm.api.Model`.
@@ -115,13 +117,14 @@ def load_model(
     Raises:
         whatever resolving, checking or loading raises (ClearLMError subclasses).
     """
-    from clearlm.api import load, parse_dtype
+    from clearlm.api import load, parse_dtype, parse_weights
     from clearlm.errors import ChatTemplateError
     from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.models import ALIASES, DEFAULT_MODEL, resolve_model
     from clearlm.threads import set_threads
 
     torch_dtype = parse_dtype(dtype)
+    weights = parse_weights(weights, torch_dtype)  # compact with a half dtype: refused now
     path = resolve_model(name)
     ckpt = open_checkpoint(path)
     if chat and ckpt.has_chat_template() is False:
@@ -142,14 +145,15 @@ def load_model(
     start = time.perf_counter()
     try:
         with spinner(label + "…", enabled=not quiet and err.is_terminal):
-            model = load(path, torch_dtype, check=check, threads=n_threads)
+            model = load(path, torch_dtype, check=check, threads=n_threads, weights=weights)
     except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
         err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
         raise typer.Exit(130) from None
     if not quiet:
         s = "" if n_threads == 1 else "s"
         err.print(
-            f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}[/]",
+            f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
+            f" · {model.weights} weights {human_size(model.weight_bytes)}[/]",
             soft_wrap=True,
         )
     return model

@@ -28,10 +28,10 @@ from clearlm.config import ModelConfig
 from clearlm.defaults import FileDefaults, read_generation_config
 from clearlm.loading import peek
 from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_metadata, tensor_infos
-from clearlm.loading.gguf_compact import load_compact
+from clearlm.loading.gguf_compact import compact_plan, load_compact
 from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.hf import inspect_hf, load_hf_model
-from clearlm.loading.load import LoadedModel, TensorInfo, assemble, held_bytes
+from clearlm.loading.load import LoadedModel, TensorInfo, assemble, held_bytes, skeleton
 from clearlm.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 
 
@@ -79,6 +79,15 @@ class GGUFCheckpoint:
     @property
     def size_bytes(self) -> int:
         return self.path.stat().st_size if self.path.is_file() else 0
+
+    def planned_weights(self, weights: str) -> tuple[str, int, int]:
+        """What ``load(float32, weights)`` would hold, from the header alone: (mode, bytes,
+        matrices kept packed). Raises UnsupportedModelError for an unknown tensor name."""
+        if weights != "compact":
+            return "float32", sum(t.n_elements for t in self.tensors) * 4, 0
+        plan = compact_plan(self.reader, self.config, skeleton(self.config), torch.float32,
+                            self.source)
+        return ("compact" if plan.packed else "float32"), plan.total_bytes, len(plan.packed)
 
     def load(self, dtype: torch.dtype = torch.float32, weights: str = "float32") -> LoadedModel:
         """Header (kept) → pack or dequantize / rename / fix layout → tie → check → assign;
@@ -134,6 +143,10 @@ class FolderCheckpoint:
     @property
     def size_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
+
+    def planned_weights(self, weights: str) -> tuple[str, int, int]:
+        """(mode, bytes, packed matrices) a load holds: safetensors weights are float32."""
+        return "float32", sum(t.n_elements for t in self.tensors) * 4, 0
 
     def load(self, dtype: torch.dtype = torch.float32, weights: str = "float32") -> LoadedModel:
         """config.json → safetensors → rename → convert → cast → tie → check shapes → assign.
