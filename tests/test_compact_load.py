@@ -105,6 +105,9 @@ def test_smollm2_compact_same_greedy_text_as_float32(smollm2_path, smollm2) -> N
         want = smollm2.generate(text, max_new_tokens=12, temperature=0)
         got = compact.generate(text, max_new_tokens=12, temperature=0)
         assert got.tokens == want.tokens, name
-        worst = max(worst, (compact.logits(text) - smollm2.logits(text)).abs().max().item())
+        # a whole prompt runs the dequantize + matmul path; 3 tokens the kernel (decode) path
+        for ids in (smollm2.encode(text), smollm2.encode(text)[:3]):
+            diff = (compact.logits(ids) - smollm2.logits(ids)).abs().max().item()
+            worst = max(worst, diff)
     print(f"\nSmolLM2 compact vs float32: max |Δlogit| {worst:.2e} over {len(PROMPTS)} prompts")
     assert worst < 1e-3
