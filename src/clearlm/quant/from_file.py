@@ -32,6 +32,9 @@ def pack_tensor(file: GGUFFile, t: GGUFTensor, rope_heads: int | None = None) ->
     raw = t.data.reshape(n, -1)  # (N, bytes per row): a view of the map
     rows = max(1, min(n, BAND_BYTES // raw.shape[1]))
     first = pack_blocks(raw[:rows], t.tensor_type, (rows, k))
+    if rows == n:  # one band: already the whole tensor
+        file.release(t.data_offset, t.n_bytes)
+        return _permuted(first, rope_heads)
     out = _empty_like(first, n)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
