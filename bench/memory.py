@@ -53,11 +53,12 @@ def child(model: str, weights: str, threads: int) -> dict:
     c1, w1 = time.process_time(), time.perf_counter()
     m.generate(PROMPT, max_new_tokens=1, temperature=0)
     c2, w2 = time.process_time(), time.perf_counter()
+    peak, maxrss = hwm_mib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     file_bytes = sum(t.n_bytes for t in open_checkpoint(resolve_model(model)).reader.tensors)
     return {
         "load_cpu_s": c1 - c0, "load_wall_s": w1 - w0,
         "first_cpu_s": c2 - c0, "first_wall_s": w2 - w0,
-        "rss_mib": hwm_mib(), "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_mib": peak, "maxrss_mib": maxrss,
         "weight_mib": m.weight_bytes / 2**20, "file_mib": file_bytes / 2**20, "mode": m.weights,
     }  # fmt: skip
 
@@ -92,7 +93,7 @@ def main() -> None:
             for weights in runs:
                 runs[weights].append(run(model, weights, args.threads))
         target = TORCH_BASELINE + 1.2 * LLAMA_CPP_RSS[model]
-        for weights, rs in runs.items():
+        for rs in runs.values():
             med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "mode"}
             print(f"| {model} | {rs[0]['mode']} | {med['first_cpu_s']:.2f} | "
                   f"{med['first_wall_s']:.2f} | {med['rss_mib']:,.0f} | {target:,.0f} | "

@@ -18,6 +18,7 @@ summation order of the products differs from ``weights="float32"``.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -27,14 +28,14 @@ from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError
 from clearlm.families import gguf_arch
 from clearlm.loading.gguf import dequantize_tensor, our_name, to_torch
-from clearlm.loading.gguf_file import GGUFFile, GGUFTensor
+from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.load import skeleton
 from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.from_file import pack_tensor, packed_nbytes
 from clearlm.quant.linear import QuantLinear
-from clearlm.quant.pack import SUPPORTED
+from clearlm.quant.pack import SUPPORTED, Packed
 
 TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
 
@@ -91,18 +92,26 @@ def load_compact(
     model = skeleton(config)
     plan = compact_plan(file, config, model, dtype, source)
     state: dict[str, torch.Tensor] = {}
-    for t in file.tensors:
-        ours = our_name(t, arch, config, source)
-        if ours is None:
-            continue
-        if t.name in plan.packed:
-            _swap(model, file, t, plan.packed[t.name], config, arch.unpermute_qk)
-            continue
-        w = dequantize_tensor(t, source)  # (out, in) float32, as loading/gguf.py
-        if arch.unpermute_qk:
-            w = unpermute_qk(ours, w, config)
-        state[ours] = to_torch(unshift_norm(ours, w, arch.norm_shift), dtype)
-        file.release(t.data_offset, t.n_bytes)
+    # Packing is numpy copies that release the GIL: torch's thread count packs tensors side by
+    # side while this thread dequantizes the float ones (same bytes, same results).
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        jobs: list[tuple[Future, list[str]]] = []
+        for t in file.tensors:
+            ours = our_name(t, arch, config, source)
+            if ours is None:
+                continue
+            if t.name in plan.packed:
+                paths = plan.packed[t.name]
+                heads = _rope_heads(paths[0], config) if arch.unpermute_qk else None
+                jobs.append((pool.submit(pack_tensor, file, t, heads), paths))
+                continue
+            w = dequantize_tensor(t, source)  # (out, in) float32, as loading/gguf.py
+            if arch.unpermute_qk:
+                w = unpermute_qk(ours, w, config)
+            state[ours] = to_torch(unshift_norm(ours, w, arch.norm_shift), dtype)
+            file.release(t.data_offset, t.n_bytes)
+        for job, paths in jobs:
+            _swap(model, job.result(), paths)
     state = arch.convert(state, config)
     tied_float = config.tie_word_embeddings and "embed_tokens.weight" in state
     if tied_float:
@@ -124,18 +133,16 @@ def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:
     return type(m) in (nn.Linear, nn.Embedding) and tuple(m.weight.shape) == shape
 
 
-def _swap(
-    model: nn.Module, file: GGUFFile, t: GGUFTensor, paths: list[str], config: ModelConfig,
-    unpermute: bool,
-) -> None:
-    """Pack ``t`` once and put it behind every module in ``paths``; a bias stays a meta
-    buffer until the float tensors are assigned."""
-    heads = None
-    if unpermute and paths[0].endswith("q_proj"):
-        heads = config.n_heads
-    elif unpermute and paths[0].endswith("k_proj"):
-        heads = config.n_kv_heads
-    packed = pack_tensor(file, t, heads)
+def _rope_heads(path: str, config: ModelConfig) -> int | None:
+    """Heads whose rows llama.cpp permuted in this projection (None: not Q or K)."""
+    if path.endswith("q_proj"):
+        return config.n_heads
+    return config.n_kv_heads if path.endswith("k_proj") else None
+
+
+def _swap(model: nn.Module, packed: Packed, paths: list[str]) -> None:
+    """Put one packed tensor behind every module in ``paths``; a bias stays a meta buffer until
+    the float tensors are assigned."""
     for path in paths:
         old = model.get_submodule(path)
         if type(old) is nn.Embedding:
