@@ -44,7 +44,7 @@ def smollm2(smollm2_path: Path):
     """Our model, loaded once per session (float32)."""
     import clearlm
 
-    return clearlm.load(smollm2_path)
+    return clearlm.load(smollm2_path, weights="float32")
 
 
 @pytest.fixture(scope="session")

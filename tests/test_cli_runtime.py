@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from clearlm import threads
 from clearlm.cli import app, runtime
 from clearlm.errors import ChatTemplateError, SamplingParamsError
+from clearlm.loading.checkpoint import GGUFCheckpoint
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +105,14 @@ def test_loading_line_names_model_size_time_and_threads(tiny):
     assert proc.returncode == 0, proc.stderr
     first = proc.stderr.splitlines()[0]
     size = runtime.human_size(tiny.stat().st_size)
+    # an F32 file: float32 weights, 4 bytes per value of the file's tensors
+    held = runtime.human_size(4 * sum(t.n_elements for t in GGUFCheckpoint(tiny).tensors))
     assert first.startswith(f"loading tiny.gguf ({size})… done in ") and first.endswith(
-        " s · 1 thread"
+        f" s · 1 thread · float32 weights {held}"
     ), first
     assert "generated 3 tokens" in proc.stderr
     proc = cli("generate", "hello", "-m", str(tiny), "-n", "3", "-t", "2")
-    assert proc.stderr.splitlines()[0].endswith(" s · 2 threads")
+    assert proc.stderr.splitlines()[0].endswith(f" s · 2 threads · float32 weights {held}")
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])

@@ -257,7 +257,8 @@ def test_world_size_must_match(tiny_gguf, monkeypatch):
         monkeypatch.setenv(var, env[var])
     try:
         with pytest.raises(DistributedError) as e:
-            load_placed(open_checkpoint(tiny_gguf), torch.float32, torch.device("cpu"), 2, 1, 5.0)
+            ckpt, cpu = open_checkpoint(tiny_gguf), torch.device("cpu")
+            load_placed(ckpt, torch.float32, cpu, 2, 1, timeout_s=5.0)
         assert str(e.value) == (
             "--tensor-parallel 2 needs 2 processes, but torchrun started 1; "
             "use --nproc-per-node 2 (times --nnodes)"

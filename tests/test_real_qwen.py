@@ -29,7 +29,7 @@ def _load(alias: str):
         pytest.skip(f"{alias} not available ({e})")
     from transformers import AutoModelForCausalLM
 
-    ours = clearlm.load(path)
+    ours = clearlm.load(path, weights="float32")
     ref = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     ).eval()

@@ -23,6 +23,7 @@ from clearlm.engine.batch_api import generate_prompts, is_batch, stream_prompts
 from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.interpret import InterpretMixin
+from clearlm.load_options import parse_dtype, parse_weights
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
@@ -34,25 +35,6 @@ from clearlm.tokenizer import Tokenizer
 
 Messages = Sequence[dict[str, str]]
 
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """ "float32" / "bfloat16" / "float16" (or the torch dtype itself) → torch dtype.
-
-    Raises SamplingParamsError for anything else."""
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return DTYPES[dtype]
-    raise SamplingParamsError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
 
 
 @dataclass
@@ -74,6 +56,8 @@ class Model(InterpretMixin):
     tensor_types: dict[str, str]
     path: str
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    weights: str = "float32"  # "compact": a GGUF's block-quantized matrices stay packed
+    weight_bytes: int = 0  # bytes the loaded weights hold in memory
 
     def sampling_params(
         self,
@@ -255,6 +239,7 @@ def load(
     device: str | torch.device | None = "cpu",
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    weights: str | None = None,
 ) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
@@ -274,12 +259,21 @@ def load(
             masks, RoPE tables and sampling follow the weights there (clearlm.devices).
         tensor_parallel, pipeline_parallel: N > 1 splits the model over the N ranks of a
             torchrun launch (every rank calls load and generate alike; see clearlm.parallel).
+        weights: "compact" keeps a GGUF's block-quantized matrices (Q4_0 … Q6_K) packed as in
+            the file and computes with kernels that read them (the GGUF's exact values, float32
+            sums in another order); "float32" dequantizes every tensor (the reference path,
+            today's parity baseline). None: compact with float32, float32 with a half dtype.
+            Hugging Face folders and F32/F16 tensors are float either way; ``Model.weights``
+            says which mode the model got and ``Model.weight_bytes`` what it holds.
+
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
-        (unknown dtype, threads < 1), DeviceError, DistributedError, and what ``check`` raises.
+        (unknown dtype or weights, compact with a half dtype, threads < 1), DeviceError,
+        DistributedError, and what ``check`` raises.
     """
     dtype, where = parse_dtype(dtype), resolve_device(device)
+    weights = parse_weights(weights, dtype, where, max(tensor_parallel, pipeline_parallel))
     set_threads(threads)
     path = resolve_model(model)
     ckpt = open_checkpoint(path)
@@ -288,7 +282,7 @@ def load(
     if check is not None:
         weightless = Model(None, tokenizer, config, ckpt.metadata, {}, str(path))  # type: ignore[arg-type]
         check(weightless)
-    loaded = load_placed(ckpt, dtype, where, tensor_parallel, pipeline_parallel)
+    loaded = load_placed(ckpt, dtype, where, tensor_parallel, pipeline_parallel, weights)
     return Model(
         loaded.model,
         tokenizer,
@@ -297,4 +291,6 @@ def load(
         loaded.tensor_types,
         str(path),
         ckpt.generation_config.values,
+        loaded.weights,
+        loaded.weight_bytes,
     )

@@ -63,6 +63,28 @@ DType = Annotated[
 ]
 
 
+WEIGHT_NAMES = ("compact", "float32")
+
+
+def _check_weights(value: str | None) -> str | None:
+    """--weights must name one of WEIGHT_NAMES: anything else is a usage error (exit 2)."""
+    if value is not None and value not in WEIGHT_NAMES:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(WEIGHT_NAMES)}")
+    return value
+
+
+Weights = Annotated[
+    str | None,
+    typer.Option(
+        callback=_check_weights,
+        help="How a GGUF's quantized matrices are held: compact (packed as in the file, "
+        "default) or float32 (dequantized: the exact reference, 4-8x the memory). Folders "
+        "and F32/F16 tensors are float either way.",
+        show_default=False,
+    ),
+]
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from clearlm.cli.app import DType, ModelOpt, app, err
+from clearlm.cli.app import DType, ModelOpt, Weights, app, err
 from clearlm.cli.placement import DeviceOpt, Placement
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.errors import ClearLMError
@@ -37,6 +37,7 @@ def explain(
         Path | None, typer.Option(help="Write one self-contained HTML page with it all.")
     ] = None,
     dtype: DType = "float32",
+    weights: Weights = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
     device: DeviceOpt = "cpu",
@@ -60,6 +61,7 @@ def explain(
         model, dtype, threads, quiet,
         check=lambda h: check_choices(h.config.n_layers, h.config.n_heads, layer, head, top),
         placement=Placement(device),
+        weights=weights,
     )  # fmt: skip
     ex = explain_data(m, clean_arg(prompt), layer, head, top)  # bad bytes → U+FFFD
 

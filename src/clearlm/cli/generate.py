@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from clearlm.cli.app import DType, ModelOpt, app, err
+from clearlm.cli.app import DType, ModelOpt, Weights, app, err
 from clearlm.cli.gen_options import (
     File,
     Json,
@@ -54,6 +54,7 @@ def _run(
     quiet: bool = False,
     chat: bool = False,
     placement: Placement | None = None,
+    weights: str | None = None,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
@@ -80,6 +81,7 @@ def _run(
         model_name, dtype, threads, quiet,
         check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length), chat=chat,
         placement=placement,
+        weights=weights,
     )  # fmt: skip
     params = model.sampling_params(None, fallback, **given)
     if placement.parallel:  # every rank must draw the same token from the same logits
@@ -135,6 +137,7 @@ def generate(
     seed: Seed = None,
     stop: Stop = None,
     dtype: DType = "float32",
+    weights: Weights = None,
     as_json: Json = False,
     logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
@@ -173,6 +176,7 @@ def generate(
         threads,
         quiet,
         placement=Placement(device, tensor_parallel, pipeline_parallel, dist_timeout),
+        weights=weights,
     )
 
 
@@ -205,6 +209,7 @@ def chat(
     seed: Seed = None,
     stop: Stop = None,
     dtype: DType = "float32",
+    weights: Weights = None,
     as_json: Json = False,
     logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
@@ -241,6 +246,7 @@ def chat(
         _conversation(
             model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet,
             placement,
+            weights,
         )  # fmt: skip
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -260,6 +266,7 @@ def chat(
         quiet,
         chat=True,
         placement=placement,
+        weights=weights,
     )
 
 
@@ -274,6 +281,7 @@ def _conversation(
     threads: int | None = None,
     quiet: bool = False,
     placement: Placement | None = None,
+    weights: str | None = None,
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
     from clearlm.api import CHAT_DEFAULTS
@@ -286,6 +294,7 @@ def _conversation(
         model_name, dtype, threads, quiet,
         check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
         placement=placement,
+        weights=weights,
     )  # fmt: skip
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
     run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content, quiet)

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from clearlm.cli.app import DType, ModelOpt, app, err
+from clearlm.cli.app import DType, ModelOpt, Weights, app, err
 from clearlm.cli.placement import DeviceOpt, Placement
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.text import read_text_file
@@ -20,8 +20,10 @@ def info(
         str | None, typer.Argument(help="Path or alias (default smollm2-135m-instruct).")
     ] = None,
     model_opt: ModelOpt = None,
+    weights: Weights = None,
 ) -> None:
-    """Show a model's family, every hyper-parameter with its seed stage, tensors and tokenizer.
+    """Show a model's family, every hyper-parameter with its seed stage, tensors and tokenizer,
+    and the weights a load holds in memory (--weights compact or float32).
 
     Reads only headers (GGUF metadata, config.json, safetensors headers): nothing is
     dequantized, so this is quick. The model is named as an argument or with -m, like elsewhere.
@@ -45,6 +47,14 @@ def info(
     )
     n_params = sum(t.n_elements for t in tensors)
     out.print(f"{n_params:,} parameters · {size / 2**20:.1f} MiB on disk", soft_wrap=True)
+    mode, held, n_packed = ckpt.planned_weights(weights or "compact")
+    if n_packed:
+        why = f"{n_packed} block-quantized matrices kept packed, the rest float32"
+    elif weights == "float32":
+        why = "every tensor dequantized (the reference path)"
+    else:
+        why = "no block-quantized matrix clearlm packs: every tensor float"
+    out.print(f"weights {mode}: {held / 2**20:,.1f} MiB in memory · {why}", soft_wrap=True)
 
     hp = Table(title="Hyper-parameters by seed stage", title_justify="left")
     for col in ("stage", "name", "value"):
@@ -102,6 +112,7 @@ def perplexity(
         typer.Option(min=1, help="Tokens between window starts, >= 1 (default: context / 2)."),
     ] = None,
     dtype: DType = "float32",
+    weights: Weights = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
     device: DeviceOpt = "cpu",
@@ -113,7 +124,7 @@ def perplexity(
 
     # the file's exact characters: bytes decoded as UTF-8, no newline translation
     text = read_text_file(text_file, strict=True)
-    m = load_model(model, dtype, threads, quiet, placement=Placement(device))
+    m = load_model(model, dtype, threads, quiet, placement=Placement(device), weights=weights)
     ids = m.tokenizer.encode(text)
     with Progress(console=err, transient=True, disable=quiet) as bar:
         task = bar.add_task("scoring windows", total=None)

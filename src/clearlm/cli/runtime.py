@@ -96,6 +96,7 @@ def load_model(
     check: Callable[[Any], object] | None = None,
     chat: bool = False,
     placement: Any = None,
+    weights: str | None = None,
 ) -> Any:
     """Set the threads, load (checking the input on the header first), say so on stderr.
 
@@ -110,6 +111,7 @@ def load_model(
         chat: the command needs a chat template: a GGUF without one is refused at once, from
             its key names alone (``Checkpoint.has_chat_template``: loading/peek.py, ~0.03 s).
         placement: a :class:`clearlm.cli.placement.Placement` (device, parallel ranks).
+        weights: "compact", "float32" or None (the API's default: :func:`clearlm.api.load`).
 
     Returns:
         The loaded :class:`clearlm.api.Model`.
@@ -117,13 +119,19 @@ def load_model(
     Raises:
         whatever resolving, checking or loading raises (ClearLMError subclasses).
     """
-    from clearlm.api import load, parse_dtype
+    from clearlm.api import load, parse_dtype, parse_weights
+    from clearlm.devices import resolve_device
     from clearlm.errors import ChatTemplateError
     from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.models import ALIASES, DEFAULT_MODEL, resolve_model
     from clearlm.threads import set_threads
 
     torch_dtype = parse_dtype(dtype)
+    where = placement.load_kwargs() if placement is not None else {}
+    ranks = max(where.get("tensor_parallel", 1), where.get("pipeline_parallel", 1))
+    device = resolve_device(where.get("device", "cpu"))
+    # refused now, before the header is read: compact with a half dtype, a GPU or ranks
+    weights = parse_weights(weights, torch_dtype, device, ranks)
     path = resolve_model(name)
     ckpt = open_checkpoint(path)
     if chat and ckpt.has_chat_template() is False:
@@ -144,15 +152,17 @@ def load_model(
     start = time.perf_counter()
     try:
         with spinner(label + "…", enabled=not quiet and err.is_terminal):
-            where = placement.load_kwargs() if placement is not None else {}
-            model = load(path, torch_dtype, check=check, threads=n_threads, **where)
+            model = load(
+                path, torch_dtype, check=check, threads=n_threads, weights=weights, **where
+            )
     except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
         err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
         raise typer.Exit(130) from None
     if not quiet:
         s = "" if n_threads == 1 else "s"
         err.print(
-            f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}[/]",
+            f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
+            f" · {model.weights} weights {human_size(model.weight_bytes)}[/]",
             soft_wrap=True,
         )
     return model

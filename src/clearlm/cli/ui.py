@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from clearlm.cli.app import DType, ModelOpt, app, err
+from clearlm.cli.app import DType, ModelOpt, Weights, app, err
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 
 
@@ -17,6 +17,7 @@ def ui(
         int, typer.Option(min=1, max=65535, help="Port on 127.0.0.1 to serve the page on.")
     ] = 8000,
     dtype: DType = "float32",
+    weights: Weights = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -38,7 +39,7 @@ def ui(
     except OSError as e:
         sock.close()
         raise ClearLMError(f"cannot serve on 127.0.0.1:{port}: {e.strerror}; try --port") from None
-    m = load_model(model, dtype, threads, quiet)
+    m = load_model(model, dtype, threads, quiet, weights=weights)
     err.print(f"serving {m.path} on http://127.0.0.1:{port}  (Ctrl+C to stop)", soft_wrap=True)
     server = uvicorn.Server(
         uvicorn.Config(create_app(m), host="127.0.0.1", port=port, log_level="warning")

@@ -10,7 +10,9 @@ the one the weights are then loaded with:
   where that cheap answer does not exist (a folder: its tokenizer files decide);
 - ``config``, ``metadata``, ``tensors`` (name, type, shape; nothing dequantized), ``tokenizer``,
   ``generation_config``, ``size_bytes``, ``tokenizer_kind``: the header;
-- ``load(dtype)``: the weights, through the format's chain, into a ready Transformer.
+- ``load(dtype, weights)``: the weights, through the format's chain, into a ready Transformer:
+  ``weights="compact"`` keeps a GGUF's block-quantized matrices packed (loading/gguf_compact.py),
+  ``"float32"`` dequantizes every tensor (the reference path). A folder's weights are float.
 """
 
 from __future__ import annotations
@@ -21,19 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gguf import GGUFReader
 
 from clearlm.config import ModelConfig
 from clearlm.defaults import FileDefaults, read_generation_config
 from clearlm.loading import peek
 from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_metadata, tensor_infos
+from clearlm.loading.gguf_compact import compact_plan, load_compact
+from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.hf import inspect_hf, load_hf_model
-from clearlm.loading.load import LoadedModel, TensorInfo, assemble
+from clearlm.loading.load import LoadedModel, TensorInfo, assemble, held_bytes, skeleton
 from clearlm.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 
 
 class GGUFCheckpoint:
-    """A .gguf file: metadata and tokenizer from its key/value section, weights dequantized."""
+    """A .gguf file: metadata and tokenizer from its key/value section; weights packed or
+    dequantized (``load``'s ``weights``)."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.source = path, path.name
@@ -42,7 +46,7 @@ class GGUFCheckpoint:
         return peek.has_chat_template(self.path)
 
     @cached_property
-    def reader(self) -> GGUFReader:
+    def reader(self) -> GGUFFile:
         """The memory-mapped file. Raises ModelNotFoundError, InvalidModelFileError."""
         return open_gguf(self.path)
 
@@ -76,13 +80,29 @@ class GGUFCheckpoint:
     def size_bytes(self) -> int:
         return self.path.stat().st_size if self.path.is_file() else 0
 
-    def load(self, dtype: torch.dtype = torch.float32) -> LoadedModel:
-        """Header (kept) → dequantize/rename/fix layout → tie → check shapes → assign.
+    def planned_weights(self, weights: str) -> tuple[str, int, int]:
+        """What ``load(float32, weights)`` would hold, from the header alone: (mode, bytes,
+        matrices kept packed). Raises UnsupportedModelError for an unknown tensor name."""
+        if weights != "compact":
+            return "float32", sum(t.n_elements for t in self.tensors) * 4, 0
+        plan = compact_plan(self.reader, self.config, skeleton(self.config), torch.float32,
+                            self.source)
+        return ("compact" if plan.packed else "float32"), plan.total_bytes, len(plan.packed)
+
+    def load(self, dtype: torch.dtype = torch.float32, weights: str = "float32") -> LoadedModel:
+        """Header (kept) → pack or dequantize / rename / fix layout → tie → check → assign;
+        then the file is unmapped (the model holds copies only).
 
         Raises ModelNotFoundError, InvalidModelFileError, UnsupportedModelError."""
-        state = load_tensors(self.reader, self.config, dtype, self.source)
-        model = assemble(self.config, state, self.source)
-        return LoadedModel(model, self.config, self.metadata, self.tensors)
+        config, metadata, tensors, mode = self.config, self.metadata, self.tensors, "float32"
+        if weights == "compact":
+            model, plan = load_compact(self.reader, config, dtype, self.source)
+            mode = "compact" if plan.packed else "float32"  # nothing block-quantized: float
+        else:
+            model = assemble(config, load_tensors(self.reader, config, dtype, self.source),
+                             self.source)
+        self.__dict__.pop("reader").close()  # a later use maps the file again
+        return LoadedModel(model, config, metadata, tensors, mode, held_bytes(model))
 
 
 class FolderCheckpoint:
@@ -124,9 +144,16 @@ class FolderCheckpoint:
     def size_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
 
-    def load(self, dtype: torch.dtype = torch.float32) -> LoadedModel:
-        """config.json → safetensors → rename → convert → cast → tie → check shapes → assign."""
-        return load_hf_model(self.path, dtype)
+    def planned_weights(self, weights: str) -> tuple[str, int, int]:
+        """(mode, bytes, packed matrices) a load holds: safetensors weights are float32."""
+        return "float32", sum(t.n_elements for t in self.tensors) * 4, 0
+
+    def load(self, dtype: torch.dtype = torch.float32, weights: str = "float32") -> LoadedModel:
+        """config.json → safetensors → rename → convert → cast → tie → check shapes → assign.
+        Safetensors weights are float: ``weights`` changes nothing here."""
+        loaded = load_hf_model(self.path, dtype)
+        loaded.weight_bytes = held_bytes(loaded.model)
+        return loaded
 
 
 Checkpoint = GGUFCheckpoint | FolderCheckpoint
@@ -140,11 +167,11 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
 
 def load_gguf_model(
-    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32
+    path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, weights: str = "float32"
 ) -> LoadedModel:
-    """A .gguf file's model in one call (``GGUFCheckpoint(path).load(dtype)``).
+    """A .gguf file's model in one call (``GGUFCheckpoint(path).load(dtype, weights)``).
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
     """
-    return GGUFCheckpoint(Path(path)).load(dtype)
+    return GGUFCheckpoint(Path(path)).load(dtype, weights)

@@ -13,13 +13,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
 from clearlm.families import GGUFArch, gguf_arch
 from clearlm.loading.gguf_config import config_from_gguf
+from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.load import TensorInfo
 from clearlm.loading.transforms import unpermute_qk, unshift_norm
 
@@ -33,8 +34,8 @@ SUPPORTED_TENSOR_TYPES = frozenset(
 )
 
 
-def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
-    """Open a GGUF file (memory-mapped; nothing is copied yet).
+def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """Open a GGUF file (memory-mapped; metadata and tensor table read, no tensor copied).
 
     Raises:
         ModelNotFoundError: the path does not exist or is a directory.
@@ -52,36 +53,20 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
             f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')"
         )
     try:
-        return GGUFReader(path, "r")
-    except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad bytes
+        return GGUFFile(path)
+    except (ValueError, OSError) as e:  # GGUFFormatError is a ValueError
         raise InvalidModelFileError(
             f"{path} is a truncated or corrupt GGUF file ({type(e).__name__}: {e}); "
             "download it again"
         ) from None
 
 
-def _field_value(field: Any) -> Any:
-    """Decode one metadata field: strings as str, arrays as lists, scalars as Python numbers."""
-    types = field.types
-    if types and types[0] == GGUFValueType.ARRAY:
-        if len(types) > 1 and types[1] == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-        return [field.parts[i].tolist()[0] for i in field.data]
-    if types and types[0] == GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8")
-    return field.parts[field.data[0]].tolist()[0]
-
-
-def read_metadata(reader: GGUFReader) -> dict[str, Any]:
+def read_metadata(reader: GGUFFile) -> dict[str, Any]:
     """All key/value metadata of the file as plain Python values (str, int, float, bool, list)."""
-    return {
-        name: _field_value(field)
-        for name, field in reader.fields.items()
-        if not name.startswith("GGUF.")
-    }
+    return dict(reader.metadata)
 
 
-def read_config(reader: GGUFReader, metadata: dict[str, Any], source: str) -> ModelConfig:
+def read_config(reader: GGUFFile, metadata: dict[str, Any], source: str) -> ModelConfig:
     """The file's ModelConfig: its metadata, its tensor names (a missing output.weight means a
     tied head) and the values of llama.cpp's ``rope_freqs.weight`` when present (RoPE
     frequency factors, d/2 float32: Llama 3.1+ GGUFs carry their rope scaling there).
@@ -98,7 +83,7 @@ def read_config(reader: GGUFReader, metadata: dict[str, Any], source: str) -> Mo
     return config_from_gguf(metadata, names, source, freqs)
 
 
-def tensor_infos(reader: GGUFReader) -> list[TensorInfo]:
+def tensor_infos(reader: GGUFFile) -> list[TensorInfo]:
     """The file's tensors as stored: name, type, shape in (out, in) order (nothing is read)."""
     return [TensorInfo(t.name, t.tensor_type.name, _stored_shape(t)) for t in reader.tensors]
 
@@ -116,7 +101,7 @@ def gguf_to_ours(name: str, table: dict[str, str], n_layers: int) -> str | None:
 
 
 def load_tensors(
-    reader: GGUFReader, config: ModelConfig, dtype: torch.dtype = torch.float32, source: str = ""
+    reader: GGUFFile, config: ModelConfig, dtype: torch.dtype = torch.float32, source: str = ""
 ) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of the file into our parameter names, fix llama.cpp's layouts,
     then apply the architecture's ``convert`` (GPT-2: split the fused attn_qkv).
@@ -139,14 +124,15 @@ def load_tensors(
     arch = gguf_arch(config.architecture, source)
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        ours = _rename(t, arch, config, source)
+        ours = our_name(t, arch, config, source)
         if ours is None:
             continue  # rope_freqs.weight: already in the config (read_config), not a parameter
-        w = _dequantize(t, source)  # (out, in) float32
+        w = dequantize_tensor(t, source)  # (out, in) float32
         if arch.unpermute_qk:
             w = unpermute_qk(ours, w, config)
         w = unshift_norm(ours, w, arch.norm_shift)  # Gemma GGUFs store 1 + w
-        state[ours] = _to_torch(w, dtype)
+        state[ours] = to_torch(w, dtype)
+        reader.release(t.data_offset, t.n_bytes)  # copied: its mapped pages can go
     return arch.convert(state, config)
 
 
@@ -155,7 +141,7 @@ def _stored_shape(t: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(t.shape))
 
 
-def _rename(t: Any, arch: GGUFArch, config: ModelConfig, source: str) -> str | None:
+def our_name(t: Any, arch: GGUFArch, config: ModelConfig, source: str) -> str | None:
     """Our name for tensor ``t``; None for ``rope_freqs.weight`` once taken into the config.
 
     Raises:
@@ -172,7 +158,7 @@ def _rename(t: Any, arch: GGUFArch, config: ModelConfig, source: str) -> str | N
     return ours
 
 
-def _dequantize(t: Any, source: str) -> np.ndarray:
+def dequantize_tensor(t: Any, source: str) -> np.ndarray:
     """The tensor's values in float32, shape (out, in).
 
     Raises:
@@ -190,7 +176,7 @@ def _dequantize(t: Any, source: str) -> np.ndarray:
         raise InvalidModelFileError(f"{source}: tensor {t.name} is truncated ({e})") from None
 
 
-def _to_torch(w: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def to_torch(w: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     w = np.ascontiguousarray(w, dtype=np.float32)
     if not w.flags.writeable:  # F32 tensors come straight from the read-only memory map
         w = w.copy()

@@ -6,10 +6,14 @@ our parameter names to :func:`assemble`; loading/checkpoint.py chooses the forma
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError
@@ -41,10 +45,23 @@ class LoadedModel:
     config: ModelConfig
     metadata: dict[str, Any]
     tensors: list[TensorInfo]
+    weights: str = "float32"  # "compact" when some matrices stay block-quantized
+    weight_bytes: int = 0  # bytes the weights hold in memory (each shared tensor once)
 
     @property
     def tensor_types(self) -> dict[str, str]:
         return {t.name: t.type for t in self.tensors}
+
+
+def held_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and persistent buffers, each storage counted once (a
+    tied head shares the embedding's)."""
+    seen: dict[int, int] = {}
+    for t in (*model.parameters(), *model.state_dict().values()):
+        if not t.is_meta:
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
 
 
 def check_shapes(model: Transformer, state: dict[str, torch.Tensor], source: str) -> None:
@@ -69,6 +86,39 @@ def check_shapes(model: Transformer, state: dict[str, torch.Tensor], source: str
         )
 
 
+_SKELETON_LOCK = threading.Lock()
+
+
+class _Skeleton(Transformer):
+    """A Transformer whose derived tables (RoPE, sinusoids) are left for after loading."""
+
+    def init_derived(self) -> None:
+        pass
+
+
+@contextmanager
+def _no_init() -> Iterator[None]:
+    """nn.Linear / nn.Embedding skip their random init (as transformers' ``no_init_weights``):
+    on the meta device it computes nothing, but ``normal_`` there runs through torch's Python
+    references and imports torch._dynamo (about 1 s of CPU time at the first load)."""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    with _SKELETON_LOCK:
+        nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved  # type: ignore[method-assign]
+
+
+def skeleton(config: ModelConfig) -> Transformer:
+    """The model's modules on the meta device: shapes, no memory, no init. The caller assigns
+    every weight, then calls ``init_derived()`` for the RoPE / sinusoid tables."""
+    with _no_init(), torch.device("meta"):
+        model = _Skeleton(config)
+    model.__class__ = Transformer
+    return model
+
+
 def assemble(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -> Transformer:
     """Tie → check shapes → assign into a module built on the meta device.
 
@@ -76,8 +126,7 @@ def assemble(config: ModelConfig, state: dict[str, torch.Tensor], source: str) -
     (``load_state_dict(assign=True)``) means the weights are never held twice in memory.
     """
     state = tie_head(state, config)
-    with torch.device("meta"):
-        model = Transformer(config)
+    model = skeleton(config)
     check_shapes(model, state, source)
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:

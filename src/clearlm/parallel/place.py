@@ -41,6 +41,7 @@ def load_placed(
     device: torch.device,
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    weights: str = "float32",
     timeout_s: float | None = None,
 ) -> LoadedModel:
     """The checkpoint's model on ``device``, whole or this rank's share.
@@ -52,7 +53,7 @@ def load_placed(
     _check_sizes(tensor_parallel, pipeline_parallel)
     n = max(tensor_parallel, pipeline_parallel)
     if n == 1:
-        loaded = ckpt.load(dtype)
+        loaded = ckpt.load(dtype, weights)  # weights: "compact" only on the CPU (load_options)
         loaded.model.to(device)
         return loaded
     if device.type == "cuda" and device.index is None:

@@ -33,7 +33,7 @@ from safetensors import safe_open
 
 from clearlm.config import ModelConfig
 from clearlm.families import family_for, gguf_arch
-from clearlm.loading.gguf import _dequantize, _rename, _stored_shape
+from clearlm.loading.gguf import _stored_shape, dequantize_tensor, our_name
 from clearlm.loading.hf import safetensors_files
 from clearlm.loading.transforms import unpermute_rope_rows, unshift_norm
 
@@ -72,7 +72,7 @@ def _read_gguf_part(t, take: Take, source: str) -> np.ndarray:
     """The kept part of GGUF tensor ``t`` in float32, reading as few bytes as the type allows."""
     shape = _stored_shape(t)
     if len(shape) != 2:  # norms and biases: small, read whole
-        w = _dequantize(t, source)
+        w = dequantize_tensor(t, source)
         return take.apply(torch.from_numpy(np.array(w, dtype=np.float32))).numpy()
     data, n_in = t.data, shape[1]
     if take.rows is not None:
@@ -102,11 +102,11 @@ def read_gguf_part(
     arch = gguf_arch(config.architecture, source)
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        ours = _rename(t, arch, config, source)
+        ours = our_name(t, arch, config, source)
         if ours is None or not _wanted(plan, ours):
             continue  # not this rank's: its bytes are never touched
         if any(f in ours for f in FUSED):
-            w = unshift_norm(ours, _dequantize(t, source), arch.norm_shift)
+            w = unshift_norm(ours, dequantize_tensor(t, source), arch.norm_shift)
             whole = torch.from_numpy(np.array(w, dtype=np.float32))
             for name, part in arch.convert({ours: whole}, config).items():
                 take = plan(name)

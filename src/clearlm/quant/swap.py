@@ -1,5 +1,8 @@
 """Swap a loaded model's linear (and embedding) layers for compact ones built from the GGUF.
 
+``clearlm.load(weights="compact")`` builds the compact model directly (loading/gguf_compact.py,
+no float32 copy); this swap after a float32 load is the reference tests compare it with.
+
 ``quantize_model(model, reader, config)`` walks the file's tensors, maps each name to ours with
 the architecture's table (loading/gguf.py: ``gguf_to_ours``), and where the target module is an
 ``nn.Linear`` and the tensor's type is in :data:`clearlm.quant.pack.SUPPORTED`, replaces the
@@ -18,12 +21,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 from torch import nn
 
 from clearlm.config import ModelConfig
 from clearlm.families import gguf_arch
 from clearlm.loading.gguf import gguf_to_ours
+from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.transforms import unpermute_rope_rows
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.linear import QuantLinear
@@ -49,7 +52,7 @@ def _permute_rows(p: Packed, n_heads: int) -> Packed:
                   p.qtype)
 
 
-def quantize_model(model: nn.Module, reader: GGUFReader, config: ModelConfig) -> SwapReport:
+def quantize_model(model: nn.Module, reader: GGUFFile, config: ModelConfig) -> SwapReport:
     """Replace, in place, every nn.Linear / nn.Embedding whose GGUF tensor is block-quantized.
 
     model: built from the same file (loading.load.load_gguf_model), parameter names as ours.

@@ -17,6 +17,8 @@ from tokenizers import Tokenizer as Backend
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 from clearlm.tokenizer.stream import BYTE_TO_CHAR, CHAR_TO_BYTE
 
+_ALPHABET = frozenset(CHAR_TO_BYTE)  # the byte-level alphabet: one C-level check per token
+
 # llama.cpp's token types (llama.h, enum llama_token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -86,7 +88,7 @@ def byte_level_bpe(
         )
     vocab: dict[str, int] = {}
     for i, (token, kind) in enumerate(zip(tokens, types, strict=True)):
-        if kind not in (CONTROL, USER_DEFINED) and not all(c in CHAR_TO_BYTE for c in token):
+        if kind not in (CONTROL, USER_DEFINED) and not _ALPHABET.issuperset(token):
             token = "".join(BYTE_TO_CHAR[b] for b in token.encode("utf-8"))
         vocab.setdefault(token, i)  # a duplicate spelling keeps its first id
     merges = []

@@ -1,0 +1,66 @@
+"""The options a load takes besides the path: the parameter dtype and the weight mode.
+
+Shared by :func:`clearlm.api.load` and the CLI (cli/runtime.py), so both refuse the same values
+with the same typed error (SamplingParamsError, exit code 7, as for every bad setting).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from clearlm.errors import SamplingParamsError
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """ "float32" / "bfloat16" / "float16" (or the torch dtype itself) → torch dtype.
+
+    Raises SamplingParamsError for anything else."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise SamplingParamsError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+
+
+WEIGHTS = ("compact", "float32")
+
+
+def parse_weights(
+    weights: str | None, dtype: torch.dtype, device: torch.device | None = None, ranks: int = 1
+) -> str:
+    """How a GGUF's block-quantized matrices are held: "compact" (packed as in the file, the
+    default with float32 on the CPU in one process) or "float32" (dequantized, the exact
+    reference path; the default with bfloat16/float16, on another device, or split over
+    ranks, where the compact layers do not run).
+
+    Raises SamplingParamsError for another value, or "compact" with a half dtype, a non-CPU
+    device or more than one rank."""
+    on_cpu = device is None or device.type == "cpu"
+    if weights is None:
+        return "compact" if dtype == torch.float32 and on_cpu and ranks == 1 else "float32"
+    if not isinstance(weights, str) or weights not in WEIGHTS:
+        raise SamplingParamsError(f"unknown weights {weights!r}; use compact or float32")
+    if weights == "compact" and dtype != torch.float32:
+        raise SamplingParamsError(
+            "compact weights compute in float32; use dtype float32, or weights float32 "
+            "for bfloat16/float16"
+        )
+    if weights == "compact" and not on_cpu:
+        raise SamplingParamsError(
+            f"compact weights run on the CPU (their kernel is C++); use weights float32 on {device}"
+        )
+    if weights == "compact" and ranks > 1:
+        raise SamplingParamsError(
+            "compact weights are not split over ranks; use weights float32 with tensor or "
+            "pipeline parallel"
+        )
+    return weights

@@ -1,0 +1,172 @@
+"""Load a GGUF with its block-quantized matrices kept compact (``weights="compact"``).
+
+The chain (style.md: build on the meta device and assign, so nothing is held twice):
+
+1. the module tree on the meta device (loading/load.py ``skeleton``): no weight memory;
+2. each tensor of the file whose module is a plain ``nn.Linear`` / ``nn.Embedding`` and whose
+   type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K) is packed straight from the
+   mapped bytes, a band of rows at a time (quant/from_file.py), and its module replaced by a
+   QuantLinear / QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
+   these matrices ever exists, and their file pages are dropped from the process once packed;
+3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
+   fused projections the family splits) goes through the float32 loader's own steps
+   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place.
+
+The packed modules give the GGUF's dequantized values exactly (pack.py); only the float32
+summation order of the products differs from ``weights="float32"``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from clearlm.config import ModelConfig
+from clearlm.errors import InvalidModelFileError
+from clearlm.families import gguf_arch
+from clearlm.loading.gguf import dequantize_tensor, our_name, to_torch
+from clearlm.loading.gguf_file import GGUFFile
+from clearlm.loading.load import skeleton
+from clearlm.loading.transforms import unpermute_qk, unshift_norm
+from clearlm.model.transformer import Transformer
+from clearlm.quant.embedding import QuantEmbedding
+from clearlm.quant.from_file import pack_tensor, packed_nbytes
+from clearlm.quant.linear import QuantLinear
+from clearlm.quant.pack import SUPPORTED, Packed
+
+TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
+
+
+@dataclass
+class CompactPlan:
+    """Which file tensors stay packed: GGUF name → the module paths (ours) that hold it (two
+    for a tied embedding + head), and the bytes the weights will hold in memory."""
+
+    packed: dict[str, list[str]] = field(default_factory=dict)
+    packed_bytes: int = 0
+    float_bytes: int = 0  # float tensors, at the load dtype's size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.packed_bytes + self.float_bytes
+
+
+def compact_plan(
+    file: GGUFFile, config: ModelConfig, model: nn.Module, dtype: torch.dtype, source: str = ""
+) -> CompactPlan:
+    """Decide, from the tensor table and the module tree (meta is fine), what is packed.
+
+    Raises UnsupportedModelError: a tensor name the architecture's table does not know."""
+    arch = gguf_arch(config.architecture, source)
+    names = {t.name for t in file.tensors}
+    plan = CompactPlan()
+    for t in file.tensors:
+        ours = our_name(t, arch, config, source)
+        if ours is None:
+            continue
+        paths = [ours.removesuffix(".weight")] if ours.endswith(".weight") else []
+        if t.name == TOKEN_EMBD and OUTPUT not in names and config.tie_word_embeddings:
+            paths.append("lm_head")  # tied: the embedding matrix is the output projection
+        shape = tuple(reversed(t.shape))
+        if t.tensor_type in SUPPORTED and paths and all(_plain(model, p, shape) for p in paths):
+            plan.packed[t.name] = paths
+            plan.packed_bytes += packed_nbytes(t.tensor_type, shape)  # type: ignore[arg-type]
+        else:
+            plan.float_bytes += t.n_elements * dtype.itemsize
+    return plan
+
+
+def load_compact(
+    file: GGUFFile, config: ModelConfig, dtype: torch.dtype = torch.float32, source: str = ""
+) -> tuple[Transformer, CompactPlan]:
+    """The model with its block-quantized matrices packed (see the module docstring).
+
+    Raises:
+        UnsupportedModelError: an unknown tensor name or a type neither packed nor dequantized.
+        InvalidModelFileError: a tensor is truncated, has the wrong shape, is missing or extra.
+    """
+    arch = gguf_arch(config.architecture, source)
+    model = skeleton(config)
+    plan = compact_plan(file, config, model, dtype, source)
+    state: dict[str, torch.Tensor] = {}
+    # Packing is numpy copies that release the GIL: torch's thread count packs tensors side by
+    # side while this thread dequantizes the float ones (same bytes, same results).
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        jobs: list[tuple[Future, list[str]]] = []
+        for t in file.tensors:
+            ours = our_name(t, arch, config, source)
+            if ours is None:
+                continue
+            if t.name in plan.packed:
+                paths = plan.packed[t.name]
+                heads = _rope_heads(paths[0], config) if arch.unpermute_qk else None
+                jobs.append((pool.submit(pack_tensor, file, t, heads), paths))
+                continue
+            w = dequantize_tensor(t, source)  # (out, in) float32, as loading/gguf.py
+            if arch.unpermute_qk:
+                w = unpermute_qk(ours, w, config)
+            state[ours] = to_torch(unshift_norm(ours, w, arch.norm_shift), dtype)
+            file.release(t.data_offset, t.n_bytes)
+        for job, paths in jobs:
+            _swap(model, job.result(), paths)
+    state = arch.convert(state, config)
+    tied_float = config.tie_word_embeddings and "embed_tokens.weight" in state
+    if tied_float:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    _check_rest(model, state, source)
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied_float:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.init_derived()
+    return model.eval(), plan
+
+
+def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:
+    """Is ``path`` a plain nn.Linear / nn.Embedding whose weight has this (out, in) shape?"""
+    try:
+        m = model.get_submodule(path)
+    except AttributeError:
+        return False
+    return type(m) in (nn.Linear, nn.Embedding) and tuple(m.weight.shape) == shape
+
+
+def _rope_heads(path: str, config: ModelConfig) -> int | None:
+    """Heads whose rows llama.cpp permuted in this projection (None: not Q or K)."""
+    if path.endswith("q_proj"):
+        return config.n_heads
+    return config.n_kv_heads if path.endswith("k_proj") else None
+
+
+def _swap(model: nn.Module, packed: Packed, paths: list[str]) -> None:
+    """Put one packed tensor behind every module in ``paths``; a bias stays a meta buffer until
+    the float tensors are assigned."""
+    for path in paths:
+        old = model.get_submodule(path)
+        if type(old) is nn.Embedding:
+            new: nn.Module = QuantEmbedding(packed)
+        else:
+            new = QuantLinear(packed, old.bias)  # old.bias: None or a meta tensor, assigned later
+        parent, _, child = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def _check_rest(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Every tensor still on the meta device gets one of the right shape, and nothing else.
+
+    Raises InvalidModelFileError naming the first missing, misshapen or unexpected tensor."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if v.is_meta}
+    for name, shape in expected.items():
+        if name not in state:
+            raise InvalidModelFileError(f"{source}: tensor for {name} is missing")
+        if tuple(state[name].shape) != shape:
+            raise InvalidModelFileError(
+                f"{source}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}"
+            )
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        raise InvalidModelFileError(
+            f"{source}: unexpected tensor {extra[0]} (and {len(extra) - 1} more)"
+        )

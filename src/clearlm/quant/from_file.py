@@ -1,0 +1,82 @@
+"""Pack one GGUF tensor straight from the memory-mapped file, a band of rows at a time.
+
+:func:`clearlm.quant.pack.pack_blocks` on a whole vocabulary-sized matrix makes several
+temporaries the size of the tensor (Q6_K's low and high bit planes, int8 codes: ~1 byte per
+value each, 136 MB apiece for Qwen2.5's 151,936 × 896 table). Here the output buffers are
+allocated once at their final size and filled BAND_BYTES of file bytes at a time, and the file
+pages of each band are dropped from the process right after (``GGUFFile.release``), so a load
+never holds more than a band of temporaries or of mapped file pages beyond the packed weights.
+Each band packs to exactly the rows pack_blocks gives for the whole tensor (blocks never cross
+rows); tests/test_compact_load.py checks the buffers are identical.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES
+
+from clearlm.loading.gguf_file import GGUFFile, GGUFTensor
+from clearlm.loading.transforms import unpermute_rope_rows
+from clearlm.quant.pack import Packed, pack_blocks
+
+BAND_BYTES = 4 << 20  # file bytes packed per step
+
+
+def pack_tensor(file: GGUFFile, t: GGUFTensor, rope_heads: int | None = None) -> Packed:
+    """The tensor ``t`` of ``file`` as a Packed (N, K) weight, N = t.shape[1], K = t.shape[0].
+
+    rope_heads: undo llama.cpp's Q/K row permutation for this many heads (None: rows as stored).
+    Raises UnsupportedQuantError (pack.py) for a type or row length pack_blocks refuses."""
+    k, n = t.shape  # GGUF order: innermost first
+    raw = t.data.reshape(n, -1)  # (N, bytes per row): a view of the map
+    rows = max(1, min(n, BAND_BYTES // raw.shape[1]))
+    first = pack_blocks(raw[:rows], t.tensor_type, (rows, k))
+    if rows == n:  # one band: already the whole tensor
+        file.release(t.data_offset, t.n_bytes)
+        return _permuted(first, rope_heads)
+    out = _empty_like(first, n)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        band = first if r0 == 0 else pack_blocks(raw[r0:r1], t.tensor_type, (r1 - r0, k))
+        if not _same_layout(band, out):  # Q4_0/Q5_0 scales widened to float32 in some band
+            file.release(t.data_offset, t.n_bytes)
+            return _permuted(pack_blocks(raw, t.tensor_type, (n, k)), rope_heads)
+        out.codes[r0:r1] = band.codes
+        out.scale[r0:r1] = band.scale
+        if out.min is not None:
+            out.min[r0:r1] = band.min
+        file.release(t.data_offset + r0 * raw.shape[1], (r1 - r0) * raw.shape[1])
+    return _permuted(out, rope_heads)
+
+
+def packed_nbytes(qtype: object, shape: tuple[int, int]) -> int:
+    """Bytes a (N, K) matrix of this type holds once packed (pack.py's layout, from one row)."""
+    n, k = shape
+    block, type_size = GGML_QUANT_SIZES[qtype]  # type: ignore[index]
+    row = np.zeros((1, k // block * type_size), dtype=np.uint8)  # d = 0: a valid block
+    return pack_blocks(row, qtype, (1, k)).nbytes() * n  # type: ignore[arg-type]
+
+
+def _empty_like(p: Packed, n: int) -> Packed:
+    def grow(a: torch.Tensor) -> torch.Tensor:
+        return torch.empty((n, *a.shape[1:]), dtype=a.dtype)
+
+    mn = None if p.min is None else grow(p.min)
+    return Packed(grow(p.codes), grow(p.scale), mn, p.bits, p.block, p.qtype)
+
+
+def _same_layout(a: Packed, b: Packed) -> bool:
+    return a.scale.dtype == b.scale.dtype and (a.min is None) == (b.min is None) and (
+        a.min is None or a.min.dtype == b.min.dtype  # type: ignore[union-attr]
+    )
+
+
+def _permuted(p: Packed, heads: int | None) -> Packed:
+    """llama's Q/K row un-permutation applied to every per-row array (a permutation of rows)."""
+    if heads is None:
+        return p
+    idx = torch.from_numpy(unpermute_rope_rows(np.arange(p.shape[0])[:, None], heads)[:, 0])
+    mn = None if p.min is None else p.min[idx].contiguous()
+    return Packed(p.codes[idx].contiguous(), p.scale[idx].contiguous(), mn, p.bits, p.block,
+                  p.qtype)
