@@ -28,10 +28,10 @@ from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.gguf import open_gguf
 from clearlm.model import attention, norms, positions
 from clearlm.models import resolve_model
-from clearlm.quant import linear
+from clearlm.quant import ops
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.kernels import load_kernels
-from clearlm.quant.linear import QuantLinear
+from clearlm.quant.linear import QuantLinear, set_int8_activations
 from clearlm.quant.swap import quantize_model
 
 CACHE = Path.home() / ".cache" / "clearlm"
@@ -71,12 +71,17 @@ def instrument(model: torch.nn.Module) -> None:
                 return getattr(kern, attr)
 
             def qmm(self, x, codes, *rest):
+                return self.timed(kern.qmm, x, codes, *rest)
+
+            def qmm_i8(self, x, codes, *rest):
+                return self.timed(kern.qmm_i8, x, codes, *rest)
+
+            def timed(self, fn, x, codes, *rest):
                 n, k = codes.shape[0], x.shape[1]
-                return timer(lambda *_: f"qmm {n}x{k} {shapes.get((n, k), '')}", kern.qmm)(
-                    x, codes, *rest)
+                return timer(f"qmm {n}x{k} {shapes.get((n, k), '')}", fn)(x, codes, *rest)
 
         timed = Timed()
-        linear.load_kernels = lambda: timed
+        ops.load_kernels = lambda: timed
     attention.Attention.attend = timer("attention (SDPA)", attention.Attention.attend)
     attention.attention_mask = timer("mask (host sync)", attention.attention_mask)
     attention.apply_rope = timer("rope", attention.apply_rope)
@@ -94,19 +99,24 @@ def build(path: Path):
 
 def run(name: str, args: argparse.Namespace) -> None:
     model = build(MODELS[name]())
+    if args.int8:
+        set_int8_activations(model)
     step = decode_step
     if args.compile:
-        from clearlm.compiled import compiled_decode_step
+        from clearlm.compiled import CompiledDecodeStep
 
-        step = compiled_decode_step(model)
+        step = CompiledDecodeStep(model, mode=args.mode, cpp_wrapper=args.cpp_wrapper)
     n = 16 + 3 * args.steps + 8
     c = model.config
     cache = KVCache(c.n_layers, 1, c.n_kv_heads, c.head_dim, n)  # float32 keys/values
     tok = torch.arange(100, 116).view(1, 16)
     logits = prefill(model, tok, cache)
     nxt = logits.argmax(-1, keepdim=True)  # (1, 1)
+    t = time.perf_counter()
     for _ in range(4):
         nxt = step(model, nxt, cache).argmax(-1, keepdim=True)
+    if args.compile:
+        print(f"first call {step.compile_s:.1f} s, 4 warm-up steps {time.perf_counter() - t:.1f} s")
     walls, cpus = [], []
     for _ in range(args.steps):
         w, c = time.perf_counter(), time.process_time()
@@ -145,6 +155,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--compile", action="store_true", help="time clearlm.compiled's step instead")
+    p.add_argument("--mode", default="default", help="torch.compile mode with --compile")
+    p.add_argument("--cpp-wrapper", action="store_true", help="Inductor's C++ wrapper")
+    p.add_argument("--int8", action="store_true", help="int8-rounded activations (opt-in)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     for name in args.models:
