@@ -93,3 +93,13 @@ class CompiledDecodeStep:
                 self.compile_s = time.perf_counter() - t
                 return out
             return self.fn(model, token, cache)
+
+
+def compile_decode(model: torch.nn.Module, mode: str = "default", fullgraph: bool = False,
+                   cpp_wrapper: bool = False) -> CompiledDecodeStep:
+    """Make generation (``generation.generate_step``, hence ``Model.generate`` / ``chat`` and the
+    CLI's ``--compile``) decode with a compiled step: sets ``model.decode_fn``. The compile
+    happens at the first decode step (seconds to a minute; cached for the next process)."""
+    step = CompiledDecodeStep(model, mode, fullgraph, cpp_wrapper)
+    model.decode_fn = step
+    return step

@@ -45,6 +45,7 @@ def _run(
     threads: int | None = None,
     quiet: bool = False,
     chat: bool = False,
+    compile_decode: bool = False,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
@@ -66,6 +67,10 @@ def _run(
         model_name, dtype, threads, quiet,
         check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length), chat=chat,
     )  # fmt: skip
+    if compile_decode:
+        from clearlm.compiled import compile_decode as compile_step
+
+        compile_step(model.transformer)
     params = model.sampling_params(None, fallback, **given)
     ids = build_prompt(model)
     shown: list[str] = []
@@ -118,6 +123,11 @@ def generate(
     logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
+    compile_decode: Annotated[
+        bool,
+        typer.Option("--compile", help="Decode with a torch.compile'd step (clearlm.compiled): "
+                     "the first step compiles (cached in ~/.cache/clearlm/inductor)."),
+    ] = False,
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.api import GENERATE_DEFAULTS
@@ -147,6 +157,7 @@ def generate(
         logprobs,
         threads,
         quiet,
+        compile_decode=compile_decode,
     )
 
 
