@@ -51,7 +51,7 @@ def test_bytes_prompt_is_utf8_text_everywhere(m):
         ({1, 2}, "not a set"),
         ([True, False], "holding bool"),
         ([1, 2.5], "holding float"),
-        (["a", "b"], "batches of prompts"),
+        (["a", 5], "take a list of prompts"),  # neither one prompt nor a list of prompts
         (5, "not 5"),
         ([torch.tensor(1.0)], "holding Tensor"),
     ],

@@ -8,7 +8,7 @@ import pytest
 from tiny_gguf import write_tiny_llama
 
 import clearlm
-from clearlm.generation import _held_back
+from clearlm.text_stream import held_back as _held_back
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +108,15 @@ def test_tiny_path_roundtrip(tmp_path: Path):
     assert clearlm.load(p).config.n_layers == 2
 
 
-def test_result_prints_as_its_text_and_batches_are_refused(tiny):
+def test_result_prints_as_its_text_and_batches_go_to_generate(tiny):
     res = tiny.generate("hello", max_new_tokens=4, temperature=0)
     assert str(res) == res.text and f"{res}" == res.text
-    with pytest.raises(clearlm.PromptTypeError, match="batches of prompts are not supported"):
-        tiny.generate(["a", "b"], max_new_tokens=2)
-    with pytest.raises(clearlm.ClearLMError):
-        tiny.generate(["a", "b"], max_new_tokens=2)
+    with pytest.raises(clearlm.PromptTypeError, match="generate.. and stream.. take a list"):
+        tiny.encode(["a", "b"])
+    with pytest.raises(clearlm.PromptTypeError):
+        tiny.generate(["a", 5], max_new_tokens=2)  # neither a prompt nor a list of prompts
+    assert [r.tokens for r in tiny.generate(["hello"], max_new_tokens=4, temperature=0)] == [
+        res.tokens
+    ]
     ids = tiny.encode("hello")
     assert tiny.generate(ids, max_new_tokens=4, temperature=0).tokens == res.tokens

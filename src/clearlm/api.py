@@ -18,6 +18,7 @@ from clearlm.api_checks import (
 )
 from clearlm.config import ModelConfig
 from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
+from clearlm.engine.batch_api import generate_prompts, is_batch, stream_prompts
 from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.interpret import InterpretMixin
@@ -50,12 +51,6 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise SamplingParamsError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
-
-
-def _as_stops(stop: str | Sequence[str] | None) -> list[str]:
-    """A stop string or a list of them (a bare string is one stop, not its characters).
-    Raises SamplingParamsError for a non-str or empty stop (api_checks.check_stop)."""
-    return check_stop(stop)
 
 
 @dataclass
@@ -172,9 +167,12 @@ class Model(InterpretMixin):
     ) -> Iterator[Chunk]:
         """Yield :class:`~clearlm.generation.Chunk` s as tokens are generated.
 
-        Same settings as :meth:`generate`. Raises SamplingParamsError, ContextLengthError.
+        Same settings as :meth:`generate`; for a list of prompts, every row's chunks as they
+        come (``chunk.index``: which prompt). Raises SamplingParamsError, ContextLengthError.
         """
         check_sampling_keywords(sampling, "stream")
+        if is_batch(prompt):
+            return stream_prompts(self, prompt, max_new_tokens, stop, params, sampling)
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         return stream_generate(
             self.transformer,
@@ -182,24 +180,26 @@ class Model(InterpretMixin):
             self.encode(prompt),
             params,
             max_new_tokens,
-            _as_stops(stop),
+            check_stop(stop),
         )
 
     def generate(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | Sequence[str | Sequence[int]],
         max_new_tokens: int = 128,
         stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
         on_text: Callable[[str], None] | None = None,
         **sampling: Any,
-    ) -> GenerationResult:
+    ) -> GenerationResult | list[GenerationResult]:
         """Generate a continuation of a text (or token ids) and return it whole.
 
         Args:
             prompt: text, tokenized as is (no chat template), or a list of token ids. The
                 caller writes the whole prompt, so special-token text in it ('<|im_start|>')
-                becomes the control token; use :meth:`chat` for untrusted messages.
+                becomes the control token; use :meth:`chat` for untrusted messages. A list of
+                prompts runs them together and returns a list (clearlm.engine.batch_api:
+                settings per row), each equal to its prompt run alone.
             max_new_tokens: most tokens to generate (an int ≥ 0).
             stop: a string, or strings, that end generation (not included in the text).
             params: a :class:`~clearlm.sampling.SamplingParams`; or else keywords
@@ -212,10 +212,12 @@ class Model(InterpretMixin):
             or too long.
         """
         check_sampling_keywords(sampling, "generate")
+        if is_batch(prompt):
+            return generate_prompts(self, prompt, max_new_tokens, stop, params, on_text, sampling)
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         ids = self.encode(prompt)
         return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, _as_stops(stop), on_text
+            self.transformer, self.tokenizer, ids, params, max_new_tokens, check_stop(stop), on_text
         )
 
     def chat(
@@ -245,7 +247,7 @@ class Model(InterpretMixin):
             messages = [{"role": "system", "content": system}, *messages]
         ids = self.chat_prompt(messages, parse_special_in_content)
         return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, _as_stops(stop), on_text
+            self.transformer, self.tokenizer, ids, params, max_new_tokens, check_stop(stop), on_text
         )
 
 

@@ -52,7 +52,7 @@ def check_ids(prompt: Any) -> list[int]:
     if bad:
         kinds = "/".join(sorted({type_name(i) for i in bad}))
         hint = (
-            "; batches of prompts are not supported yet: call once per prompt"
+            "; generate() and stream() take a list of prompts, other methods one"
             if any(isinstance(i, str | bytes) for i in bad)
             else "; token ids are ints"
         )

@@ -20,7 +20,8 @@ from clearlm.errors import ContextLengthError, SamplingParamsError
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
 from clearlm.sampling import Sampler, SamplingParams, make_sampler
-from clearlm.tokenizer import StreamingDetokenizer, Tokenizer
+from clearlm.text_stream import TextStream
+from clearlm.tokenizer import Tokenizer
 
 
 def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
@@ -100,12 +101,14 @@ class Chunk:
         finish_reason: None while generating; on the last chunk one of "eos" (the model's
             end token), "stop" (a stop string), "length" (max_new_tokens), "context_length"
             (prompt + generated tokens filled the context window).
+        index: which prompt of a batch it belongs to (0 for a single prompt).
     """
 
     text: str
     token: int | None = None
     logprob: float | None = None
     finish_reason: str | None = None
+    index: int = 0
 
 
 @dataclass
@@ -138,17 +141,6 @@ class GenerationResult:
         return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
 
 
-def _held_back(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of `text` could be the start of a stop string."""
-    longest = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), longest, -1):
-            if text.endswith(s[:n]):
-                longest = n
-                break
-    return longest
-
-
 def stream_generate(
     model: Transformer,
     tokenizer: Tokenizer,
@@ -166,27 +158,19 @@ def stream_generate(
     Raises:
         ContextLengthError: the prompt leaves no room for a new token.
     """
-    stops = [s for s in stop if s]
-    detok = StreamingDetokenizer(tokenizer)
-    pending = ""  # decoded text not yet shown: it may still turn into a stop string
+    text = TextStream(tokenizer, stop)
     n = 0
     sampler = make_sampler(params)
     for token, logprob in generate_step(model, prompt, sampler, max_new_tokens):
         n += 1
-        if token in tokenizer.eos_ids:
-            yield Chunk(pending + detok.flush(), token, logprob, "eos")
+        out, reason = text.add(token)
+        if reason is not None:
+            yield Chunk(out, token, logprob, reason)
             return
-        pending += detok.add(token)
-        hits = [i for i in (pending.find(s) for s in stops) if i >= 0]
-        if hits:
-            yield Chunk(pending[: min(hits)], token, logprob, "stop")
-            return
-        keep = _held_back(pending, stops)
-        out, pending = pending[: len(pending) - keep], pending[len(pending) - keep :]
         yield Chunk(out, token, logprob)
     # generate_step ran out: either max_new_tokens, or the context window filled up first.
     reason = "length" if n >= max_new_tokens else "context_length"
-    yield Chunk(pending + detok.flush(), None, None, reason)
+    yield Chunk(text.finish(), None, None, reason)
 
 
 def generate(

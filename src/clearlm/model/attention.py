@@ -11,37 +11,43 @@ import torch.nn.functional as F
 from torch import nn
 
 from clearlm.config import ModelConfig
-from clearlm.kv_cache import KVCache
+from clearlm.kv_cache import CacheRows
 from clearlm.model.hooks import HookPoint
 from clearlm.model.norms import make_norm
 from clearlm.model.positions import apply_rope
 
 
 def attention_mask(
-    positions: torch.Tensor, n_keys: int, window: int | None = None
-) -> torch.Tensor | None:
-    """Which keys each new query may see, given a KV cache that already holds earlier tokens.
+    positions: torch.Tensor, keys: torch.Tensor | int, window: int | None = None
+) -> torch.Tensor:
+    """Which keys each new query may see: causal, and within a sliding window when one is set.
 
-    Query t sits at position positions[t]; key s sits at position s (the cache stores keys in
-    position order). Causality means s ≤ positions[t]; a sliding window of W also requires
-    s > positions[t] − W (the last W positions, the query's own included; transformers'
-    sliding-window mask). Cases:
-    - one new token (decode) with no window in force: it may see every key, so None;
-    - a fresh prompt at positions 0 … T-1: the classic lower triangle;
-    - new tokens after cached ones (chunked prefill): the triangle shifted right by the offset.
+    Query t of row b sits at position positions[b, t]; key s at position keys[b, s] (a KV cache
+    stores keys in position order, so there keys is arange(S); without a cache the keys are the
+    new tokens themselves). Causality means key ≤ query; a sliding window of W also requires
+    key > query − W (the last W positions, the query's own included; transformers'
+    sliding-window mask). Position −1 marks padding: a padding key is seen by nobody. Covers a
+    fresh prompt (the classic lower triangle), new tokens after cached ones (chunked prefill,
+    decode: the triangle shifted right by each row's own offset) and rows at different lengths.
+
+    A query that may see no key at all (a padding query) sees every key instead: its output is
+    discarded, and this keeps softmax from computing 0/0 = NaN in any backend or dtype
+    (transformers' ``_unmask_unattended`` does the same).
+
+    Args:
+        positions: (B, T) or (T,) int64 query positions.
+        keys: (B, S) or (S,) int64 key positions, or an int S for arange(S).
 
     Returns:
-        (T, S) bool, True where attention is allowed, or None when all keys are allowed.
+        (B, T, S) bool (or (T, S) when both inputs are 1-D), True where attention is allowed.
     """
-    last = int(positions[-1])
-    in_window = window is None or n_keys <= window
-    if positions.shape[0] == 1 and last == n_keys - 1 and in_window:
-        return None
-    keys = torch.arange(n_keys, device=positions.device)
-    mask = keys[None, :] <= positions[:, None]  # (T, S)
+    if isinstance(keys, int):
+        keys = torch.arange(keys, device=positions.device)
+    q, k = positions[..., :, None], keys[..., None, :]  # (B, T, 1), (B, 1, S)
+    mask = (k <= q) & (k >= 0)  # (B, T, S)
     if window is not None:
-        mask &= keys[None, :] > positions[:, None] - window
-    return mask
+        mask &= k > q - window
+    return mask | ~mask.any(dim=-1, keepdim=True)
 
 
 class Attention(nn.Module):
@@ -82,11 +88,15 @@ class Attention(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
         positions: torch.Tensor,
-        cache: KVCache | None,
+        cache: CacheRows | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (B, T, D) → (B, T, D). With a cache, new keys/values are stored at its offset.
+        """x (B, T, D) → (B, T, D). With a cache, new keys/values are stored at their positions.
 
-        rope: (cos, sin), each (T, rope_dim), when the model uses RoPE, else None.
+        rope: (cos, sin), each (T, rope_dim) or (B, T, rope_dim), when the model uses RoPE,
+        else None. positions: (T,) or (B, T) int64. mask: (B, 1, T, S) bool, built once per
+        forward pass by the Transformer; None (a block run on its own, without a cache) builds
+        the causal mask of ``positions`` here.
         """
         B, T, _ = x.shape
         H, K, Hd = self.n_heads, self.n_kv_heads, self.head_dim
@@ -101,7 +111,10 @@ class Attention(nn.Module):
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if cache is not None:
             k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, K, S, Hd)
-        mask = attention_mask(positions, k.shape[2], self.window)  # (T, S) or None
+        if mask is None:
+            keys = positions if cache is None else k.shape[2]  # key positions: (B, S) or (S,)
+            mask = attention_mask(positions, keys, self.window)  # (B, T, S) or (T, S)
+            mask = mask.view(-1, 1, *mask.shape[-2:])  # (B or 1, 1, T, S)
         if self.hook_scores.active or self.hook_pattern.active:
             out = self.attend_traced(q, k, v, mask)  # the pattern exists only when wanted
         else:
@@ -113,7 +126,8 @@ class Attention(nn.Module):
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """softmax(scores) · v: q (B, H, T, Hd), k/v (B, K, S, Hd), mask (T, S) → (B, H, T, Hd).
+        """softmax(scores) · v: q (B, H, T, Hd), k/v (B, K, S, Hd), mask (B, 1, T, S) bool
+        → (B, H, T, Hd).
 
         By scaled_dot_product_attention, whose enable_gqa lets each group of G query heads
         share one key/value head without materialising repeated copies of k and v; written out
@@ -128,7 +142,7 @@ class Attention(nn.Module):
     def scores(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q·kᵀ · scale, soft-capped (Gemma 2: cap · tanh(s / cap)), masked with −inf.
 
-        q (B, H, T, Hd), k (B, K, S, Hd), mask (T, S) bool or None → (B, H, T, S).
+        q (B, H, T, Hd), k (B, K, S, Hd), mask (B, 1, T, S) bool or None → (B, H, T, S).
         """
         B, H, T, Hd = q.shape
         K = k.shape[1]
@@ -137,7 +151,7 @@ class Attention(nn.Module):
         if self.softcap is not None:
             s = torch.tanh(s / self.softcap) * self.softcap
         if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
+            s = s.masked_fill(~mask[:, :, None], float("-inf"))  # (B, 1, 1, T, S) over G
         return s.reshape(B, H, T, -1)  # (B, H, T, S)
 
     @staticmethod
@@ -153,7 +167,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """softmax(scores) · v written out (needed for Gemma 2's soft-capping).
 
-        q (B, H, T, Hd), k/v (B, K, S, Hd), mask (T, S) bool or None → (B, H, T, Hd).
+        q (B, H, T, Hd), k/v (B, K, S, Hd), mask (B, 1, T, S) bool or None → (B, H, T, Hd).
         """
         pattern = torch.softmax(self.scores(q, k, mask).float(), dim=-1).to(q.dtype)
         return self.mix(pattern, v)

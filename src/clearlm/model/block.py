@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from clearlm.config import ModelConfig
-from clearlm.kv_cache import KVCache
+from clearlm.kv_cache import CacheRows
 from clearlm.model.attention import Attention
 from clearlm.model.ffn import make_ffn
 from clearlm.model.hooks import HookPoint
@@ -44,20 +44,22 @@ class Block(nn.Module):
         x: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None,
         positions: torch.Tensor,
-        cache: KVCache | None,
+        cache: CacheRows | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (B, T, D) → (B, T, D); rope (cos, sin) of (T, rope_dim) or None; positions (T,)."""
+        """x (B, T, D) → (B, T, D); rope (cos, sin) of (T or B×T, rope_dim) or None; positions
+        (T,) or (B, T); cache and mask as :meth:`clearlm.model.attention.Attention.forward`."""
         x = self.hook_resid_pre(x)
         if self.kind == "pre":
-            attn = self.self_attn(self.input_layernorm(x), rope, positions, cache)
+            attn = self.self_attn(self.input_layernorm(x), rope, positions, cache, mask)
             h = self.hook_resid_mid(x + attn)
             out = h + self.mlp(self.post_attention_layernorm(h))
         elif self.kind == "post":
-            h = self.input_layernorm(x + self.self_attn(x, rope, positions, cache))
+            h = self.input_layernorm(x + self.self_attn(x, rope, positions, cache, mask))
             h = self.hook_resid_mid(h)
             out = self.post_attention_layernorm(h + self.mlp(h))
         else:
-            attn = self.self_attn(self.input_layernorm(x), rope, positions, cache)
+            attn = self.self_attn(self.input_layernorm(x), rope, positions, cache, mask)
             h = self.hook_resid_mid(x + self.post_attention_layernorm(attn))
             ffn = self.mlp(self.pre_feedforward_layernorm(h))
             out = h + self.post_feedforward_layernorm(ffn)

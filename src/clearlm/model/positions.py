@@ -135,8 +135,8 @@ class RotaryEmbedding(nn.Module):
 
     def _tables(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         inv_freq = rope_inv_freq(self.rope_dim, self.base, self.scaling, seq_len)
-        freqs = torch.outer(positions.float(), inv_freq)  # (T, d/2): angle p·θ_j
-        emb = torch.cat((freqs, freqs), dim=-1)  # (T, d): same angle for j and j + d/2
+        freqs = positions.float()[..., None] * inv_freq  # (..., T, d/2): angle p·θ_j
+        emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, d): same angle for j and j + d/2
         if self.scaling is not None and self.scaling.kind == "yarn":
             # YaRN's attention temperature, applied to q and k alike (transformers'
             # attention_scaling; llama.cpp's mscale).
@@ -154,12 +154,22 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._tables(torch.arange(n, device=device), self.max_positions)
         self.cos, self.sin = cos, sin
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (T,) int64 → (cos, sin), each (T, d) float32."""
+    def forward(
+        self, positions: torch.Tensor, bound: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (T,) or (B, T) int64 → (cos, sin), each (T, d) or (B, T, d) float32.
+
+        bound: a Python int above every position (the caller knows it: the cache size, the
+        prompt length), so the table grows without reading ``positions`` back from the device;
+        None reads their maximum (a host sync: not for a decode step). "dynamic" scaling
+        depends on the largest position itself and always reads it.
+        """
         if self.dynamic:
             return self._tables(positions, int(positions.max()) + 1)
-        if positions.numel() and int(positions.max()) >= len(self.cos):
-            self._grow(int(positions.max()) + 1)
+        if bound is None:
+            bound = int(positions.max()) + 1 if positions.numel() else 0
+        if bound > len(self.cos) < self.max_positions:
+            self._grow(bound)
         return self.cos[positions], self.sin[positions]
 
 
@@ -170,12 +180,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate queries or keys: x (B, n, T, Hd), cos/sin (T, d) → (B, n, T, Hd), x's dtype.
+    """Rotate queries or keys: x (B, n, T, Hd), cos/sin (T, d) or per row (B, T, d)
+    → (B, n, T, Hd), x's dtype.
 
     x·cos + rotate_half(x)·sin is the 2-D rotation [[cos, -sin], [sin, cos]] on every pair.
     When d < Hd (partial rotary) only the first d dimensions rotate.
     """
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if cos.dim() == 3:  # per-row positions: broadcast over the heads
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d)
     d = cos.shape[-1]
     if d == x.shape[-1]:
         return x * cos + rotate_half(x) * sin

@@ -8,6 +8,7 @@ from torch import nn
 from clearlm.config import ModelConfig
 from clearlm.errors import ContextLengthError
 from clearlm.kv_cache import KVCache
+from clearlm.model.attention import attention_mask
 from clearlm.model.block import Block
 from clearlm.model.hooks import HookPoint, HookRegistry
 from clearlm.model.norms import make_norm
@@ -65,10 +66,14 @@ class Transformer(nn.Module):
                 "sinusoids", sinusoidal_table(n, c.d_model, "fairseq"), persistent=False
             )
 
-    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def embed(
+        self, tokens: torch.Tensor, positions: torch.Tensor, bound: int | None = None
+    ) -> torch.Tensor:
         """Stage 1: tokens (B, T) → H0 = Embedding(token) · scale + PositionEncoding (B, T, D).
 
-        With RoPE, position enters later, inside attention, and nothing is added here.
+        positions: (T,) shared by the rows, or (B, T) per row (−1: padding). With RoPE,
+        position enters later, inside attention, and nothing is added here. bound: a Python int
+        above every position (None: read from ``positions``, a host sync).
         """
         x = self.embed_tokens(tokens)  # (B, T, D)
         c = self.config
@@ -80,14 +85,17 @@ class Transformer(nn.Module):
         x = self.hook_embed(x)
         if c.position == "rope":
             return x
+        positions = positions.clamp(min=0)  # padding (−1) reads row 0; its output is discarded
         if c.position == "learned":
-            pos = self.embed_positions(positions + c.position_offset)  # (T, D)
+            pos = self.embed_positions(positions + c.position_offset)  # (T, D) or (B, T, D)
         else:
-            need = int(positions.max()) + 1 + c.position_offset if positions.numel() else 0
+            if bound is None:
+                bound = int(positions.max()) + 1 if positions.numel() else 0
+            need = bound + c.position_offset
             if need > len(self.sinusoids):  # rows depend only on their position: same values
                 n = min(max(need, 2 * len(self.sinusoids)), c.context_length + c.position_offset)
                 self.sinusoids = sinusoidal_table(n, c.d_model, "fairseq").to(x.device)
-            pos = self.sinusoids[positions + c.position_offset].to(x.dtype)  # (T, D)
+            pos = self.sinusoids[positions + c.position_offset].to(x.dtype)  # (T, D) / (B, T, D)
         return x + self.hook_pos(pos)  # (B, T, D): (T, D) broadcast over the batch
 
     def unembed(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,41 +119,82 @@ class Transformer(nn.Module):
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
         last_only: bool = False,
+        *,
+        slot: int = 0,
+        n_keys: int | None = None,
     ) -> torch.Tensor:
         """Run the stack on new tokens.
 
+        Nothing here reads a tensor back to Python when a cache is given (no ``.item()``, no
+        branch on values), so a one-token decode step has static shapes and compiles without
+        graph breaks; checking that positions fit the context is the caller's job there (it
+        knows the lengths in Python: clearlm.generation.check_fits).
+
         Args:
             tokens: (B, T) int64 token ids.
-            positions: (T,) int64 positions of the new tokens (shared by the batch); default
-                0 … T-1, or with a cache ``cache.offset`` … offset + T − 1 (positions passed
-                with a cache must be these: the cache writes at its offset).
-            cache: keys/values of earlier positions; the new ones are written at its offset,
-                which advances by T once every block has written (see clearlm.kv_cache).
+            positions: (B, T) int64 positions per row (−1 marks a padding token: it sees
+                nothing useful, nobody sees it and it is not cached), or (T,) shared by the
+                rows. Default: 0 … T-1; with a cache, each slot's filled length onwards.
+            cache: keys/values of earlier positions; row b reads and writes slot ``slot + b``
+                and each slot's length moves past its new positions once every block has
+                written (see clearlm.kv_cache).
             last_only: project only the last position to logits (what generation needs;
                 saves a (T-1) × D × V matmul).
+            slot: the cache slot of row 0.
+            n_keys: with a cache, attend to key positions [0, n_keys) only (a Python int ≥
+                every position + 1, which the caller knows); None attends to the whole buffer
+                (S_max: fixed shapes, what a compiled step wants) with the mask hiding unfilled
+                positions.
 
         Returns:
             logits (B, T, V) float, or (B, 1, V) with last_only.
 
         Raises:
-            ContextLengthError: positions run past the model's context length or the cache.
+            ContextLengthError: without a cache, positions run past the model's context
+            length; with one, the rows or n_keys do not fit it.
         """
-        T = tokens.shape[1]
-        if positions is None:
-            start = cache.offset if cache is not None else 0
-            positions = torch.arange(start, start + T, device=tokens.device)
-        if int(positions[-1]) >= self.config.context_length:
-            raise ContextLengthError(
-                f"position {int(positions[-1])} is past the model's context length "
-                f"({self.config.context_length} tokens)"
-            )
-        rope = self.rope(positions) if self.rope is not None else None  # (T, d) cos, sin
-        rope_local = self.rope_local(positions) if self.rope_local is not None else rope
-        x = self.embed(tokens, positions)  # (B, T, D)
-        for layer, kind in zip(self.layers, self.config.layer_types, strict=True):
-            x = layer(x, rope_local if kind == "sliding" else rope, positions, cache)
+        B, T = tokens.shape
+        ctx = self.config.context_length
+        rows = None
         if cache is not None:
-            cache.advance(T)
+            if positions is None:
+                start = cache.lengths[slot : slot + B, None]  # (B, 1) each slot's length
+                positions = start + torch.arange(T, device=tokens.device)  # (B, T)
+            rows = cache.rows(slot, positions.expand(B, T), n_keys)
+            keys: torch.Tensor | int = rows.n_keys  # key s sits at position s
+            bound = min(rows.n_keys, ctx)  # every position is below n_keys
+        else:
+            if positions is None:
+                positions = torch.arange(T, device=tokens.device)  # (T,)
+                bound = T
+            else:  # reads the positions back: not the decode path
+                bound = int(positions.max()) + 1 if positions.numel() else 0
+            if bound > ctx:
+                raise ContextLengthError(
+                    f"position {bound - 1} is past the model's context length ({ctx} tokens)"
+                )
+            keys = positions  # the keys are the new tokens themselves
+        masks = self.masks(positions, keys)  # built once, shared by the layers of each kind
+        rope = self.rope(positions, bound) if self.rope is not None else None  # cos, sin
+        rope_local = self.rope_local(positions, bound) if self.rope_local is not None else rope
+        x = self.embed(tokens, positions, bound)  # (B, T, D)
+        for layer, kind in zip(self.layers, self.config.layer_types, strict=True):
+            local = kind == "sliding"
+            x = layer(x, rope_local if local else rope, positions, rows, masks[kind])
+        if rows is not None:
+            rows.advance()
         if last_only:
             x = x[:, -1:, :]  # (B, 1, D)
         return self.unembed(x)
+
+    def masks(self, positions: torch.Tensor, keys: torch.Tensor | int) -> dict[str, torch.Tensor]:
+        """One attention mask per layer kind ("full", "sliding"): (B or 1, 1, T, S) bool.
+
+        positions (B, T) or (T,) query positions; keys (B, S) / (S,) key positions or an int S
+        for arange(S) (see clearlm.model.attention.attention_mask)."""
+        out = {}
+        for kind in set(self.config.layer_types):
+            window = self.config.sliding_window if kind == "sliding" else None
+            mask = attention_mask(positions, keys, window)  # (B, T, S) or (T, S)
+            out[kind] = mask.view(-1, 1, *mask.shape[-2:])  # (B or 1, 1, T, S)
+        return out

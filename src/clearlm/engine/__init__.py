@@ -1,0 +1,81 @@
+"""Serving many sequences at once: the contract between the batch engine and its callers.
+
+The engine deals in token ids only. A caller (``model.generate([...])``, the HTTP server) gives
+it :class:`Request` objects, calls ``step()`` in a loop and receives :class:`TokenEvent` objects,
+one per sequence that produced a token in that step. Text, detokenization and stop strings are
+the caller's side (:class:`clearlm.text_stream.TextStream`): when a stop string appears, the
+caller aborts the request, which frees its KV-cache slot at once.
+
+Each request carries its own sampling parameters and seed, so a request's tokens equal those of
+the same prompt run alone with the same seed (its sampler owns its own ``torch.Generator``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from clearlm.sampling_params import SamplingParams
+
+FINISH_REASONS = ("eos", "length", "context_length", "abort")
+
+
+@dataclass
+class Request:
+    """One sequence to generate.
+
+    Attributes:
+        request_id: unique among the engine's live requests.
+        prompt: token ids (at least one).
+        params: sampling settings, seed included (``params.seed``).
+        max_new_tokens: most tokens to generate (≥ 1).
+        top_logprobs: how many most-likely alternatives to report per token (0 = none).
+    """
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    top_logprobs: int = 0
+
+
+@dataclass
+class TokenEvent:
+    """One step's output for one request.
+
+    Attributes:
+        request_id: the request it belongs to.
+        token: the sampled token id.
+        logprob: its log-probability under the sampling distribution (float, nats).
+        top_logprobs: (token id, logprob) of the ``top_logprobs`` most likely tokens.
+        finish_reason: None while the request goes on; else why it ended with this token:
+            "eos" (an end id of the model), "length" (max_new_tokens), "context_length"
+            (the context window is full).
+    """
+
+    request_id: str
+    token: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class Engine(Protocol):
+    """What a scheduler of many requests offers its callers (one thread drives it).
+
+    - ``add(request)``: queue a request; it joins the running batch at a later ``step()``.
+      Raises ContextLengthError / SamplingParamsError for a request that cannot run, before
+      queuing it.
+    - ``abort(request_id)``: drop a request (queued or running) and free its slot now.
+    - ``step()``: one scheduler iteration (admit, prefill a chunk, decode every running
+      sequence); returns the tokens produced.
+    - ``has_work()``: whether any request is queued or running.
+    """
+
+    def add(self, request: Request) -> None: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def step(self) -> list[TokenEvent]: ...
+
+    def has_work(self) -> bool: ...

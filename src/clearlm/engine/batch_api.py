@@ -1,0 +1,109 @@
+"""``Model.generate`` / ``Model.stream`` for a list of prompts: the arguments, row by row.
+
+A setting given once applies to every row; a list (or tuple) with one entry per prompt gives
+each row its own: ``max_new_tokens=[8, 32]``, ``seed=[1, 2]``, ``temperature=[0, 0.7]``,
+``params=[SamplingParams(...), None]``, ``stop=[["\\n"], None]`` (for ``stop``, a list of
+strings is one shared set of stop strings; per-row stops are a list of lists or None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from clearlm.api_checks import check_stop
+from clearlm.defaults import GENERATE_DEFAULTS
+from clearlm.engine.batch_generate import generate_batch, stream_batch
+from clearlm.errors import SamplingParamsError
+from clearlm.generation import Chunk, GenerationResult
+
+if TYPE_CHECKING:
+    from clearlm.api import Model
+
+
+def is_batch(prompt: Any) -> bool:
+    """Whether ``prompt`` is a list of prompts (texts, or lists of token ids) rather than one."""
+    return (
+        isinstance(prompt, list | tuple)
+        and len(prompt) > 0
+        and all(isinstance(p, str | bytes | bytearray | list | tuple) for p in prompt)
+    )
+
+
+def row_values(value: Any, n: int, name: str) -> list[Any]:
+    """One value per row: a list/tuple of n values as given, else the value n times.
+
+    Raises SamplingParamsError for a list of another length."""
+    if isinstance(value, list | tuple):
+        if len(value) != n:
+            raise SamplingParamsError(f"{name}: {len(value)} values for {n} prompts")
+        return list(value)
+    return [value] * n
+
+
+def row_stops(stop: Any, n: int) -> list[list[str]]:
+    """Stop strings per row: shared (None, a string, a list of strings) or one entry per row
+    (a list of n lists / None). Raises SamplingParamsError for a bad stop."""
+    if (
+        isinstance(stop, list | tuple)
+        and stop
+        and all(s is None or isinstance(s, list | tuple) for s in stop)
+    ):
+        return [check_stop(s) for s in row_values(stop, n, "stop")]
+    return [check_stop(stop)] * n
+
+
+def prepare(
+    model: Model,
+    prompts: Sequence[Any],
+    max_new_tokens: Any,
+    stop: Any,
+    params: Any,
+    sampling: dict[str, Any],
+) -> tuple[list[list[int]], list[Any], list[int], list[list[str]]]:
+    """Encode every prompt and resolve every row's settings (the single-prompt rules per row:
+    params, or keywords over generation_config.json over GENERATE_DEFAULTS).
+
+    Raises PromptTypeError / ClearLMError (a bad prompt), SamplingParamsError (a bad setting)."""
+    n = len(prompts)
+    ids = [model.encode(p) for p in prompts]
+    keys = {k: row_values(v, n, k) for k, v in sampling.items()}
+    rows = [
+        model.sampling_params(p, GENERATE_DEFAULTS, **{k: v[i] for k, v in keys.items()})
+        for i, p in enumerate(row_values(params, n, "params"))
+    ]
+    return ids, rows, row_values(max_new_tokens, n, "max_new_tokens"), row_stops(stop, n)
+
+
+def generate_prompts(
+    model: Model,
+    prompts: Sequence[Any],
+    max_new_tokens: Any,
+    stop: Any,
+    params: Any,
+    on_text: Any,
+    sampling: dict[str, Any],
+) -> list[GenerationResult]:
+    """``model.generate([...])``: one GenerationResult per prompt, in order.
+
+    Raises SamplingParamsError for on_text (use ``model.stream([...])`` to see text as it comes)
+    and as :func:`prepare`; ContextLengthError for an empty or too long prompt."""
+    if on_text is not None:
+        raise SamplingParamsError("on_text takes one prompt's text; stream a batch instead")
+    args = prepare(model, prompts, max_new_tokens, stop, params, sampling)
+    return generate_batch(model.transformer, model.tokenizer, *args)
+
+
+def stream_prompts(
+    model: Model,
+    prompts: Sequence[Any],
+    max_new_tokens: Any,
+    stop: Any,
+    params: Any,
+    sampling: dict[str, Any],
+) -> Iterator[Chunk]:
+    """``model.stream([...])``: every row's chunks as produced; ``Chunk.index`` says whose.
+
+    Raises as :func:`prepare`, before the first chunk."""
+    args = prepare(model, prompts, max_new_tokens, stop, params, sampling)
+    return stream_batch(model.transformer, model.tokenizer, *args)

@@ -1,0 +1,88 @@
+"""One request while it runs in the engine: its slot, its own sampler, what it has generated.
+
+Sampling is per request, exactly as single-sequence generation does it
+(clearlm.generation.generate_step): the request's sampler (``make_sampler(params)``, which owns
+its own seeded ``torch.Generator``) sees the request's logits (1, V) and its own history, so its
+tokens do not depend on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import torch
+
+from clearlm.engine import Request, TokenEvent
+from clearlm.sampling import filter_logits, log_softmax, make_sampler
+
+
+class Running:
+    """A request that holds a cache slot.
+
+    Attributes:
+        request: the request.
+        slot: its KV-cache slot.
+        cached: positions of the slot filled so far (prompt tokens prefilled, then fed tokens).
+        generated: token ids sampled so far; the last one is fed at the next decode step.
+    """
+
+    def __init__(self, request: Request, slot: int) -> None:
+        self.request = request
+        self.slot = slot
+        self.cached = 0
+        self.generated: list[int] = []
+        self.sampler = make_sampler(request.params)
+        self.penalised = request.params.repetition_penalty != 1.0
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether prompt tokens remain to be written into the cache."""
+        return self.cached < len(self.request.prompt)
+
+    @property
+    def pending(self) -> int | None:
+        """The token to feed at the next decode step (None while prefilling)."""
+        return self.generated[-1] if self.generated else None
+
+    def history(self) -> torch.Tensor | None:
+        """(1, P + n) int64 prompt and generated ids, for the repetition penalty (None when it
+        is off: the chain then skips the penalty, as it does for an inactive one)."""
+        if not self.penalised:
+            return None
+        return torch.tensor([self.request.prompt + self.generated], dtype=torch.long)
+
+    def sample(
+        self, logits: torch.Tensor, eos_ids: Collection[int], max_seq_len: int
+    ) -> TokenEvent:
+        """Pick the next token from logits (1, V) and say whether the request ends with it.
+
+        Finish reasons, in this order (single-sequence generation's): "eos" (an end id),
+        "length" (max_new_tokens reached), "context_length" (the slot is full: prompt +
+        generated tokens fill max_seq_len, so the token cannot be fed).
+        """
+        history = self.history()
+        token, logprob = self.sampler(logits, history)  # (1,), (1,)
+        tok = int(token[0])
+        top = self.top_logprobs(logits, history)
+        self.generated.append(tok)
+        reason = None
+        if tok in eos_ids:
+            reason = "eos"
+        elif len(self.generated) >= self.request.max_new_tokens:
+            reason = "length"
+        elif len(self.request.prompt) + len(self.generated) >= max_seq_len:
+            reason = "context_length"
+        return TokenEvent(self.request.request_id, tok, float(logprob[0]), top, reason)
+
+    def top_logprobs(
+        self, logits: torch.Tensor, history: torch.Tensor | None
+    ) -> list[tuple[int, float]]:
+        """The request's ``top_logprobs`` most likely tokens and their logprobs, under the same
+        distribution as the sampled token's logprob (the filtered, renormalised one); tokens
+        the filters removed (logprob −inf) are left out. Ties: the lowest id first."""
+        k = self.request.top_logprobs
+        if k == 0:
+            return []
+        lp = log_softmax(filter_logits(logits, history, self.request.params))[0]  # (V,)
+        order = torch.argsort(lp, descending=True, stable=True)[:k]
+        return [(int(i), float(lp[i])) for i in order if lp[i] > float("-inf")]
