@@ -7,11 +7,11 @@ compact layers' kernel as one opaque node each (clearlm.quant.ops, a torch custo
 model stays as it is: prefill, tracing and every call while a hook point is active (a hook or a
 recording) take the eager path, so hooks always see every value.
 
-Shapes: the batch and the one-token step are static; the cache length grows by one each step,
-so Dynamo treats it as a dynamic size after its first recompile (one graph serves every
-position). Until the forward pass stops reading positions on the host (``int(positions[-1])``
-in the context check and the attention mask), those reads split the step into several graphs
-(graph breaks, ``fullgraph=False``): still compiled, with some Python between the pieces.
+Shapes: static. The step reads the whole preallocated cache (S_max + 1 key columns, masked by
+position: clearlm.kv_cache), writes the new key at its position tensor and moves the lengths with
+tensor ops, so nothing is read back to Python and one graph (``fullgraph=True``) serves every
+position of a generation; a cache of another size compiles another graph (Dynamo's guards).
+The context-length check is the caller's (generation.check_fits sizes the cache).
 
 Compile cache: Inductor's FX-graph and AOT-autograd caches are on by default in torch 2.13; they
 are pointed at ``$CLEARLM_CACHE/inductor`` (default ``~/.cache/clearlm/inductor``) unless
@@ -30,9 +30,7 @@ import torch
 from clearlm.kv_cache import KVCache
 from clearlm.model.hooks import HookPoint
 
-# Layer indices (an int per attention module) stay symbolic, so the frames that a graph break
-# leaves per layer share one compiled graph instead of one each (and the recompile limit).
-DYNAMO_CONFIG = {"allow_unspec_int_on_nn_module": True, "recompile_limit": 64}
+DYNAMO_CONFIG = {"recompile_limit": 16}  # a few cache sizes per process before falling back
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
@@ -60,14 +58,15 @@ class CompiledDecodeStep:
     Args:
         model: the Transformer (float32 or compact layers) the step is for.
         mode: torch.compile mode ("default" or "max-autotune-no-cudagraphs"; see MODES).
-        fullgraph: demand one graph (raises at the first call if the forward has a graph break).
+        fullgraph: demand one graph (the default; raises at the first call if the forward has a
+            graph break). False lets Dynamo split the step where it must.
         cpp_wrapper: Inductor's C++ wrapper instead of its Python wrapper (less per-call Python).
 
     Attributes after the first call: ``compile_s`` (seconds the first call took, compile
     included). Calls while a hook point is active, or for another model, run eagerly.
     """
 
-    def __init__(self, model: torch.nn.Module, mode: str = "default", fullgraph: bool = False,
+    def __init__(self, model: torch.nn.Module, mode: str = "default", fullgraph: bool = True,
                  cpp_wrapper: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -95,7 +94,7 @@ class CompiledDecodeStep:
             return self.fn(model, token, cache)
 
 
-def compile_decode(model: torch.nn.Module, mode: str = "default", fullgraph: bool = False,
+def compile_decode(model: torch.nn.Module, mode: str = "default", fullgraph: bool = True,
                    cpp_wrapper: bool = False) -> CompiledDecodeStep:
     """Make generation (``generation.generate_step``, hence ``Model.generate`` / ``chat`` and the
     CLI's ``--compile``) decode with a compiled step: sets ``model.decode_fn``. The compile
