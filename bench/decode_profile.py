@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from clearlm.generation import decode_step, prefill
-from clearlm.kv_cache import KVCache
+from clearlm.kv_cache import CacheRows, KVCache
 from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.gguf import open_gguf
-from clearlm.model import attention, norms, positions
+from clearlm.model import attention, norms, positions, transformer
 from clearlm.models import resolve_model
 from clearlm.quant import ops
 from clearlm.quant.embedding import QuantEmbedding
@@ -83,12 +83,12 @@ def instrument(model: torch.nn.Module) -> None:
         timed = Timed()
         ops.load_kernels = lambda: timed
     attention.Attention.attend = timer("attention (SDPA)", attention.Attention.attend)
-    attention.attention_mask = timer("mask (host sync)", attention.attention_mask)
+    transformer.Transformer.masks = timer("masks (once per step)", transformer.Transformer.masks)
     attention.apply_rope = timer("rope", attention.apply_rope)
     norms.RMSNorm.forward = timer("norm", norms.RMSNorm.forward)
     positions.RotaryEmbedding.forward = timer("rope tables", positions.RotaryEmbedding.forward)
     QuantEmbedding.forward = timer("embedding lookup", QuantEmbedding.forward)
-    KVCache.update_and_fetch = timer("kv cache write", KVCache.update_and_fetch)
+    CacheRows.update_and_fetch = timer("kv cache write", CacheRows.update_and_fetch)
 
 
 def build(path: Path):

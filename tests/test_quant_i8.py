@@ -15,6 +15,8 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 from test_quant import U, random_blocks
 
+from clearlm.quant import ops
+from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear, set_int8_activations
 from clearlm.quant.ops import int8_available
 from clearlm.quant.pack import SUPPORTED, pack_blocks
@@ -71,12 +73,24 @@ def test_custom_op_equals_eager_layer(int8: bool) -> None:
     assert torch.equal(got, layer(x))
     if not int8:
         assert (got - F.linear(x, w, bias)).abs().max() < 1e-4
+    if load_kernels() is not None:  # the C++ operator a compiled graph calls
+        op = torch.ops.clearlm_kernels.qmm_i8 if int8 else torch.ops.clearlm_kernels.qmm
+        got = op(x, layer.codes, layer.scale, layer.min, layer.bits, layer.block) + bias
+        assert torch.equal(got, layer(x))
 
 
-def test_custom_op_compiles_without_graph_break() -> None:
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "no-kernel"])
+def test_custom_op_compiles_without_graph_break(kernel: bool, monkeypatch) -> None:
+    if kernel and load_kernels() is None:
+        pytest.skip("no C++ compiler")
+    if not kernel:  # the Python custom op (dequantize + matmul)
+        monkeypatch.setattr(ops, "_kernel_ops", lambda: False)
     layer, _ = layer_and_weight(Q.Q8_0, 32, 64)
     x = torch.randn(1, 1, 64)  # (B, T, K): decode-sized
+    torch._dynamo.reset()
     explained = torch._dynamo.explain(layer)(x)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
+    ops_called = {str(n.target) for g in explained.graphs for n in g.graph.nodes}
+    assert ("clearlm_kernels.qmm" if kernel else "clearlm.qmm") in ops_called
     compiled = torch.compile(layer, fullgraph=True, backend="eager")
     assert torch.equal(compiled(x), layer(x))

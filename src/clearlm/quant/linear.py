@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from clearlm.quant import ops  # noqa: F401 - registers torch.ops.clearlm.qmm
 from clearlm.quant.kernels import load_kernels
-from clearlm.quant.ops import qmm_eager
+from clearlm.quant.ops import compiled_qmm, qmm_eager
 from clearlm.quant.pack import Packed, PackedModule, dequantize_packed
 
 SMALL_M = 4  # measured (1 thread, 4864x896): kernel 1.0-1.3 ms, dequantize+matmul 2.0 ms at 4
@@ -59,8 +58,8 @@ class QuantLinear(PackedModule):
             raise ValueError(f"QuantLinear expects {self.in_features} input features, got {k}")
         x2 = x.reshape(-1, k).float()  # (M, K)
         if torch.compiler.is_compiling():  # one opaque graph node (clearlm.quant.ops)
-            y = torch.ops.clearlm.qmm(x2, self.codes, self.scale, self.min, self.bits,
-                                      self.block, self.int8) if x2.shape[0] <= SMALL_M else None
+            y = compiled_qmm(x2, self.codes, self.scale, self.min, self.bits, self.block,
+                             self.int8) if x2.shape[0] <= SMALL_M else None
             if y is not None and self.bias is not None:
                 y = y + self.bias
         else:

@@ -1,12 +1,15 @@
 """The quantized product as a torch custom op, so ``torch.compile`` traces QuantLinear whole.
 
-``torch.ops.clearlm.qmm(x, codes, scale, min, bits, block, int8)``: x (M, K) float32 → (M, N)
-float32, y = x @ W.T for the packed weight W (N, K) (clearlm.quant.pack). The op calls the C++
-kernel (``qmm``, or ``qmm_i8`` with ``int8=True`` where it was built) and falls back to pure torch
-(dequantize + matmul) without one. Its fake (meta) implementation only gives the output's shape
-and dtype, which is all Dynamo/Inductor need: the compiled graph calls the kernel as one opaque
-node (no graph break). Eager QuantLinear calls the pybind function directly instead, which
-skips the custom op's dispatch cost (a few µs per call, ~200 calls per decode step).
+Two kinds of operator, one for each case; :func:`compiled_qmm` picks:
+- with the C++ kernel: ``torch.ops.clearlm_kernels.qmm`` / ``qmm_i8`` (x, codes, scale, min,
+  bits, block), registered by csrc/qgemv.cpp itself (TORCH_LIBRARY), so a compiled graph calls
+  the kernel through the dispatcher without going back into Python;
+- without it: ``torch.ops.clearlm.qmm(x, codes, scale, min, bits, block, int8)``, a Python
+  custom op (torch.library.custom_op) computing dequantize + matmul in torch.
+Each has a fake (meta) implementation giving only the output's shape and dtype, (M, N) float32,
+which is all Dynamo/Inductor need: QuantLinear is one opaque graph node (no graph break). Eager
+QuantLinear calls the pybind function directly instead, which skips the dispatcher (a few µs per
+call, ~200 calls per decode step).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from clearlm.quant.kernels import load_kernels
 from clearlm.quant.pack import Packed, dequantize_packed
 
 
+@torch.compiler.assume_constant_result  # evaluated once while tracing, not traced into
 def int8_available() -> bool:
     """Whether the int8-activation kernel was built (the C++ kernel on an AVX-512 VNNI CPU)."""
     kern = load_kernels()
@@ -49,5 +53,30 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: torch.Ten
 
 
 @qmm.register_fake
-def _qmm_fake(x, codes, scale, mn, bits, block, int8):
+def _qmm_fake(x, codes, scale, mn, bits, block, int8=False):
     return x.new_empty(x.shape[0], codes.shape[0])  # (M, N) float32, no data
+
+
+_registered: list[bool] = []
+
+
+@torch.compiler.assume_constant_result
+def _kernel_ops() -> bool:
+    """Whether the C++ operators exist; registers their fake implementations once."""
+    if not _registered:
+        ok = load_kernels() is not None and hasattr(torch.ops.clearlm_kernels, "qmm")
+        if ok:
+            for name in ("qmm", "qmm_i8"):
+                torch.library.register_fake(f"clearlm_kernels::{name}")(_qmm_fake)
+        _registered.append(ok)
+    return _registered[0]
+
+
+def compiled_qmm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor,
+                 bits: int, block: int, int8: bool) -> torch.Tensor:
+    """The operator call QuantLinear makes while torch.compile traces it: (M, K) → (M, N)."""
+    if not _kernel_ops():
+        return torch.ops.clearlm.qmm(x, codes, scale, mn, bits, block, int8)
+    if int8 and x.shape[1] % 64 == 0 and int8_available():
+        return torch.ops.clearlm_kernels.qmm_i8(x, codes, scale, mn, bits, block)
+    return torch.ops.clearlm_kernels.qmm(x, codes, scale, mn, bits, block)

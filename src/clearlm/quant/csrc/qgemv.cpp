@@ -297,6 +297,19 @@ torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn
   return out;
 }
 
+// The same two products as torch operators (torch.ops.clearlm_kernels.qmm / .qmm_i8), so a
+// torch.compile'd graph calls them through the dispatcher with no Python in between; their
+// shape functions (register_fake) are in clearlm/quant/ops.py.
+TORCH_LIBRARY(clearlm_kernels, m) {
+  m.def("qmm(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
+  m.def("qmm_i8(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(clearlm_kernels, CPU, m) {
+  m.impl("qmm", &qmm);
+  m.impl("qmm_i8", &qmm_i8);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qmm", &qmm, "y = x @ dequant(W).T for block-quantized W");
   m.def("qmm_i8", &qmm_i8, "qmm with activations rounded to int8 per block of 32 (VNNI)");
