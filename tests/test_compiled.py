@@ -12,8 +12,8 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from tiny_gguf import write_tiny_llama
 
-from clearlm.compiled import CompiledDecodeStep, cache_dir
-from clearlm.generation import decode_step, prefill
+from clearlm.compiled import CompiledDecodeStep, cache_dir, compile_decode
+from clearlm.generation import decode_step, generate_step, prefill
 from clearlm.kv_cache import KVCache
 from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.gguf import open_gguf
@@ -51,7 +51,7 @@ def test_compiled_step_matches_eager(tiny_compact, monkeypatch, tmp_path) -> Non
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     assert cache_dir() == tmp_path / "inductor"
     prompt = torch.tensor([[1, 72, 101, 108, 108, 111]])  # (1, T)
-    want, want_toks = run(tiny_compact, decode_step, prompt, 6)
+    want, want_toks = run(tiny_compact, decode_step, prompt, 6)  # cache of 13, as generate's
     step = CompiledDecodeStep(tiny_compact)
     got, got_toks = run(tiny_compact, step, prompt, 6)
     assert step.compile_s is not None and step.compile_s > 0
@@ -60,6 +60,22 @@ def test_compiled_step_matches_eager(tiny_compact, monkeypatch, tmp_path) -> Non
         assert g.shape == w.shape
         assert (g - w).abs().max().item() < 1e-4
     assert any((tmp_path / "inductor").iterdir())  # the compiled graphs were cached there
+
+
+def test_generation_decodes_with_the_compiled_step(tiny_compact) -> None:
+    from clearlm.sampling import SamplingParams, make_sampler
+
+    prompt = [1, 72, 101, 108, 108, 111]
+    greedy = SamplingParams(temperature=0.0)
+    want = list(generate_step(tiny_compact, prompt, make_sampler(greedy), 7))
+    step = compile_decode(tiny_compact)
+    try:
+        got = list(generate_step(tiny_compact, prompt, make_sampler(greedy), 7))
+    finally:
+        del tiny_compact.decode_fn
+    assert step.compile_s is not None  # generation used it
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-4
 
 
 def test_hooks_take_the_eager_path(tiny_compact) -> None:

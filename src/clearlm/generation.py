@@ -25,9 +25,11 @@ from clearlm.tokenizer import Tokenizer
 
 
 def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
-    """A KV cache sized for `max_seq_len` positions (tokens) in the model's dtype."""
+    """A KV cache sized for `max_seq_len` positions (tokens) in the model's dtype (float32 for
+    a compact embedding, clearlm.quant, which computes in float32)."""
     c = model.config
-    dtype = model.embed_tokens.weight.dtype
+    weight = getattr(model.embed_tokens, "weight", None)
+    dtype = weight.dtype if weight is not None else torch.float32
     return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, dtype)
 
 
