@@ -2,7 +2,8 @@
 
 For each model: load the GGUF (float32), swap in compact weights (clearlm.quant.quantize_model),
 prefill a 16-token prompt, then time decode steps. Two measurements:
-- ``step``: wall and CPU time of one decode step (median of --steps steps, no profiler);
+- ``step``: wall and CPU time of one decode step (median of --steps steps, no timers); with
+  --compile the eager and the compiled step alternate, step by step, on the same cache;
 - a per-op table over --steps more steps: CPU time (process_time) of each op kind, timed by
   wrappers around leaf calls only (the kernel call per weight shape, SDPA, RoPE, norms, mask,
   cache write, embedding, argmax); the rest of the step is the eager Python between them
@@ -106,7 +107,7 @@ def run(name: str, args: argparse.Namespace) -> None:
         from clearlm.compiled import CompiledDecodeStep
 
         step = CompiledDecodeStep(model, mode=args.mode, cpp_wrapper=args.cpp_wrapper)
-    n = 16 + 3 * args.steps + 8
+    n = 16 + 6 * args.steps + 8
     c = model.config
     cache = KVCache(c.n_layers, 1, c.n_kv_heads, c.head_dim, n)  # float32 keys/values
     tok = torch.arange(100, 116).view(1, 16)
@@ -116,16 +117,21 @@ def run(name: str, args: argparse.Namespace) -> None:
     for _ in range(4):
         nxt = step(model, nxt, cache).argmax(-1, keepdim=True)
     if args.compile:
-        print(f"first call {step.compile_s:.1f} s, 4 warm-up steps {time.perf_counter() - t:.1f} s")
-    walls, cpus = [], []
-    for _ in range(args.steps):
-        w, c = time.perf_counter(), time.process_time()
-        nxt = step(model, nxt, cache).argmax(-1, keepdim=True)
-        walls.append(time.perf_counter() - w)
-        cpus.append(time.process_time() - c)
-    wall, cpu = statistics.median(walls), statistics.median(cpus)
-    print(f"\n## {name} ({args.threads} threads): step {wall * 1e3:.2f} ms wall "
-          f"({1 / wall:.1f} tok/s), {cpu * 1e3:.2f} ms CPU")
+        print(f"first call {step.compile_s:.1f} s ({step.compile_cpu_s:.1f} s CPU), 4 warm-up "
+              f"steps {time.perf_counter() - t:.1f} s")
+    steps = {"eager": decode_step, "compiled": step} if args.compile else {"eager": step}
+    walls: dict[str, list[float]] = {k: [] for k in steps}
+    cpus: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(args.steps):  # engines alternate step by step (same cache, same positions)
+        for k, fn in steps.items():
+            w, c = time.perf_counter(), time.process_time()
+            nxt = fn(model, nxt, cache).argmax(-1, keepdim=True)
+            walls[k].append(time.perf_counter() - w)
+            cpus[k].append(time.process_time() - c)
+    for k in steps:
+        wall, cpu = statistics.median(walls[k]), statistics.median(cpus[k])
+        print(f"\n## {name} {k} ({args.threads} threads): step {wall * 1e3:.2f} ms wall "
+              f"({1 / wall:.1f} tok/s), {cpu * 1e3:.2f} ms CPU ({1 / cpu:.1f} tok/s)")
     if args.compile:
         return
     instrument(model)

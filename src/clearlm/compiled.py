@@ -62,8 +62,9 @@ class CompiledDecodeStep:
             graph break). False lets Dynamo split the step where it must.
         cpp_wrapper: Inductor's C++ wrapper instead of its Python wrapper (less per-call Python).
 
-    Attributes after the first call: ``compile_s`` (seconds the first call took, compile
-    included). Calls while a hook point is active, or for another model, run eagerly.
+    Attributes after the first call: ``compile_s`` and ``compile_cpu_s`` (wall and CPU seconds
+    the first call took, compile included). Calls while a hook point is active, or for another
+    model, run eagerly.
     """
 
     def __init__(self, model: torch.nn.Module, mode: str = "default", fullgraph: bool = True,
@@ -77,6 +78,7 @@ class CompiledDecodeStep:
         kwargs = {"options": options} if options else {"mode": None if mode == "default" else mode}
         self.fn = torch.compile(_forward, fullgraph=fullgraph, **kwargs)
         self.compile_s: float | None = None
+        self.compile_cpu_s: float | None = None
 
     def hooks_active(self) -> bool:
         return any(p.active for p in self.points)
@@ -87,9 +89,10 @@ class CompiledDecodeStep:
             return _forward(model, token, cache)  # eager: hooks see every value
         with torch._dynamo.config.patch(DYNAMO_CONFIG):
             if self.compile_s is None:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 out = self.fn(model, token, cache)
                 self.compile_s = time.perf_counter() - t
+                self.compile_cpu_s = time.process_time() - c
                 return out
             return self.fn(model, token, cache)
 
