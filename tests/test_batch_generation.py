@@ -18,13 +18,14 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.errors import ContextLengthError, SamplingParamsError
 
-PROMPTS = ["hello world", "a b", "the quick brown fox jumps over", "x"]
+PROMPTS = ["hello world", "a b", "the quick brown fox jumps over", "x", "ab ab ab"]
 # per row: max_new_tokens, temperature, seed, and extra settings
 ROWS = [
     (12, 0.0, None, {}),
     (5, 0.9, 7, {"top_k": 20}),
     (20, 1.0, 11, {"top_p": 0.9, "repetition_penalty": 1.3}),
     (3, 0.7, 3, {"min_p": 0.05}),
+    (9, 0.0, None, {"presence_penalty": 1.5, "frequency_penalty": 0.5}),  # OpenAI penalties
 ]
 
 
@@ -75,7 +76,7 @@ def assert_rows_equal(alone, batched, logprob_tol=1e-4):
 def test_rows_equal_their_prompt_run_alone(path):
     """Greedy and seeded sampling (top-k, top-p, min-p, repetition penalty) rows, float32."""
     model = clearlm.load(path)
-    prompts = ids_prompts(model, (6, 2, 11, 1))
+    prompts = ids_prompts(model, (6, 2, 11, 1, 7))
     alone, batched = alone_and_batched(model, prompts)
     assert [len(r.tokens) for r in batched] == [n for n, *_ in ROWS]  # finish at different steps
     assert_rows_equal(alone, batched)
@@ -87,7 +88,7 @@ def test_float16_rows_with_padding_slots_equal_alone(path):
     run alone. (Sampled rows are not compared in float16: reading more masked keys changes
     attention by float16 rounding, which can flip a draw; float32 is exact to 1e-6.)"""
     model = clearlm.load(path, dtype="float16")
-    prompts = ids_prompts(model, (6, 2, 11, 1))
+    prompts = ids_prompts(model, (6, 2, 11, 1, 7))
     alone, batched = alone_and_batched(model, prompts, greedy=True)
     assert all(torch.isfinite(torch.tensor(r.logprobs)).all() for r in batched)
     assert_rows_equal(alone, batched, logprob_tol=2e-2)
@@ -146,6 +147,27 @@ def test_smollm2_batch_equals_one_at_a_time(smollm2):
         "Write a haiku about the sea:",
         "1, 2, 3,",
         "Hi",
+        "Repeat after me: la la la",
     ]
     alone, batched = alone_and_batched(smollm2, prompts)
+    assert_rows_equal(alone, batched)
+
+
+@pytest.mark.parametrize("n_rows", [3, 6])  # ≤ 4 rows: the compact kernel; more: dequantize
+def test_compact_weights_rows_equal_alone(tmp_path, n_rows):
+    """Compact (block-quantized) weights (clearlm.quant.swap.quantize_model), float32 compute:
+    the batched rows equal each prompt run alone, with the kernel's row count or beyond it."""
+    from gguf import GGMLQuantizationType as Q
+
+    from clearlm.loading.gguf import open_gguf
+    from clearlm.quant.swap import quantize_model
+
+    path = write_tiny_llama(tmp_path / "q.gguf", matrix_type=Q.Q4_1, seed=4)
+    model = clearlm.load(path)
+    report = quantize_model(model.transformer, open_gguf(path), model.config)
+    assert report.swapped
+    prompts = (PROMPTS * 2)[:n_rows]
+    settings = dict(max_new_tokens=10, temperature=0.8, top_k=30)
+    alone = [model.generate(p, seed=i, **settings) for i, p in enumerate(prompts)]
+    batched = model.generate(prompts, seed=list(range(n_rows)), **settings)
     assert_rows_equal(alone, batched)

@@ -134,6 +134,8 @@ def test_sources(tmp_path) -> None:
         "top_p": (0.95, "generation_config.json"),
         "min_p": (0.0, "transformers default"),
         "repetition_penalty": (1.0, "transformers default"),
+        "presence_penalty": (0.0, "clearlm default"),
+        "frequency_penalty": (0.0, "clearlm default"),
         "seed": (3, "user"),
     }
     write(tmp_path, NO_DO_SAMPLE)

@@ -125,3 +125,25 @@ def test_a_query_that_sees_no_key_sees_every_key_instead():
     assert torch.equal(mask[1, 1:], torch.tensor([[0, 1, 0], [0, 1, 1]], dtype=torch.bool))
     windowed = attention_mask(torch.tensor([5]), 8, window=3)  # keys 3, 4, 5
     assert windowed.tolist() == [[False] * 3 + [True] * 3 + [False] * 2]
+
+
+def test_cached_step_traces_into_one_graph(tmp_path):
+    """No host synchronisation in a cached forward pass: torch.compile's tracer captures the
+    one-token decode step (per-row positions, and the default ones from the slot lengths) and
+    a prefill chunk as single graphs, with no graph break (a `.item()`, `int(tensor)` or a
+    branch on a value would break it)."""
+    import torch._dynamo as dynamo
+
+    model = load(write_tiny_llama(tmp_path / "t.gguf"))
+    cache = new_cache(model, 2, 32)
+    with torch.inference_mode():
+        model(torch.tensor([[5, 6, 7]]), cache=cache, slot=0)
+        model(torch.tensor([[5, 6]]), cache=cache, slot=1)
+        calls = [
+            lambda: model(torch.tensor([[8], [9]]), torch.tensor([[3], [2]]), cache=cache),
+            lambda: model(torch.tensor([[8], [9]]), cache=cache, last_only=True),
+            lambda: model(torch.tensor([[4, 5]]), cache=cache, slot=1, n_keys=8),
+        ]
+        for call in calls:
+            report = dynamo.explain(call)()
+            assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons

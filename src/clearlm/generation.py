@@ -25,11 +25,10 @@ from clearlm.tokenizer import Tokenizer
 
 
 def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
-    """A KV cache sized for `max_seq_len` positions (tokens) in the model's dtype (float32 for
-    a compact embedding, clearlm.quant, which computes in float32)."""
+    """A KV cache of `batch_size` slots sized for `max_seq_len` positions (tokens) in the model's
+    dtype (its first floating-point parameter's: compact weight modules hold packed codes)."""
     c = model.config
-    weight = getattr(model.embed_tokens, "weight", None)
-    dtype = weight.dtype if weight is not None else torch.float32
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
     return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, dtype)
 
 

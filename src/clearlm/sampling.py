@@ -129,8 +129,8 @@ class Step:
     """One step of the sampling chain.
 
     Attributes:
-        name: the SamplingParams field it reads: "repetition_penalty", "temperature", "top_k",
-            "top_p" or "min_p".
+        name: the SamplingParams field it reads: "repetition_penalty", "frequency_penalty",
+            "presence_penalty", "temperature", "top_k", "top_p" or "min_p".
         setting: that field's value.
         active: False when the setting means "off" (or, for the penalty, there is no history):
             the step would return its input unchanged, so the chain skips it.
@@ -143,7 +143,9 @@ class Step:
     fn: Callable[[Tensor], Tensor]
 
 
-def sampling_chain(params: SamplingParams, previous_tokens: Tensor | None) -> tuple[Step, ...]:
+def sampling_chain(
+    params: SamplingParams, previous_tokens: Tensor | None, generated: Tensor | None = None
+) -> tuple[Step, ...]:
     """The steps between the logits and the pick, in the order they run.
 
     The order is Hugging Face's (`GenerationMixin._get_logits_processor`): processors that edit
@@ -155,6 +157,10 @@ def sampling_chain(params: SamplingParams, previous_tokens: Tensor | None) -> tu
     reasoning quoted in HF. Same order, same settings => same distribution as HF. Greedy
     (temperature 0) has only the penalty: HF adds no warpers when not sampling.
     ``previous_tokens`` ``(..., S)`` int64 or None (no penalty).
+    OpenAI's frequency and presence penalties (not in HF) come right after the repetition
+    penalty, as vLLM applies all three before temperature; they count only ``generated``
+    ``(..., G)`` int64 (the tokens after the prompt) and are listed only when set (non-zero),
+    so a chain without them is HF's.
     """
     p, history = params, previous_tokens
     seen = history if history is not None else torch.zeros(0, dtype=torch.long)  # (S,)
@@ -164,10 +170,17 @@ def sampling_chain(params: SamplingParams, previous_tokens: Tensor | None) -> tu
         seen.shape[-1] > 0 and p.repetition_penalty != 1.0,
         lambda z: filters.repetition_penalty(z, seen, p.repetition_penalty),
     )
+    gen = generated if generated is not None else torch.zeros(0, dtype=torch.long)  # (G,)
+    fp, pp, has_gen = p.frequency_penalty, p.presence_penalty, gen.shape[-1] > 0
+    openai = (
+        Step("frequency_penalty", fp, has_gen, lambda z: filters.frequency_penalty(z, gen, fp)),
+        Step("presence_penalty", pp, has_gen, lambda z: filters.presence_penalty(z, gen, pp)),
+    )
+    penalties = (penalty, *(s for s in openai if s.setting != 0))
     if p.is_greedy:
-        return (penalty,)
+        return penalties
     return (
-        penalty,
+        *penalties,
         Step(
             "temperature",
             p.temperature,
@@ -180,14 +193,20 @@ def sampling_chain(params: SamplingParams, previous_tokens: Tensor | None) -> tu
     )
 
 
-def filter_logits(logits: Tensor, previous_tokens: Tensor | None, params: SamplingParams) -> Tensor:
+def filter_logits(
+    logits: Tensor,
+    previous_tokens: Tensor | None,
+    params: SamplingParams,
+    generated: Tensor | None = None,
+) -> Tensor:
     """The chain without the pick: ``(..., V)`` -> ``(..., V)`` float32, ``-inf`` where removed.
 
     Logits are first cast to float32, as HF ``generate`` does; then every active step of
-    :func:`sampling_chain` runs. ``previous_tokens`` ``(..., S)`` int64 or None (no penalty).
+    :func:`sampling_chain` runs. ``previous_tokens`` ``(..., S)`` int64 or None (no penalty);
+    ``generated`` ``(..., G)`` int64, the generated ones among them (for the OpenAI penalties).
     """
     x = logits.to(torch.float32)
-    for step in sampling_chain(params, previous_tokens):
+    for step in sampling_chain(params, previous_tokens, generated):
         if step.active:
             x = step.fn(x)
     return x
@@ -251,14 +270,20 @@ def make_sampler(params: SamplingParams) -> Sampler:
     float32) under the final distribution, softmax(:func:`filter_logits`): filtered and
     renormalised (when greedy: the penalised distribution at T = 1). The sampler owns a
     generator (:func:`make_generator`) made on the first logits' device, so the same seed and
-    inputs give the same tokens.
+    inputs give the same tokens. The history of the first call is taken as the prompt: the
+    frequency and presence penalties count only the tokens added to it after that.
     """
     generator: torch.Generator | None = None
+    n_prompt: int | None = None
 
     def sample(logits: Tensor, previous_tokens: Tensor | None) -> tuple[Tensor, Tensor]:
-        nonlocal generator
+        nonlocal generator, n_prompt
         if generator is None and not params.is_greedy:
             generator = make_generator(params.seed, logits.device)
-        return pick(filter_logits(logits, previous_tokens, params), params, generator)
+        if n_prompt is None:
+            n_prompt = 0 if previous_tokens is None else previous_tokens.shape[-1]
+        generated = None if previous_tokens is None else previous_tokens[..., n_prompt:]
+        filtered = filter_logits(logits, previous_tokens, params, generated)
+        return pick(filtered, params, generator)
 
     return sample

@@ -1,4 +1,4 @@
-"""The five filters of the sampling chain, as pure functions on logits, unchecked.
+"""The filters of the sampling chain, as pure functions on logits, unchecked.
 
 Each takes ``(..., V)`` logits of any float dtype, computes in float32 and returns float32
 logits (finite or ``-inf``) with removed tokens set to ``-inf``, never writing into its input;
@@ -116,3 +116,42 @@ def min_p(logits: Tensor, m: float) -> Tensor:
     drop = probs < m * probs.amax(dim=-1, keepdim=True)
     drop = drop.scatter(-1, probs.argmax(dim=-1, keepdim=True), False)  # keep the top token
     return logits.masked_fill(drop, -math.inf)
+
+
+def token_counts(tokens: Tensor, vocab_size: int) -> Tensor:
+    """How many times each id occurs: ``(..., G)`` int64 -> ``(..., V)`` float32 counts.
+
+    Ids outside ``[0, V)`` are not counted (as :func:`repetition_penalty` ignores them)."""
+    ids = torch.where((tokens >= 0) & (tokens < vocab_size), tokens, vocab_size)  # (..., G)
+    ones = torch.ones_like(ids, dtype=torch.float32)
+    counts = torch.zeros((*tokens.shape[:-1], vocab_size + 1), device=tokens.device)
+    counts = counts.scatter_add(-1, ids, ones)  # (..., V + 1)
+    return counts[..., :vocab_size]  # (..., V), spare slot dropped
+
+
+def frequency_penalty(logits: Tensor, generated: Tensor, penalty: float) -> Tensor:
+    """OpenAI's frequency penalty: ``logit_j - c_j * penalty``, c_j = how many times token j was
+    generated so far (the prompt does not count, as in OpenAI's and vLLM's definition).
+
+    Source: OpenAI API reference, "Frequency and presence penalties" (``mu[j] - c[j] *
+    alpha_frequency - float(c[j] > 0) * alpha_presence``). ``logits`` ``(..., V)`` float ->
+    ``(..., V)`` float32; ``generated`` ``(..., G)`` int64. Penalty 0 or no history returns
+    ``logits`` unchanged (in float32). ``-inf`` stays ``-inf``; the range [-2, 2] times a count
+    of at most the context length cannot overflow float32.
+    """
+    logits = logits.to(torch.float32)
+    if penalty == 0 or generated.shape[-1] == 0:
+        return logits
+    counts = token_counts(generated.expand(*logits.shape[:-1], -1), logits.shape[-1])
+    return logits - counts * penalty
+
+
+def presence_penalty(logits: Tensor, generated: Tensor, penalty: float) -> Tensor:
+    """OpenAI's presence penalty: ``logit_j - [c_j > 0] * penalty``: once for every token
+    generated so far, however often (see :func:`frequency_penalty` for the source and shapes).
+    """
+    logits = logits.to(torch.float32)
+    if penalty == 0 or generated.shape[-1] == 0:
+        return logits
+    counts = token_counts(generated.expand(*logits.shape[:-1], -1), logits.shape[-1])
+    return logits - (counts > 0).to(torch.float32) * penalty

@@ -33,6 +33,8 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_p": (lambda p: is_real(p) and 0 < p <= 1, "in (0, 1] (1 means off)"),
     "min_p": (lambda m: is_real(m) and 0 <= m <= 1, "in [0, 1] (0 means off)"),
     "repetition_penalty": (lambda r: is_real(r) and 0 < r < math.inf, "in (0, inf) (1 means off)"),
+    "presence_penalty": (lambda c: is_real(c) and -2 <= c <= 2, "in [-2, 2] (0 means off)"),
+    "frequency_penalty": (lambda c: is_real(c) and -2 <= c <= 2, "in [-2, 2] (0 means off)"),
     "seed": (lambda s: s is None or (is_int(s) and 0 <= s < 2**64), "None or an int in [0, 2**64)"),
 }
 
@@ -56,6 +58,10 @@ class SamplingParams:
         top_p: nucleus sampling (Holtzman et al. 2019); 1.0 means off. Range (0, 1].
         min_p: drop tokens whose probability is below min_p * max probability; 0 means off.
         repetition_penalty: CTRL penalty (Keskar et al. 2019) on tokens already seen; 1.0 is off.
+        presence_penalty: OpenAI's presence penalty: subtracted once from the logit of every
+            token the sequence has generated so far (not the prompt's). Range [-2, 2]; 0 is off.
+        frequency_penalty: OpenAI's frequency penalty: subtracted from a generated token's logit
+            once per time it was generated. Range [-2, 2]; 0 is off.
         seed: seed of the sampler's torch.Generator, in [0, 2**64); None means a random seed.
 
     Raises:
@@ -67,6 +73,8 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """The ``clearlm`` command. One module per group of commands: generation (generate, chat),
-inspection (info, perplexity), model management (pull, models, rm) and the explanations
-(walkthrough, explain, ui). ``--help`` lists them in that order.
+inspection (info, perplexity), model management (pull, models, rm), the explanations
+(walkthrough, explain, ui) and serving (serve). ``--help`` lists them in that order.
 
 Every mistake ends as one line ``error: ...`` on stderr and a non-zero exit code: 2 for
 command-line usage (an unknown option, a missing argument, a value of the wrong type), else
@@ -66,3 +66,4 @@ def main() -> None:
 # Importing a module registers its commands; --help lists them in this order.
 from clearlm.cli import generate, inspect, manage  # noqa: E402,F401,I001
 from clearlm.cli import explain, explain_cmd, ui  # noqa: E402,F401
+from clearlm.cli import serve  # noqa: E402,F401

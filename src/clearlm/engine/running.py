@@ -32,7 +32,8 @@ class Running:
         self.cached = 0
         self.generated: list[int] = []
         self.sampler = make_sampler(request.params)
-        self.penalised = request.params.repetition_penalty != 1.0
+        p = request.params  # a penalty needs the history (OpenAI's two: its generated part)
+        self.penalised = p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
 
     @property
     def prefilling(self) -> bool:
@@ -45,8 +46,8 @@ class Running:
         return self.generated[-1] if self.generated else None
 
     def history(self) -> torch.Tensor | None:
-        """(1, P + n) int64 prompt and generated ids, for the repetition penalty (None when it
-        is off: the chain then skips the penalty, as it does for an inactive one)."""
+        """(1, P + n) int64 prompt and generated ids, for the penalties (None when all are
+        off: the chain then skips them, as it does for inactive ones)."""
         if not self.penalised:
             return None
         return torch.tensor([self.request.prompt + self.generated], dtype=torch.long)
@@ -83,6 +84,8 @@ class Running:
         k = self.request.top_logprobs
         if k == 0:
             return []
-        lp = log_softmax(filter_logits(logits, history, self.request.params))[0]  # (V,)
+        generated = None if history is None else history[:, len(self.request.prompt) :]  # (1, n)
+        params = self.request.params
+        lp = log_softmax(filter_logits(logits, history, params, generated))[0]  # (V,)
         order = torch.argsort(lp, descending=True, stable=True)[:k]
         return [(int(i), float(lp[i])) for i in order if lp[i] > float("-inf")]

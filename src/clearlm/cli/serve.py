@@ -1,0 +1,141 @@
+"""`clearlm serve`: the OpenAI-compatible HTTP API (see :mod:`clearlm.serve.app`) on uvicorn.
+
+The port is taken before the (slow) load, so a busy port is one clear line. SIGTERM and Ctrl-C
+stop accepting connections, let the requests in flight finish for up to ``--shutdown-timeout``
+seconds, cancel the rest, and exit with status 0.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from clearlm.cli.app import DType, ModelOpt, app, err
+from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
+
+API_KEY_ENV = "CLEARLM_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: assume it may be reachable from outside
+        return False
+
+
+def build_engine(model: Any, max_batch: int) -> Any:
+    """The engine the server drives: continuous batching over ``max_batch`` cache slots
+    (clearlm.engine.scheduler.BatchEngine)."""
+    from clearlm.engine.scheduler import BatchEngine
+
+    return BatchEngine(model.transformer, model.tokenizer.eos_ids, max_batch=max_batch)
+
+
+@app.command()
+def serve(
+    model_arg: Annotated[
+        str | None, typer.Argument(metavar="MODEL", help="Same as --model.", show_default=False)
+    ] = None,
+    model: ModelOpt = None,
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; 0.0.0.0 for every interface.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=API_KEY_ENV,
+            show_default=False,
+            help=f"Require 'Authorization: Bearer KEY' on every route (or ${API_KEY_ENV}).",
+        ),
+    ] = None,  # fmt: skip
+    max_batch: Annotated[
+        int, typer.Option(min=1, help="Most sequences generated together (batching engine).")
+    ] = 16,
+    max_n: Annotated[int, typer.Option(min=1, help="Most choices (n) per request.")] = 8,
+    max_body: Annotated[
+        int, typer.Option(min=1024, help="Largest request body accepted, in bytes.")
+    ] = 1 << 20,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="Model id clients send; default the alias or file name.", show_default=False
+        ),
+    ] = None,
+    shutdown_timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds in-flight requests get to finish on shutdown.")
+    ] = 10.0,
+    dtype: DType = "float32",
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Serve the model over an OpenAI-compatible API: /v1/completions, /v1/chat/completions,
+    /v1/models and /health, on http://127.0.0.1:8000 unless told otherwise."""
+    import logging
+    import signal
+    import socket
+    import sys
+
+    import uvicorn
+
+    from clearlm.errors import ClearLMError
+    from clearlm.models import DEFAULT_MODEL
+    from clearlm.serve import create_app
+    from clearlm.serve.requests import Limits
+
+    if model_arg is not None and model is not None:
+        raise typer.BadParameter("give the model once: as MODEL or as --model")
+    chosen = model_arg or model
+    if not api_key and not is_loopback(host):
+        err.print(
+            f"[yellow]warning: serving on {host} without an API key: anyone who can reach this "
+            f"machine can use the model; set --api-key or ${API_KEY_ENV}[/]",
+            soft_wrap=True,
+        )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as e:
+        sock.close()
+        reason = getattr(e, "strerror", None) or str(e)
+        raise ClearLMError(f"cannot serve on {host}:{port}: {reason}; try --host/--port") from None
+    m = load_model(chosen, dtype, threads, quiet)
+    model_id = name or Path(chosen or DEFAULT_MODEL).name  # an alias, or the file's name
+    app_ = create_app(
+        m, build_engine(m, max_batch), model_id=model_id, api_key=api_key or None,
+        max_body=max_body, limits=Limits(max_n=max_n),
+    )  # fmt: skip
+    log = logging.getLogger("clearlm.serve")
+    if not quiet:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    err.print(
+        f"serving {model_id!r} on http://{shown}:{bound}/v1  (Ctrl+C to stop)", soft_wrap=True
+    )
+    sys.stderr.flush()
+    config = uvicorn.Config(
+        app_, log_level="warning", timeout_graceful_shutdown=int(shutdown_timeout + 0.999)
+    )
+    server = uvicorn.Server(config)
+    # uvicorn handles SIGINT/SIGTERM (graceful shutdown), then re-raises the signal to the
+    # handler it found: a no-op one here, so the command ends normally with status 0.
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if not quiet:
+        err.print("stopped", soft_wrap=True)

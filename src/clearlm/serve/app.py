@@ -1,0 +1,198 @@
+"""The OpenAI-compatible HTTP API of ``clearlm serve`` (FastAPI).
+
+Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``,
+``POST /v1/chat/completions`` (``stream: true`` gives server-sent events ending with
+``data: [DONE]``). The app only parses, checks and shapes; generation is the engine's, driven by
+one :class:`~clearlm.serve.runner.Runner` thread. The engine is an argument: the
+continuous-batching :class:`~clearlm.engine.scheduler.BatchEngine` by default, or any object with
+the :class:`~clearlm.engine.Engine` methods (the one-at-a-time
+:class:`~clearlm.serve.serial_engine.SerialEngine` serves as the unbatched reference in tests).
+
+Every refusal is OpenAI's error shape (:mod:`clearlm.serve.errors`): 400 for bad input (a body
+that is not UTF-8 or JSON, over ``max_body`` bytes, unknown or mistyped fields, values out of
+range, an unknown model, a prompt longer than the context), 401 for a missing or wrong API key
+(every route requires it when the server has one, /health included), 404 for an unknown route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from clearlm.api import Model
+from clearlm.engine import Engine
+from clearlm.engine.scheduler import BatchEngine
+from clearlm.serve.errors import APIError
+from clearlm.serve.handler import Session
+from clearlm.serve.requests import Limits, chat_job, completion_job
+from clearlm.serve.runner import Runner
+from clearlm.serve.schemas import ChatBody, CompletionBody, parse
+
+MAX_BODY = 1 << 20  # bytes: 1 MiB
+
+
+class BearerAuth:
+    """ASGI middleware: every HTTP request needs ``Authorization: Bearer <key>`` (401 else).
+    Pure ASGI (not BaseHTTPMiddleware) so that streaming and disconnects pass through as is."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                err = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                               code="invalid_api_key")  # fmt: skip
+                await err.response({"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class SessionStream(StreamingResponse):
+    """A streamed response that aborts its session's choices however it ends (a client that
+    disconnects cancels the stream: its slots are freed at once)."""
+
+    def __init__(self, session: Session, model_id: str) -> None:
+        super().__init__(session.stream(model_id), media_type="text/event-stream")
+        self.session = session
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.session.close()
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (400) as soon as it passes ``limit`` bytes."""
+    too_big = APIError(400, f"the body is over the server's limit of {limit} bytes",
+                       code="request_too_large")  # fmt: skip
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_big
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def create_app(
+    model: Model,
+    engine: Engine | None = None,
+    *,
+    model_id: str | None = None,
+    api_key: str | None = None,
+    max_body: int = MAX_BODY,
+    limits: Limits | None = None,
+) -> FastAPI:
+    """The app serving ``model`` through ``engine``.
+
+    Args:
+        model: the loaded model (tokenizer, chat template, context length).
+        engine: an :class:`~clearlm.engine.Engine`; default a continuous-batching
+            ``BatchEngine`` on the model.
+        model_id: the name requests give as ``model``; default the model file's name.
+        api_key: when set, every request needs ``Authorization: Bearer <api_key>``.
+        max_body: the largest request body accepted, in bytes.
+        limits: per-request limits (``n``).
+    """
+    engine = engine or BatchEngine(model.transformer, model.tokenizer.eos_ids)
+    runner = Runner(engine)
+    limits = limits or Limits()
+    name = model_id or str(model.path).rsplit("/", 1)[-1]
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        runner.start()
+        yield
+        runner.stop()  # what is still running is cancelled; the engine thread ends
+
+    app = FastAPI(title="clearlm", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)  # fmt: skip
+    app.state.runner = runner
+    if api_key:
+        app.add_middleware(BearerAuth, key=api_key)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        return APIError(exc.status_code, str(exc.detail), code=code).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return APIError(400, str(exc.errors()[0].get("msg", "invalid request"))).response()
+
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, exc: Exception) -> JSONResponse:
+        msg = f"internal error: {type(exc).__name__}"
+        return APIError(500, msg, type="server_error").response()
+
+    def model_card() -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "clearlm"}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": name, "requests": runner.live()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_name:path}")
+    async def one_model(model_name: str) -> dict[str, Any]:
+        if model_name != name:
+            raise APIError(404, f"model {model_name!r} is not served here", code="model_not_found")
+        return model_card()
+
+    async def generate(request: Request, kind: str) -> Response:
+        raw = await read_body(request, max_body)
+        if kind == "completion":
+            body: Any = parse(raw, CompletionBody)
+        else:
+            body = parse(raw, ChatBody)
+        if body.model != name:
+            raise APIError(400, f"unknown model {body.model!r}; this server serves {name!r}",
+                           "model", "model_not_found")  # fmt: skip
+        prepare = completion_job if kind == "completion" else chat_job
+        job = await asyncio.to_thread(prepare, model, body, limits)  # tokenizing: off the loop
+        session = Session(runner, job, model.tokenizer, kind)
+        await session.start()
+        if job.stream:
+            return SessionStream(session, name)
+        try:
+            async for _ in session.events(request.is_disconnected):
+                pass
+        finally:
+            session.close()
+        if session.running():  # the client went away: nobody reads this
+            return Response(status_code=499)
+        return JSONResponse(session.final(name))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    return app

@@ -1,0 +1,198 @@
+"""Run one HTTP request's choices through the runner and shape the OpenAI response.
+
+A :class:`Session` owns the engine requests of one HTTP request (``n`` of them). Its
+:meth:`Session.events` yields each choice's new text as tokens arrive; when it ends, for any
+reason (done, a stop string, the client gone, the server stopping), every choice still running
+is aborted, which frees its slot before the engine's next step. Non-streaming requests also
+watch for the client going away while they wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from clearlm.engine import Request, TokenEvent
+from clearlm.errors import ClearLMError
+from clearlm.serve.choices import Choice
+from clearlm.serve.errors import APIError, from_clearlm
+from clearlm.serve.requests import Job
+from clearlm.serve.runner import EngineFailed, Item, Runner
+from clearlm.tokenizer import Tokenizer
+
+log = logging.getLogger("clearlm.serve")
+POLL_S = 0.5  # how often a waiting non-streaming request checks that its client is still there
+
+
+class Session:
+    """The choices of one request and their progress.
+
+    Args:
+        runner: the engine's runner.
+        job: the checked request.
+        tokenizer: for text and logprob pieces.
+        kind: "completion" or "chat" (for ids, objects and the log line).
+    """
+
+    def __init__(self, runner: Runner, job: Job, tokenizer: Tokenizer, kind: str) -> None:
+        self.runner, self.job, self.kind = runner, job, kind
+        prefix = "cmpl" if kind == "completion" else "chatcmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.choices = [Choice(i, tokenizer, job.stop) for i in range(len(job.params))]
+        self.rids = {f"{self.id}-{i}": i for i in range(len(job.params))}
+        self.sink: asyncio.Queue[Item] = asyncio.Queue()
+        self.t0 = time.perf_counter()
+        self.t_first: float | None = None
+        self.closed = False
+
+    async def start(self) -> None:
+        """Queue the choices in the engine. Raises APIError (400) if it refuses one."""
+        reqs = [
+            Request(rid, list(self.job.prompt), p, self.job.max_new_tokens, self.job.top_logprobs)
+            for rid, p in zip(self.rids, self.job.params, strict=True)
+        ]
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.to_thread(self.runner.add, reqs, self.sink, loop)
+        except ClearLMError as e:
+            raise from_clearlm(e) from None
+        except RuntimeError as e:  # stopping
+            raise APIError(503, str(e), code="shutting_down", type="server_error") from None
+
+    def running(self) -> list[str]:
+        return [r for r, i in self.rids.items() if self.choices[i].finish_reason is None]
+
+    async def events(
+        self, gone: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[tuple[Choice, TokenEvent, str]]:
+        """Yield (choice, event, new text) until every choice has finished.
+
+        Raises APIError (500) if the engine failed. ``gone`` (checked every POLL_S while
+        waiting) says whether the client disconnected; then the choices are aborted and the
+        iteration ends."""
+        try:
+            while self.running():
+                try:
+                    item = await asyncio.wait_for(self.sink.get(), POLL_S)
+                except TimeoutError:
+                    if gone is not None and await gone():
+                        return
+                    continue
+                if isinstance(item, EngineFailed):
+                    raise APIError(500, item.message, code="engine_failed", type="server_error")
+                choice = self.choices[self.rids[item.request_id]]
+                if choice.finish_reason is not None:
+                    continue  # tokens made after a stop string, before the abort took effect
+                if self.t_first is None:
+                    self.t_first = time.perf_counter()
+                text = choice.add(item)
+                if choice.finish_reason is not None and item.finish_reason is None:
+                    self.runner.abort([item.request_id])  # a stop string or an end token
+                yield choice, item, text
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Abort the choices still running and write the log line (once)."""
+        self.runner.abort(self.running())
+        if not self.closed:
+            self.closed = True
+            self.log()
+
+    def usage(self) -> dict[str, int]:
+        """Exact token counts: the prompt once, and every token each choice generated."""
+        prompt = len(self.job.prompt)
+        completion = sum(len(c.events) for c in self.choices)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def log(self) -> None:
+        """One line per request: tokens in and out, time to first token, tokens/s."""
+        now = time.perf_counter()
+        u = self.usage()
+        ttft = (self.t_first or now) - self.t0
+        rate = u["completion_tokens"] / (now - self.t0) if now > self.t0 else 0.0
+        reasons = ",".join(c.finish_reason or "aborted" for c in self.choices)
+        log.info(
+            "%s %s prompt_tokens=%d completion_tokens=%d ttft=%.3fs %.1f tokens/s finish=%s",
+            self.kind, self.id, u["prompt_tokens"], u["completion_tokens"], ttft, rate, reasons,
+        )  # fmt: skip
+
+    # --- response shapes ---------------------------------------------------------------
+
+    def header(self, model: str) -> dict[str, Any]:
+        obj = "text_completion" if self.kind == "completion" else "chat.completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": model}
+
+    def logprobs(self, choice: Choice, events: list[TokenEvent], offset: int = 0) -> Any:
+        if not self.job.logprobs:
+            return None
+        if self.kind == "completion":
+            return choice.completion_logprobs(events, offset)
+        return choice.chat_logprobs(events)
+
+    def final(self, model: str) -> dict[str, Any]:
+        """The whole (non-streaming) response."""
+        out = []
+        for c in self.choices:
+            lp = self.logprobs(c, c.events, len(self.job.echo))
+            if self.kind == "completion":
+                text = self.job.echo + c.text
+                out.append({"index": c.index, "text": text, "logprobs": lp,
+                            "finish_reason": c.finish_reason})  # fmt: skip
+            else:
+                msg = {"role": "assistant", "content": c.text}
+                out.append({"index": c.index, "message": msg, "logprobs": lp,
+                            "finish_reason": c.finish_reason})  # fmt: skip
+        return {**self.header(model), "choices": out, "usage": self.usage()}
+
+    def chunk(self, model: str, choice: Choice, ev: TokenEvent | None, text: str) -> str:
+        """One server-sent event for a streamed piece of ``choice``."""
+        finish = choice.finish_reason
+        lp = self.logprobs(choice, [ev]) if ev is not None else None
+        if self.kind == "completion":
+            body: dict[str, Any] = {"index": choice.index, "text": text, "logprobs": lp,
+                                    "finish_reason": finish}  # fmt: skip
+            head = self.header(model)
+        else:
+            delta = {"content": text} if text or finish is None else {}
+            body = {"index": choice.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            head = {**self.header(model), "object": "chat.completion.chunk"}
+        return sse({**head, "choices": [body]})
+
+    async def stream(self, model: str) -> AsyncIterator[str]:
+        """The server-sent events of a streaming response, ``data: [DONE]`` last."""
+        head = {**self.header(model)}
+        for c in self.choices:
+            if self.kind == "chat":  # OpenAI's first chunk gives the role
+                head["object"] = "chat.completion.chunk"
+                delta = {"role": "assistant", "content": ""}
+                first = {"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None}
+                yield sse({**head, "choices": [first]})
+            elif self.job.echo:
+                yield self.chunk(model, c, None, self.job.echo)
+        try:
+            async for choice, ev, text in self.events():
+                if text or choice.finish_reason is not None or self.job.logprobs:
+                    yield self.chunk(model, choice, ev, text)
+        except APIError as e:  # the engine failed mid-stream: say so in the stream
+            yield sse(e.body())
+            return
+        if self.job.include_usage:
+            obj = "text_completion" if self.kind == "completion" else "chat.completion.chunk"
+            yield sse({**self.header(model), "object": obj, "choices": [], "usage": self.usage()})
+        yield "data: [DONE]\n\n"
+
+
+def sse(obj: dict[str, Any]) -> str:
+    """One server-sent event: ``data: {json}`` and a blank line."""
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -1,0 +1,142 @@
+"""From a checked body to the work to do: prompt ids, sampling settings per choice, limits.
+
+Rules (documented in README.md, "Serving"):
+- Unset sampling settings take the model's generation_config.json values, else clearlm's
+  SamplingParams defaults (temperature 1, as OpenAI's); ranges are SamplingParams' own.
+- ``n`` choices are ``n`` independent sequences; with a ``seed``, choice ``i`` uses
+  ``seed + i``, so choice ``i`` equals ``model.generate(..., seed=seed + i)``.
+- ``max_tokens`` defaults to 16 for completions (as OpenAI) and to what the context leaves for
+  chat; above the context length it is refused. A request whose prompt plus ``max_tokens``
+  passes the context stops there with ``finish_reason`` "length".
+- Chat contents are text: special-token text typed in a message stays text (the injection
+  rule of :meth:`clearlm.api.Model.chat_prompt`); a "developer" message is a system message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from clearlm.api import Model
+from clearlm.errors import ClearLMError, SamplingParamsError
+from clearlm.generation import check_fits
+from clearlm.sampling import SamplingParams
+from clearlm.serve.errors import APIError, from_clearlm
+from clearlm.serve.schemas import ChatBody, CompletionBody
+
+SETTINGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+            "presence_penalty", "frequency_penalty")  # fmt: skip
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for: ``n`` choices at most (``max_n``)."""
+
+    max_n: int = 8
+
+
+@dataclass
+class Job:
+    """One HTTP request's work, ready for the engine."""
+
+    prompt: list[int]
+    params: list[SamplingParams]  # one per choice
+    max_new_tokens: int
+    stop: list[str]
+    top_logprobs: int  # alternatives per token (0: none)
+    logprobs: bool  # whether to return logprobs at all
+    echo: str  # text to put before each choice's text ("" unless echo)
+    stream: bool
+    include_usage: bool
+
+
+def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
+    """One SamplingParams per choice (seed + i). Raises APIError (400) naming the setting."""
+    given = {k: getattr(body, k) for k in SETTINGS if getattr(body, k) is not None}
+    seed = body.seed
+    if seed is not None and (seed < 0 or seed + n > 2**64):
+        raise APIError(400, f"seed must be in [0, 2**64 - n), got {seed}", "seed", "invalid_value")
+    try:
+        base = model.sampling_params(None, {}, **given)
+    except SamplingParamsError as e:
+        name = str(e).split(" ", 1)[0]
+        known = {f.name for f in fields(SamplingParams)}
+        raise from_clearlm(e, name if name in known else None) from None
+    return [
+        SamplingParams(**{**base.__dict__, "seed": None if seed is None else seed + i})
+        for i in range(n)
+    ]
+
+
+def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, limits: Limits,
+            where: str) -> dict[str, Any]:  # fmt: skip
+    """The checks and fields both endpoints share."""
+    ctx, n = model.config.context_length, body.n or 1
+    if n > limits.max_n:
+        raise APIError(400, f"n must be at most {limits.max_n}, got {n}", "n", "invalid_value")
+    if body.logit_bias:
+        raise APIError(400, "logit_bias is not supported", "logit_bias", "unsupported")
+    if max_tokens is not None and max_tokens > ctx:
+        raise APIError(
+            400, f"max_tokens is {max_tokens} but the model's context length is {ctx}",
+            "max_tokens", "invalid_value",
+        )  # fmt: skip
+    try:
+        check_fits(len(prompt), ctx)
+    except ClearLMError as e:
+        raise from_clearlm(e, where) from None
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if any(not s for s in stop):
+        raise APIError(400, "a stop string must not be empty", "stop", "invalid_value")
+    return dict(
+        prompt=prompt,
+        params=sampling_params(model, body, n),
+        stop=stop,
+        stream=bool(body.stream),
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
+
+
+def completion_job(model: Model, body: CompletionBody, limits: Limits) -> Job:
+    """Raises APIError (400) for anything the model cannot run."""
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
+    try:
+        prompt = model.encode(body.prompt)
+    except ClearLMError as e:
+        raise from_clearlm(e, "prompt") from None
+    common = _common(model, body, prompt, body.max_tokens, limits, "prompt")
+    max_new = body.max_tokens or COMPLETION_MAX_TOKENS
+    echo = body.prompt if isinstance(body.prompt, str) else model.tokenizer.decode(prompt)
+    return Job(
+        **common,
+        max_new_tokens=min(max_new, model.config.context_length - len(prompt)),
+        top_logprobs=body.logprobs or 0,
+        logprobs=body.logprobs is not None,
+        echo=echo if body.echo else "",
+    )
+
+
+def chat_job(model: Model, body: ChatBody, limits: Limits) -> Job:
+    """Raises APIError (400) for anything the model cannot run (its template failing too)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        for m in body.messages
+    ]
+    try:
+        prompt = model.chat_prompt(messages)  # contents are text: no control tokens from users
+    except ClearLMError as e:
+        raise from_clearlm(e, "messages") from None
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    common = _common(model, body, prompt, max_tokens, limits, "messages")
+    room = model.config.context_length - len(prompt)
+    return Job(
+        **common,
+        max_new_tokens=min(max_tokens or room, room),
+        top_logprobs=body.top_logprobs or 0,
+        logprobs=bool(body.logprobs),
+        echo="",
+    )

@@ -1,0 +1,131 @@
+"""The request bodies the server accepts, checked field by field before anything runs.
+
+Bodies are parsed here rather than by FastAPI so that every failure (not UTF-8, not JSON, an
+unknown field, a wrong type) is one :class:`~clearlm.serve.errors.APIError` naming the field.
+Types are strict (``"temperature": "0.5"`` or ``"stream": 1`` are errors; a JSON integer fills
+a float field) and unknown fields are refused, so a misspelt setting is never silently
+ignored; ``null`` means "unset" for every optional field, as some clients send it. Value
+ranges of the sampling settings are :class:`~clearlm.sampling.SamplingParams`' own (see
+:func:`clearlm.serve.requests.sampling_params`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from clearlm.serve.errors import APIError
+from clearlm.text import clean_text
+
+Text = Annotated[str, AfterValidator(clean_text)]  # a JSON "\ud800" escape becomes U+FFFD
+MAX_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class Sampling(Strict):
+    """The fields both endpoints share. Unset (None) settings take the model's defaults."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: Text | list[Text] | None = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1)  # None (null): 1
+    stream: bool | None = None  # None (null): false
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # accepted and ignored, as an end-user id for the caller's logs
+    logit_bias: dict[str, float] | None = None  # only empty: refused otherwise (requests.py)
+
+
+class CompletionBody(Sampling):
+    """``POST /v1/completions``: a text prompt (or token ids) to continue."""
+
+    prompt: Text | list[int]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool | None = None
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: Text
+
+
+class Message(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[TextPart]
+    name: str | None = None  # accepted; the chat templates clearlm runs do not read it
+
+    def text(self) -> str:
+        """The content as one string (text parts joined, as OpenAI concatenates them)."""
+        return (
+            self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        )
+
+
+class ChatBody(Sampling):
+    """``POST /v1/chat/completions``: a conversation rendered with the model's chat template."""
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+
+Body = TypeVar("Body", bound=Strict)
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    """pydantic's error location as a dotted field path: ``messages.0.content``. Union members
+    (``str``, ``list[int]``) and validator names are left out."""
+    keep = [str(x) for x in loc if isinstance(x, int) or not any(c in str(x) for c in "[]()")]
+    return ".".join(k for k in keep if k not in ("str", "int", "function-after"))
+
+
+def parse(raw: bytes, kind: type[Body]) -> Body:
+    """Decode, parse and check a request body.
+
+    Raises:
+        APIError (400): not UTF-8, not a JSON object, or a field that is unknown, missing, of
+            the wrong type or out of its range (the first problem, its field in ``param``).
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(
+            400, f"the body is not valid UTF-8 (byte {e.start}); send JSON as UTF-8",
+            code="invalid_utf8",
+        ) from None  # fmt: skip
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise APIError(
+            400, f"the body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})",
+            code="invalid_json",
+        ) from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(data).__name__}")
+    try:
+        return kind.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = _where(first.get("loc", ()))
+        msg = first.get("msg", "invalid")
+        if first.get("type") == "extra_forbidden":
+            msg = "unknown field; see the API reference in README.md for the supported ones"
+        extra = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise APIError(400, f"{where or 'body'}: {msg}{extra}", where or None) from None

@@ -1,0 +1,182 @@
+"""Bad input never takes ``clearlm serve`` down: each kind of bad request gets OpenAI's error
+shape with the right status and field, and the next good request is answered. Also: the API
+key, and a client that walks away mid-stream freeing its slot at once."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from serve_helpers import SlowEngine, serving
+from tiny_gguf import write_tiny_llama
+
+import clearlm
+from clearlm.serve import create_app
+from clearlm.serve.serial_engine import SerialEngine
+
+MODEL = "tiny"
+CTX = 128
+GOOD = {"model": MODEL, "prompt": "hi", "max_tokens": 3, "temperature": 0}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> clearlm.Model:
+    return clearlm.load(
+        write_tiny_llama(tmp_path_factory.mktemp("e") / "t.gguf", context_length=CTX),
+    )
+
+
+@pytest.fixture(scope="module")
+def url(tiny):
+    with serving(create_app(tiny, model_id=MODEL, max_body=4096)) as u:
+        yield u
+
+
+def post(url: str, path: str, content: bytes | None = None, **kw) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    return httpx.post(f"{url}/{path}", content=content, headers=headers, timeout=30, **kw)
+
+
+def check_error(r: httpx.Response, status: int, param: str | None, needle: str) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param and needle in err["message"], err
+    assert err["type"] == "invalid_request_error"
+
+
+def with_(base: dict, **changes) -> bytes:
+    return json.dumps({**base, **changes}).encode()
+
+
+CASES = [  # (path, body, param, a piece of the message)
+    ("completions", b'{"model": "tiny", "prompt": ', None, "not valid JSON"),
+    ("completions", b"[1, 2]", None, "must be a JSON object"),
+    ("completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', None, "not valid UTF-8"),
+    ("completions", with_(GOOD, prompt="x" * 5000), None, "over the server's limit of 4096"),
+    ("completions", with_(GOOD, model="gpt-4"), "model", "unknown model 'gpt-4'"),
+    ("completions", with_(GOOD, temprature=0.5), "temprature", "unknown field"),
+    ("completions", with_(GOOD, temperature="hot"), "temperature", "valid number"),
+    ("completions", with_(GOOD, stream="yes"), "stream", "valid boolean"),
+    ("completions", with_(GOOD, max_tokens=1.5), "max_tokens", "valid integer"),
+    ("completions", with_(GOOD, prompt={"text": "hi"}), "prompt", "valid"),
+    ("completions", with_(GOOD, temperature=-1), "temperature", "temperature must be in [0, inf)"),
+    ("completions", with_(GOOD, top_p=1.5), "top_p", "top_p must be in (0, 1]"),
+    ("completions", with_(GOOD, presence_penalty=3), "presence_penalty", "[-2, 2]"),
+    ("completions", with_(GOOD, seed=-1), "seed", "seed must be in [0, 2**64"),
+    ("completions", with_(GOOD, logprobs=21), "logprobs", "less than or equal to 20"),
+    ("completions", with_(GOOD, max_tokens=0), "max_tokens", "greater than or equal to 1"),
+    ("completions", with_(GOOD, n=9), "n", "n must be at most 8"),
+    ("completions", with_(GOOD, max_tokens=10**6), "max_tokens", "context length is 128"),
+    ("completions", with_(GOOD, prompt="a" * 200), "prompt", "the prompt has 200 tokens"),
+    ("completions", with_(GOOD, prompt="a" * CTX), "prompt", "no room for a new token"),
+    ("completions", with_(GOOD, prompt=[5, 10**6]), "prompt", "outside the vocabulary"),
+    ("completions", with_(GOOD, stop=["ok", ""]), "stop", "must not be empty"),
+    ("completions", with_(GOOD, echo=True, logprobs=1), "echo", "not supported"),
+    ("completions", with_(GOOD, logit_bias={"5": 1}), "logit_bias", "not supported"),
+    ("chat/completions", with_(CHAT, messages=[]), "messages", "at least 1 item"),
+    ("chat/completions", with_(CHAT, messages={"role": "user"}), "messages", "valid list"),
+    ("chat/completions", with_(CHAT, messages=[{"role": "robot", "content": "x"}]),
+     "messages.0.role", "'system', 'developer', 'user' or 'assistant'"),
+    ("chat/completions", with_(CHAT, top_logprobs=2), "top_logprobs", "needs logprobs: true"),
+    ("chat/completions", with_(CHAT, max_completion_tokens=10**6), "max_tokens", "context"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "param", "needle"), CASES)
+def test_bad_input_is_a_400_and_the_next_request_is_answered(url, path, body, param, needle):
+    check_error(post(url, path, body), 400, param, needle)
+    good = post(url, path, json.dumps(CHAT if path.startswith("chat") else GOOD).encode())
+    assert good.status_code == 200 and good.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_unknown_routes_and_methods_have_the_error_shape(url):
+    check_error(httpx.get(f"{url}/nope"), 404, None, "Not Found")
+    check_error(httpx.get(f"{url}/completions"), 405, None, "Method Not Allowed")
+    assert httpx.get(url.removesuffix("/v1") + "/health").json()["status"] == "ok"
+
+
+def test_the_official_client_raises_its_typed_errors(url, tiny):
+    c = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="unknown model 'nope'"):
+        c.completions.create(model="nope", prompt="hi")
+    long = [{"role": "user", "content": "a" * 300}]
+    n = len(tiny.chat_prompt(long))
+    with pytest.raises(openai.BadRequestError, match=f"the prompt has {n} tokens"):
+        c.chat.completions.create(model=MODEL, messages=long)
+    r = c.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=0)
+    assert r.choices[0].text == tiny.generate("hi", max_new_tokens=2, temperature=0).text
+
+
+def test_null_means_unset(url):
+    nulls = dict(n=None, stream=None, echo=None, logprobs=None, stop=None, seed=None, user=None,
+                 logit_bias=None, stream_options=None, temperature=None)  # fmt: skip
+    r = post(url, "completions", with_(GOOD, **nulls))
+    assert r.status_code == 200 and len(r.json()["choices"]) == 1
+    r = post(url, "chat/completions", with_(CHAT, logprobs=None, top_logprobs=None, n=None))
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None
+
+
+def test_lone_surrogates_become_replacement_characters(url, tiny):
+    r = post(url, "completions", b'{"model": "tiny", "prompt": "a\\ud800", "max_tokens": 2}')
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] == len(tiny.encode("a\ufffd"))
+
+
+def test_api_key_is_required_on_every_route(tiny):
+    with serving(create_app(tiny, model_id=MODEL, api_key="s3cret")) as u:
+        root = u.removesuffix("/v1")
+        for r in (httpx.get(f"{u}/models"), httpx.get(f"{root}/health"),
+                  post(u, "completions", json.dumps(GOOD).encode()),
+                  httpx.get(f"{u}/models", headers={"Authorization": "Bearer wrong"})):  # fmt: skip
+            assert r.status_code == 401
+            assert r.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=u, api_key="wrong", max_retries=0).models.list()
+        c = openai.OpenAI(base_url=u, api_key="s3cret", max_retries=0)
+        assert c.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens
+        ok = httpx.get(f"{root}/health", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+
+
+def test_a_client_that_disconnects_frees_its_slot_at_once(tiny):
+    """A 0.02 s/step engine: the long request (100 tokens) would hold it for 2 s more."""
+    engine = SlowEngine(tiny.transformer, tiny.tokenizer.eos_ids, delay_s=0.02)
+    app = create_app(tiny, engine, model_id=MODEL)
+    with serving(app) as u:
+        body = {**GOOD, "max_tokens": 100, "stream": True}
+        with httpx.stream("POST", f"{u}/completions", json=body, timeout=30) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 4:
+                    break  # leave mid-stream: closing the response closes the connection
+        t0 = time.monotonic()
+        while engine.has_work() or app.state.runner.live():
+            assert time.monotonic() - t0 < 1.0, "the aborted request still holds the engine"
+            time.sleep(0.01)
+        t1 = time.monotonic()
+        r = post(u, "completions", json.dumps(GOOD).encode())  # 3 tokens, ~0.06 s
+        assert r.status_code == 200 and time.monotonic() - t1 < 1.5
+        assert len(engine.added) == 2
+
+
+class BrokenEngine(SerialEngine):
+    def step(self):
+        raise RuntimeError("boom")
+
+
+def test_an_engine_failure_is_a_500_and_the_server_stays_up(tiny):
+    with serving(create_app(tiny, BrokenEngine(tiny.transformer, []), model_id=MODEL)) as u:
+        r = post(u, "completions", json.dumps(GOOD).encode())
+        assert r.status_code == 500
+        assert (
+            r.json()["error"]["type"] == "server_error" and "boom" in r.json()["error"]["message"]
+        )
+        body = {**GOOD, "stream": True}
+        with httpx.stream("POST", f"{u}/completions", json=body, timeout=30) as s:
+            lines = [ln for ln in s.iter_lines() if ln]
+        assert "boom" in json.loads(lines[-1].removeprefix("data: "))["error"]["message"]
+        assert httpx.get(u.removesuffix("/v1") + "/health").status_code == 200
