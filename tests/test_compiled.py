@@ -95,3 +95,31 @@ def test_hooks_take_the_eager_path(tiny_compact) -> None:
 def test_bad_mode() -> None:
     with pytest.raises(ValueError, match="mode must be one of"):
         CompiledDecodeStep(torch.nn.Linear(2, 2), mode="fast")
+
+
+def test_cli_generate_compile_flag(tmp_path, monkeypatch) -> None:
+    """--compile hands the loaded model to compile_decode, whose step then decodes (recorded
+    here in place of the compiled step, so the test compiles nothing)."""
+    from typer.testing import CliRunner
+
+    import clearlm.compiled
+    from clearlm.cli import app
+
+    calls = []
+
+    def fake_compile(model):
+        def step(m, token, cache):
+            calls.append(int(token))
+            return decode_step(m, token, cache)
+
+        model.decode_fn = step
+        return step
+
+    monkeypatch.setattr(clearlm.compiled, "compile_decode", fake_compile)
+    path = write_tiny_llama(tmp_path / "t.gguf", context_length=48)
+    args = ["generate", "hello", "-m", str(path), "-n", "4", "-t", "1", "-q", "--temperature", "0"]
+    want = CliRunner().invoke(app, args)
+    assert want.exit_code == 0 and calls == []
+    got = CliRunner().invoke(app, [*args, "--compile"])
+    assert got.exit_code == 0, got.output
+    assert got.output == want.output and len(calls) == 3  # 4 tokens: prefill, then 3 steps
