@@ -78,6 +78,7 @@ def generate_step(
     n_new = min(max_new_tokens, ctx - len(prompt))
     cache = new_cache(model, 1, len(prompt) + n_new)
     seq = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)  # (1, P): history
+    step = getattr(model, "decode_fn", None) or decode_step  # clearlm.compiled.compile_decode
     logits = prefill(model, seq, cache)  # (1, V)
     for i in range(n_new):
         token, logprob = sampler(logits, seq)  # (1,), (1,)
@@ -85,7 +86,7 @@ def generate_step(
         if i + 1 == n_new:
             break
         seq = torch.cat([seq, token.view(1, 1)], dim=1)  # (1, P + i + 1)
-        logits = decode_step(model, token.view(1, 1), cache)
+        logits = step(model, token.view(1, 1), cache)
 
 
 @dataclass

@@ -65,6 +65,11 @@ PromptOpt = Annotated[
     ),
 ]
 
+CompileOpt = Annotated[
+    bool,
+    typer.Option("--compile", help="Decode with a torch.compile'd step (clearlm.compiled): "
+                 "the first step compiles (cached in ~/.cache/clearlm/inductor)."),
+]
 
 def pick_prompt(argument: str | None, option: str | None, what: str) -> str | None:
     """The positional prompt or ``-p TEXT``; giving both is a usage error (exit 2)."""

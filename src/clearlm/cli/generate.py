@@ -11,8 +11,10 @@ from typing import Annotated, Any
 
 import typer
 
+from clearlm.cli import placement as pl  # --device and the parallel options
 from clearlm.cli.app import DType, ModelOpt, Weights, app, err
 from clearlm.cli.gen_options import (
+    CompileOpt,
     File,
     Json,
     Logprobs,
@@ -28,15 +30,8 @@ from clearlm.cli.gen_options import (
     pick_prompt,
 )  # fmt: skip
 from clearlm.cli.output import print_stats, result_json, write_out
-from clearlm.cli.placement import (
-    DeviceOpt,
-    DistTimeoutOpt,
-    PipelineParallelOpt,
-    Placement,
-    TensorParallelOpt,
-)
 from clearlm.cli.prompt_input import resolve_prompt
-from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
+from clearlm.cli.runtime import QuietOpt, ThreadsOpt, compile_step, load_model
 from clearlm.text import clean_arg
 
 
@@ -53,8 +48,9 @@ def _run(
     threads: int | None = None,
     quiet: bool = False,
     chat: bool = False,
-    placement: Placement | None = None,
+    placement: pl.Placement | None = None,
     weights: str | None = None,
+    compile_decode: bool = False,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
@@ -74,7 +70,7 @@ def _run(
     stop = check_stop(stop)  # '' would match at once: refused before the load too
     # The prompt is built on the header first: no chat template, or too long, fails before the
     # weights are read.
-    placement = placement or Placement()
+    placement = placement or pl.Placement()
     prints = placement.prints
     quiet = quiet or not prints
     model = load_model(
@@ -83,6 +79,8 @@ def _run(
         placement=placement,
         weights=weights,
     )  # fmt: skip
+    if compile_decode:
+        compile_step(model)
     params = model.sampling_params(None, fallback, **given)
     if placement.parallel:  # every rank must draw the same token from the same logits
         params = replace(params, seed=shared_seed(params.seed))
@@ -142,10 +140,11 @@ def generate(
     logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
-    device: DeviceOpt = "cpu",
-    tensor_parallel: TensorParallelOpt = 1,
-    pipeline_parallel: PipelineParallelOpt = 1,
-    dist_timeout: DistTimeoutOpt = 30.0,
+    device: pl.DeviceOpt = "cpu",
+    tensor_parallel: pl.TensorParallelOpt = 1,
+    pipeline_parallel: pl.PipelineParallelOpt = 1,
+    dist_timeout: pl.DistTimeoutOpt = 30.0,
+    compile_decode: CompileOpt = False,
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.api import GENERATE_DEFAULTS
@@ -175,8 +174,9 @@ def generate(
         logprobs,
         threads,
         quiet,
-        placement=Placement(device, tensor_parallel, pipeline_parallel, dist_timeout),
+        placement=pl.Placement(device, tensor_parallel, pipeline_parallel, dist_timeout),
         weights=weights,
+        compile_decode=compile_decode,
     )
 
 
@@ -214,10 +214,10 @@ def chat(
     logprobs: Logprobs = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
-    device: DeviceOpt = "cpu",
-    tensor_parallel: TensorParallelOpt = 1,
-    pipeline_parallel: PipelineParallelOpt = 1,
-    dist_timeout: DistTimeoutOpt = 30.0,
+    device: pl.DeviceOpt = "cpu",
+    tensor_parallel: pl.TensorParallelOpt = 1,
+    pipeline_parallel: pl.PipelineParallelOpt = 1,
+    dist_timeout: pl.DistTimeoutOpt = 30.0,
 ) -> None:
     """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
     a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
@@ -235,7 +235,7 @@ def chat(
         repetition_penalty=repetition_penalty,
         seed=seed,
     )
-    placement = Placement(device, tensor_parallel, pipeline_parallel, dist_timeout)
+    placement = pl.Placement(device, tensor_parallel, pipeline_parallel, dist_timeout)
     if text is None:
         if as_json or logprobs is not None:
             raise typer.BadParameter(
@@ -280,7 +280,7 @@ def _conversation(
     parse_special_in_content: bool = False,
     threads: int | None = None,
     quiet: bool = False,
-    placement: Placement | None = None,
+    placement: pl.Placement | None = None,
     weights: str | None = None,
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""

@@ -166,3 +166,11 @@ def load_model(
             soft_wrap=True,
         )
     return model
+
+
+def compile_step(model: Any) -> None:
+    """Decode through a torch.compile'd step (clearlm.compiled; imported only when asked, as
+    it pulls in torch._dynamo)."""
+    from clearlm.compiled import compile_decode
+
+    compile_decode(model.transformer)

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).with_name("csrc") / "qgemv.cpp"
+SOURCES = (SOURCE, SOURCE.with_name("qgemv_i8.cpp"))  # exact kernel; int8-activation variant
 _loaded: list[ModuleType | None] = []
 
 
@@ -25,12 +26,14 @@ def build_dir() -> Path:
     import torch
 
     root = Path(os.environ.get("CLEARLM_CACHE", Path.home() / ".cache" / "clearlm"))
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    text = b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()
+    key = hashlib.sha256(text).hexdigest()[:12]
     return root / "kernels" / f"qgemv-{key}"
 
 
 def load_kernels(verbose: bool = False) -> ModuleType | None:
-    """The compiled module (functions ``qmm`` and ``dequant``), or None if it cannot be built.
+    """The compiled module (``qmm``, ``qmm_i8``, ``qmm_i8_available``, ``dequant``), or None if
+    it cannot be built.
 
     Set ``CLEARLM_NO_KERNELS=1`` to force the pure-torch fallback (used by the tests)."""
     if _loaded:
@@ -44,7 +47,7 @@ def load_kernels(verbose: bool = False) -> ModuleType | None:
             out.mkdir(parents=True, exist_ok=True)
             module = load(
                 name="clearlm_qgemv",
-                sources=[str(SOURCE)],
+                sources=[str(p) for p in SOURCES],
                 build_directory=str(out),
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from clearlm.quant.kernels import load_kernels
+from clearlm.quant.ops import compiled_qmm, qmm_eager
 from clearlm.quant.pack import Packed, PackedModule, dequantize_packed
 
 SMALL_M = 4  # measured (1 thread, 4864x896): kernel 1.0-1.3 ms, dequantize+matmul 2.0 ms at 4
@@ -29,12 +30,16 @@ class QuantLinear(PackedModule):
 
     Buffers: ``codes`` (int8 (N, K) or uint8 (N, K/2)), ``scale`` (N, K/block) float16/32,
     ``min`` (same, or empty), ``bias`` (N,) float32 or None. Inputs of any float dtype are
-    computed in float32 and returned in their own dtype."""
+    computed in float32 and returned in their own dtype. With ``int8`` True (opt-in, see
+    :func:`set_int8_activations`) decode-sized calls round x to int8 per block of 32 values and
+    use the VNNI kernel (csrc/qgemv_i8.cpp): faster, no longer exact (tests/test_quant_i8.py
+    bounds the difference)."""
 
     def __init__(self, packed: Packed, bias: torch.Tensor | None = None) -> None:
         super().__init__(packed)
         self.out_features, self.in_features = packed.shape
         self.register_buffer("bias", None if bias is None else bias.detach().float())
+        self.int8 = False  # decode with int8-rounded activations (set_int8_activations)
 
     def dequantized(self, r0: int = 0, r1: int | None = None) -> torch.Tensor:
         """Rows [r0, r1) of the float32 weight (all rows by default)."""
@@ -52,12 +57,19 @@ class QuantLinear(PackedModule):
         if k != self.in_features:
             raise ValueError(f"QuantLinear expects {self.in_features} input features, got {k}")
         x2 = x.reshape(-1, k).float()  # (M, K)
-        kern = load_kernels()
-        if kern is not None and x2.shape[0] <= SMALL_M:
-            y = kern.qmm(x2, self.codes, self.scale, self.min, self.bits, self.block)  # (M, N)
-            if self.bias is not None:
-                y += self.bias
+        if torch.compiler.is_compiling():  # one opaque graph node (clearlm.quant.ops)
+            y = compiled_qmm(x2, self.codes, self.scale, self.min, self.bits, self.block,
+                             self.int8) if x2.shape[0] <= SMALL_M else None
+            if y is not None and self.bias is not None:
+                y = y + self.bias
         else:
+            y = None
+            if x2.shape[0] <= SMALL_M and load_kernels() is not None:
+                y = qmm_eager(x2, self.codes, self.scale, self.min, self.bits, self.block,
+                              self.int8)  # (M, N)
+                if self.bias is not None:
+                    y += self.bias
+        if y is None:
             y = self._chunked(x2)
         return y.reshape(*lead, self.out_features).to(x.dtype)  # (..., N)
 
@@ -76,4 +88,14 @@ class QuantLinear(PackedModule):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"qtype={self.qtype}, bias={self.bias is not None}")
+                f"qtype={self.qtype}, bias={self.bias is not None}, int8={self.int8}")
+
+
+def set_int8_activations(model: torch.nn.Module, on: bool = True) -> int:
+    """Switch every QuantLinear of `model` to int8-rounded activations (or back to exact float32
+    activations with on=False) for decode-sized calls; returns how many layers it set. Has no
+    effect where the int8 kernel is unavailable (:func:`clearlm.quant.ops.int8_available`)."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    for m in layers:
+        m.int8 = bool(on)
+    return len(layers)

@@ -271,6 +271,21 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, tor
   return y;
 }
 
+// qgemv_i8.cpp: the same product with int8-quantized activations (AVX-512 VNNI only).
+bool qmm_i8_available();
+torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
+                          const torch::Tensor& scale, const torch::Tensor& mn, int64_t bits,
+                          int64_t bs);
+
+torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
+                     int64_t bits, int64_t bs) {
+  check(codes, scale, mn, bits, bs);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
+  x = x.contiguous();
+  TORCH_CHECK(scale.size(1) * bs == x.size(1), "shape mismatch");
+  return qmm_i8_impl(x, codes, scale, mn, bits, bs);
+}
+
 // Rows [r0, r1) of the dequantized weight, (r1 - r0, K) float32.
 torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn, int64_t bits,
                       int64_t bs, int64_t r0, int64_t r1) {
@@ -282,7 +297,22 @@ torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn
   return out;
 }
 
+// The same two products as torch operators (torch.ops.clearlm_kernels.qmm / .qmm_i8), so a
+// torch.compile'd graph calls them through the dispatcher with no Python in between; their
+// shape functions (register_fake) are in clearlm/quant/ops.py.
+TORCH_LIBRARY(clearlm_kernels, m) {
+  m.def("qmm(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
+  m.def("qmm_i8(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(clearlm_kernels, CPU, m) {
+  m.impl("qmm", &qmm);
+  m.impl("qmm_i8", &qmm_i8);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qmm", &qmm, "y = x @ dequant(W).T for block-quantized W");
+  m.def("qmm_i8", &qmm_i8, "qmm with activations rounded to int8 per block of 32 (VNNI)");
+  m.def("qmm_i8_available", &qmm_i8_available, "whether qmm_i8 was built (AVX-512 VNNI)");
   m.def("dequant", &dequant, "rows [r0, r1) of dequant(W) as float32");
 }

@@ -1,0 +1,107 @@
+"""A ``torch.compile``d decode step: one new token per sequence against the KV cache.
+
+``CompiledDecodeStep(model)`` is a drop-in for ``generation.decode_step``: called as
+``step(model, token, cache)`` (token (B, 1) int64 → logits (B, V) float32) it runs the same
+forward pass compiled by Inductor (fused elementwise ops, no per-op Python dispatch), with the
+compact layers' kernel as one opaque node each (clearlm.quant.ops, a torch custom op). The eager
+model stays as it is: prefill, tracing and every call while a hook point is active (a hook or a
+recording) take the eager path, so hooks always see every value.
+
+Shapes: static. The step reads the whole preallocated cache (S_max + 1 key columns, masked by
+position: clearlm.kv_cache), writes the new key at its position tensor and moves the lengths with
+tensor ops, so nothing is read back to Python and one graph (``fullgraph=True``) serves every
+position of a generation; a cache of another size compiles another graph (Dynamo's guards).
+The context-length check is the caller's (generation.check_fits sizes the cache).
+
+Compile cache: Inductor's FX-graph and AOT-autograd caches are on by default in torch 2.13; they
+are pointed at ``$CLEARLM_CACHE/inductor`` (default ``~/.cache/clearlm/inductor``) unless
+``TORCHINDUCTOR_CACHE_DIR`` is set, so a second process reuses the compiled code (Dynamo still
+re-traces the Python, which is most of what remains; see the README for measured times).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from clearlm.kv_cache import KVCache
+from clearlm.model.hooks import HookPoint
+
+DYNAMO_CONFIG = {"recompile_limit": 16}  # a few cache sizes per process before falling back
+MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+
+
+def cache_dir() -> Path:
+    """Where Inductor keeps compiled graphs (TORCHINDUCTOR_CACHE_DIR if set)."""
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env:
+        return Path(env)
+    root = Path(os.environ.get("CLEARLM_CACHE", Path.home() / ".cache" / "clearlm"))
+    return root / "inductor"
+
+
+def _use_cache_dir() -> None:
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir()))
+
+
+def _forward(model: torch.nn.Module, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """The decode step's body: token (B, 1) → logits (B, V) (what gets compiled)."""
+    return model(token, cache=cache, last_only=True)[:, -1, :]
+
+
+class CompiledDecodeStep:
+    """``step(model, token, cache)`` → logits (B, V): generation.decode_step, compiled.
+
+    Args:
+        model: the Transformer (float32 or compact layers) the step is for.
+        mode: torch.compile mode ("default" or "max-autotune-no-cudagraphs"; see MODES).
+        fullgraph: demand one graph (the default; raises at the first call if the forward has a
+            graph break). False lets Dynamo split the step where it must.
+        cpp_wrapper: Inductor's C++ wrapper instead of its Python wrapper (less per-call Python).
+
+    Attributes after the first call: ``compile_s`` and ``compile_cpu_s`` (wall and CPU seconds
+    the first call took, compile included). Calls while a hook point is active, or for another
+    model, run eagerly.
+    """
+
+    def __init__(self, model: torch.nn.Module, mode: str = "default", fullgraph: bool = True,
+                 cpp_wrapper: bool = False) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        _use_cache_dir()
+        self.model = model
+        self.points = [m for m in model.modules() if isinstance(m, HookPoint)]
+        options = {"cpp_wrapper": True} if cpp_wrapper else None
+        kwargs = {"options": options} if options else {"mode": None if mode == "default" else mode}
+        self.fn = torch.compile(_forward, fullgraph=fullgraph, **kwargs)
+        self.compile_s: float | None = None
+        self.compile_cpu_s: float | None = None
+
+    def hooks_active(self) -> bool:
+        return any(p.active for p in self.points)
+
+    @torch.inference_mode()
+    def __call__(self, model: torch.nn.Module, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        if model is not self.model or self.hooks_active():
+            return _forward(model, token, cache)  # eager: hooks see every value
+        with torch._dynamo.config.patch(DYNAMO_CONFIG):
+            if self.compile_s is None:
+                t, c = time.perf_counter(), time.process_time()
+                out = self.fn(model, token, cache)
+                self.compile_s = time.perf_counter() - t
+                self.compile_cpu_s = time.process_time() - c
+                return out
+            return self.fn(model, token, cache)
+
+
+def compile_decode(model: torch.nn.Module, mode: str = "default", fullgraph: bool = True,
+                   cpp_wrapper: bool = False) -> CompiledDecodeStep:
+    """Make generation (``generation.generate_step``, hence ``Model.generate`` / ``chat`` and the
+    CLI's ``--compile``) decode with a compiled step: sets ``model.decode_fn``. The compile
+    happens at the first decode step (seconds to a minute; cached for the next process)."""
+    step = CompiledDecodeStep(model, mode, fullgraph, cpp_wrapper)
+    model.decode_fn = step
+    return step

@@ -1,0 +1,82 @@
+"""The quantized product as a torch custom op, so ``torch.compile`` traces QuantLinear whole.
+
+Two kinds of operator, one for each case; :func:`compiled_qmm` picks:
+- with the C++ kernel: ``torch.ops.clearlm_kernels.qmm`` / ``qmm_i8`` (x, codes, scale, min,
+  bits, block), registered by csrc/qgemv.cpp itself (TORCH_LIBRARY), so a compiled graph calls
+  the kernel through the dispatcher without going back into Python;
+- without it: ``torch.ops.clearlm.qmm(x, codes, scale, min, bits, block, int8)``, a Python
+  custom op (torch.library.custom_op) computing dequantize + matmul in torch.
+Each has a fake (meta) implementation giving only the output's shape and dtype, (M, N) float32,
+which is all Dynamo/Inductor need: QuantLinear is one opaque graph node (no graph break). Eager
+QuantLinear calls the pybind function directly instead, which skips the dispatcher (a few µs per
+call, ~200 calls per decode step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from clearlm.quant.kernels import load_kernels
+from clearlm.quant.pack import Packed, dequantize_packed
+
+
+@torch.compiler.assume_constant_result  # evaluated once while tracing, not traced into
+def int8_available() -> bool:
+    """Whether the int8-activation kernel was built (the C++ kernel on an AVX-512 VNNI CPU)."""
+    kern = load_kernels()
+    return kern is not None and kern.qmm_i8_available()
+
+
+def qmm_eager(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor,
+              bits: int, block: int, int8: bool) -> torch.Tensor:
+    """(M, K) float32 → (M, N) float32: the kernel's product, or pure torch without a kernel.
+
+    int8=True rounds x to int8 per block of 32 values (csrc/qgemv_i8.cpp); it is ignored (the
+    exact product is computed) where that kernel is unavailable or K is not a multiple of 64."""
+    kern = load_kernels()
+    if kern is None:
+        n = codes.shape[0]
+        w = dequantize_packed(Packed(codes, scale, mn if mn.numel() else None, bits, block,
+                                     "")).view(n, -1)
+        return F.linear(x, w)
+    if int8 and x.shape[1] % 64 == 0 and kern.qmm_i8_available():
+        return kern.qmm_i8(x, codes, scale, mn, bits, block)
+    return kern.qmm(x, codes, scale, mn, bits, block)
+
+
+@torch.library.custom_op("clearlm::qmm", mutates_args=())
+def qmm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor,
+        bits: int, block: int, int8: bool) -> torch.Tensor:
+    """x (M, K) float32 → x @ W.T (M, N) float32 for the packed W (see qmm_eager)."""
+    return qmm_eager(x.contiguous(), codes, scale, mn, bits, block, int8)
+
+
+@qmm.register_fake
+def _qmm_fake(x, codes, scale, mn, bits, block, int8=False):
+    return x.new_empty(x.shape[0], codes.shape[0])  # (M, N) float32, no data
+
+
+_registered: list[bool] = []
+
+
+@torch.compiler.assume_constant_result
+def _kernel_ops() -> bool:
+    """Whether the C++ operators exist; registers their fake implementations once."""
+    if not _registered:
+        ok = load_kernels() is not None and hasattr(torch.ops.clearlm_kernels, "qmm")
+        if ok:
+            for name in ("qmm", "qmm_i8"):
+                torch.library.register_fake(f"clearlm_kernels::{name}")(_qmm_fake)
+        _registered.append(ok)
+    return _registered[0]
+
+
+def compiled_qmm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor,
+                 bits: int, block: int, int8: bool) -> torch.Tensor:
+    """The operator call QuantLinear makes while torch.compile traces it: (M, K) → (M, N)."""
+    if not _kernel_ops():
+        return torch.ops.clearlm.qmm(x, codes, scale, mn, bits, block, int8)
+    if int8 and x.shape[1] % 64 == 0 and int8_available():
+        return torch.ops.clearlm_kernels.qmm_i8(x, codes, scale, mn, bits, block)
+    return torch.ops.clearlm_kernels.qmm(x, codes, scale, mn, bits, block)

@@ -1,0 +1,125 @@
+"""clearlm.compiled: the torch.compile'd decode step computes the eager step's logits.
+
+Reference: the eager model's own decode_step on the same cache contents (itself checked against
+transformers elsewhere). Inductor may fuse and reorder float32 ops, so logits agree to float32
+rounding (1e-4 here on logits of size ~1), and greedy tokens are the same. Tiny 1-layer model:
+the compile costs seconds, not minutes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from tiny_gguf import write_tiny_llama
+
+from clearlm.compiled import CompiledDecodeStep, cache_dir, compile_decode
+from clearlm.generation import decode_step, generate_step, prefill
+from clearlm.kv_cache import KVCache
+from clearlm.loading.checkpoint import load_gguf_model
+from clearlm.loading.gguf import open_gguf
+from clearlm.quant.swap import quantize_model
+
+
+@pytest.fixture(scope="module")
+def tiny_compact(tmp_path_factory):
+    path = write_tiny_llama(tmp_path_factory.mktemp("c") / "t.gguf", n_layers=1,
+                            matrix_type=Q.Q8_0, seed=4)
+    loaded = load_gguf_model(path)
+    quantize_model(loaded.model, open_gguf(path), loaded.config)
+    return loaded.model.eval()
+
+
+def new_cache(model, n: int) -> KVCache:
+    c = model.config
+    return KVCache(c.n_layers, 1, c.n_kv_heads, c.head_dim, n)
+
+
+def run(model, step, prompt: torch.Tensor, n: int) -> tuple[list[torch.Tensor], list[int]]:
+    """Greedy: prefill eagerly, then n steps with `step`; every step's logits and token."""
+    cache = new_cache(model, prompt.shape[1] + n + 1)
+    logits = prefill(model, prompt, cache)  # (1, V)
+    out, toks = [], []
+    for _ in range(n):
+        tok = logits.argmax(-1, keepdim=True)  # (1, 1)
+        toks.append(int(tok))
+        logits = step(model, tok, cache)
+        out.append(logits)
+    return out, toks
+
+
+def test_compiled_step_matches_eager(tiny_compact, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert cache_dir() == tmp_path / "inductor"
+    prompt = torch.tensor([[1, 72, 101, 108, 108, 111]])  # (1, T)
+    want, want_toks = run(tiny_compact, decode_step, prompt, 6)  # cache of 13, as generate's
+    step = CompiledDecodeStep(tiny_compact)
+    got, got_toks = run(tiny_compact, step, prompt, 6)
+    assert step.compile_s is not None and step.compile_s > 0
+    assert got_toks == want_toks
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        assert (g - w).abs().max().item() < 1e-4
+    assert any((tmp_path / "inductor").iterdir())  # the compiled graphs were cached there
+
+
+def test_generation_decodes_with_the_compiled_step(tiny_compact) -> None:
+    from clearlm.sampling import SamplingParams, make_sampler
+
+    prompt = [1, 72, 101, 108, 108, 111]
+    greedy = SamplingParams(temperature=0.0)
+    want = list(generate_step(tiny_compact, prompt, make_sampler(greedy), 7))
+    step = compile_decode(tiny_compact)
+    try:
+        got = list(generate_step(tiny_compact, prompt, make_sampler(greedy), 7))
+    finally:
+        del tiny_compact.decode_fn
+    assert step.compile_s is not None  # generation used it
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want, strict=True)) < 1e-4
+
+
+def test_hooks_take_the_eager_path(tiny_compact) -> None:
+    step = CompiledDecodeStep(tiny_compact)
+    prompt = torch.tensor([[1, 72, 101]])
+    seen = []
+    point = tiny_compact.layers[0].hook_resid_post
+    point.fns.append(lambda x, name: seen.append(x.shape))
+    try:
+        run(tiny_compact, step, prompt, 2)
+    finally:
+        point.fns.clear()
+    assert step.compile_s is None  # never compiled: every step ran eagerly
+    assert len(seen) == 1 + 2  # prefill, then each step's point was called
+
+
+def test_bad_mode() -> None:
+    with pytest.raises(ValueError, match="mode must be one of"):
+        CompiledDecodeStep(torch.nn.Linear(2, 2), mode="fast")
+
+
+def test_cli_generate_compile_flag(tmp_path, monkeypatch) -> None:
+    """--compile hands the loaded model to compile_decode, whose step then decodes (recorded
+    here in place of the compiled step, so the test compiles nothing)."""
+    from typer.testing import CliRunner
+
+    import clearlm.compiled
+    from clearlm.cli import app
+
+    calls = []
+
+    def fake_compile(model):
+        def step(m, token, cache):
+            calls.append(int(token))
+            return decode_step(m, token, cache)
+
+        model.decode_fn = step
+        return step
+
+    monkeypatch.setattr(clearlm.compiled, "compile_decode", fake_compile)
+    path = write_tiny_llama(tmp_path / "t.gguf", context_length=48)
+    args = ["generate", "hello", "-m", str(path), "-n", "4", "-t", "1", "-q", "--temperature", "0"]
+    want = CliRunner().invoke(app, args)
+    assert want.exit_code == 0 and calls == []
+    got = CliRunner().invoke(app, [*args, "--compile"])
+    assert got.exit_code == 0, got.output
+    assert got.output == want.output and len(calls) == 3  # 4 tokens: prefill, then 3 steps

@@ -1,0 +1,96 @@
+"""The int8-activation kernel and the clearlm::qmm custom op.
+
+int8 (opt-in): x is rounded per block of 32 to dx·xq with |x - dx·xq| ≤ dx/2, dx = max|x|/127,
+and the rest is exact integer arithmetic plus float32 sums, so against the float64 product with
+the dequantized weight |Δy[n]| ≤ Σ_b dx_b/2 · Σ_{k∈b} |W[n, k]| (+ the float32 summation bound).
+The bound is computed here from x and gguf's own dequantized W, independently of the kernel.
+Custom op: the same numbers as the eager layer, and torch.compile traces it as one node."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+from test_quant import U, random_blocks
+
+from clearlm.quant import ops
+from clearlm.quant.kernels import load_kernels
+from clearlm.quant.linear import QuantLinear, set_int8_activations
+from clearlm.quant.ops import int8_available
+from clearlm.quant.pack import SUPPORTED, pack_blocks
+
+needs_int8 = pytest.mark.skipif(not int8_available(), reason="no AVX-512 VNNI kernel built")
+
+
+def layer_and_weight(qtype: Q, n: int, k: int, seed: int = 5):
+    raw = random_blocks(qtype, n, k, seed=seed)
+    w = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (N, K) float32
+    return QuantLinear(pack_blocks(raw, qtype, (n, k))), w
+
+
+@needs_int8
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+@pytest.mark.parametrize("m", [1, 3])
+def test_int8_activations_within_rounding_bound(qtype: Q, m: int) -> None:
+    n, k = 72, 512
+    layer, w = layer_and_weight(qtype, n, k)
+    x = torch.randn(m, k) * torch.linspace(0.01, 4, k)  # (M, K): blocks of very different scale
+    x[0, :32] = 0.0  # an all-zero block (dx = 0)
+    ref = x.double() @ w.double().T  # (M, N)
+    exact = layer(x)
+    assert set_int8_activations(layer) == 1
+    got = layer(x)
+    dx = x.view(m, -1, 32).abs().amax(-1) / 127  # (M, K/32)
+    bound = (dx[:, None, :] / 2 * w.abs().view(n, -1, 32).sum(-1)[None]).sum(-1)  # (M, N)
+    bound = bound.double() + 2 * k * U * (x.abs() @ w.abs().T).double()
+    err = (got.double() - ref).abs()
+    assert (err <= bound).all(), f"max |Δ| {err.max().item():.3g}"
+    assert err.max() > (exact.double() - ref).abs().max()  # it really rounds x
+    set_int8_activations(layer, False)
+    assert torch.equal(layer(x), exact)
+
+
+@needs_int8
+def test_int8_falls_back_to_exact_when_k_is_not_a_multiple_of_64() -> None:
+    layer, w = layer_and_weight(Q.Q8_0, 16, 96)
+    x = torch.randn(1, 96)
+    exact = layer(x)
+    set_int8_activations(layer)
+    assert torch.equal(layer(x), exact)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_custom_op_equals_eager_layer(int8: bool) -> None:
+    layer, w = layer_and_weight(Q.Q4_1, 48, 128)
+    layer.int8 = int8
+    bias = torch.randn(48)
+    layer.bias = bias
+    x = torch.randn(2, 128)
+    got = torch.ops.clearlm.qmm(x, layer.codes, layer.scale, layer.min, layer.bits, layer.block,
+                                int8) + bias
+    assert torch.equal(got, layer(x))
+    if not int8:
+        assert (got - F.linear(x, w, bias)).abs().max() < 1e-4
+    if load_kernels() is not None:  # the C++ operator a compiled graph calls
+        op = torch.ops.clearlm_kernels.qmm_i8 if int8 else torch.ops.clearlm_kernels.qmm
+        got = op(x, layer.codes, layer.scale, layer.min, layer.bits, layer.block) + bias
+        assert torch.equal(got, layer(x))
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "no-kernel"])
+def test_custom_op_compiles_without_graph_break(kernel: bool, monkeypatch) -> None:
+    if kernel and load_kernels() is None:
+        pytest.skip("no C++ compiler")
+    if not kernel:  # the Python custom op (dequantize + matmul)
+        monkeypatch.setattr(ops, "_kernel_ops", lambda: False)
+    layer, _ = layer_and_weight(Q.Q8_0, 32, 64)
+    x = torch.randn(1, 1, 64)  # (B, T, K): decode-sized
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(layer)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    ops_called = {str(n.target) for g in explained.graphs for n in g.graph.nodes}
+    assert ("clearlm_kernels.qmm" if kernel else "clearlm.qmm") in ops_called
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x), layer(x))
