@@ -31,7 +31,14 @@ from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_meta
 from clearlm.loading.gguf_compact import compact_plan, load_compact
 from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.hf import inspect_hf, load_hf_model
-from clearlm.loading.load import LoadedModel, TensorInfo, assemble, held_bytes, skeleton
+from clearlm.loading.load import (
+    LoadedModel,
+    TensorInfo,
+    assemble,
+    held_bytes,
+    return_freed_memory,
+    skeleton,
+)
 from clearlm.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 
 
@@ -102,6 +109,7 @@ class GGUFCheckpoint:
             model = assemble(config, load_tensors(self.reader, config, dtype, self.source),
                              self.source)
         self.__dict__.pop("reader").close()  # a later use maps the file again
+        return_freed_memory()
         return LoadedModel(model, config, metadata, tensors, mode, held_bytes(model))
 
 

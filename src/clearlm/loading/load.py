@@ -6,6 +6,7 @@ our parameter names to :func:`assemble`; loading/checkpoint.py chooses the forma
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,6 +63,18 @@ def held_bytes(model: torch.nn.Module) -> int:
             s = t.untyped_storage()
             seen[s.data_ptr()] = s.nbytes()
     return sum(seen.values())
+
+
+def return_freed_memory() -> None:
+    """Give the heap pages freed during a load back to the system (glibc's ``malloc_trim``).
+
+    glibc keeps freed memory in its arenas for reuse; after a compact load the packing
+    temporaries of the worker threads stay resident that way (Gemma 3 270M: 30 MiB, measured
+    with VmRSS before and after). A no-op where the C library has no malloc_trim."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def check_shapes(model: Transformer, state: dict[str, torch.Tensor], source: str) -> None:
