@@ -58,6 +58,7 @@ def with_(base: dict, **changes) -> bytes:
 CASES = [  # (path, body, param, a piece of the message)
     ("completions", b'{"model": "tiny", "prompt": ', None, "not valid JSON"),
     ("completions", b"[1, 2]", None, "must be a JSON object"),
+    ("completions", b'{"prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}", None, "nested too deeply"),
     ("completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', None, "not valid UTF-8"),
     ("completions", with_(GOOD, prompt="x" * 5000), None, "over the server's limit of 4096"),
     ("completions", with_(GOOD, model="gpt-4"), "model", "unknown model 'gpt-4'"),
