@@ -205,6 +205,18 @@ def test_cli_under_torchrun_prints_what_one_process_prints(tiny_gguf):
     assert tp.stdout == one.text + "\n"
 
 
+def test_torchrun_without_a_parallel_option_is_one_line(tiny_gguf):
+    """A rank of a 2-process launch asked for neither mode would run the whole command (and
+    print it) once per rank: it ends with one line and exit code 11 before loading."""
+    for extra in ([], ["--pipeline-parallel", "1"]):
+        gen = clearlm_cmd("generate", "hi", "-m", tiny_gguf, "-n", "2", "-q", *extra)
+        done = subprocess.run(gen, env=rank_env(0, 2, free_port()), capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 11 and done.stdout == "", done.stderr
+        line = _one_error_line(done.stderr)
+        assert line.startswith("error: torchrun started 2 processes but the model is not split")
+
+
 def test_unreachable_rendezvous_is_one_line(tiny_gguf):
     """Rank 1 of 2 whose rendezvous (127.0.0.1, a port nobody listens on) never answers ends
     with one line and exit code 11 within a few timeouts (c10d retries the connection)."""

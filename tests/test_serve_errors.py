@@ -15,6 +15,7 @@ from serve_helpers import SlowEngine, serving
 from tiny_gguf import write_tiny_llama
 
 import clearlm
+from clearlm.engine.scheduler import BatchEngine
 from clearlm.serve import create_app
 from clearlm.serve.serial_engine import SerialEngine
 
@@ -58,6 +59,7 @@ def with_(base: dict, **changes) -> bytes:
 CASES = [  # (path, body, param, a piece of the message)
     ("completions", b'{"model": "tiny", "prompt": ', None, "not valid JSON"),
     ("completions", b"[1, 2]", None, "must be a JSON object"),
+    ("completions", b'{"prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}", None, "nested too deeply"),
     ("completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', None, "not valid UTF-8"),
     ("completions", with_(GOOD, prompt="x" * 5000), None, "over the server's limit of 4096"),
     ("completions", with_(GOOD, model="gpt-4"), "model", "unknown model 'gpt-4'"),
@@ -163,6 +165,20 @@ def test_a_client_that_disconnects_frees_its_slot_at_once(tiny):
         r = post(u, "completions", json.dumps(GOOD).encode())  # 3 tokens, ~0.06 s
         assert r.status_code == 200 and time.monotonic() - t1 < 1.5
         assert len(engine.added) == 2
+
+
+def test_a_prompt_past_the_engines_max_seq_len_names_the_prompt(tiny):
+    """An engine holding 32 positions per sequence (below the context, 128) refuses a longer
+    prompt: a 400 naming the prompt (or the messages), and the next request is answered."""
+    engine = BatchEngine(tiny.transformer, tiny.tokenizer.eos_ids, max_seq_len=32)
+    with serving(create_app(tiny, engine, model_id=MODEL)) as u:
+        long = with_(GOOD, prompt=[5] * 40)
+        check_error(post(u, "completions", long), 400, "prompt", "engine holds 32")
+        msgs = [[{"role": "user", "content": "hi " * k}] for k in range(1, 60)]
+        past = next(m for m in msgs if 32 < len(tiny.chat_prompt(m)) < CTX)  # fits the context
+        chat = with_(CHAT, messages=past)
+        check_error(post(u, "chat/completions", chat), 400, "messages", "engine holds 32")
+        assert post(u, "completions", with_(GOOD)).status_code == 200
 
 
 class BrokenEngine(SerialEngine):

@@ -71,7 +71,21 @@ class Placement:
         return not self.parallel or is_output_rank()
 
     def load_kwargs(self) -> dict[str, Any]:
-        """The keywords ``clearlm.load`` takes (the timeout travels in the environment)."""
+        """The keywords ``clearlm.load`` takes (the timeout travels in the environment).
+
+        Raises:
+            DistributedError: started by torchrun with several processes but not asked to
+                split the model (each rank would run the whole command and print it).
+        """
+        world = os.environ.get("WORLD_SIZE", "1")
+        if not self.parallel and world.isdigit() and int(world) > 1:
+            from clearlm.errors import DistributedError
+
+            raise DistributedError(
+                f"torchrun started {world} processes but the model is not split over them; "
+                f"add --tensor-parallel {world} or --pipeline-parallel {world}, or run "
+                "without torchrun"
+            )
         os.environ["CLEARLM_DIST_TIMEOUT"] = str(self.dist_timeout)
         return dict(
             device=self.device,

@@ -60,8 +60,8 @@ class Session:
         loop = asyncio.get_running_loop()
         try:
             await asyncio.to_thread(self.runner.add, reqs, self.sink, loop)
-        except ClearLMError as e:
-            raise from_clearlm(e) from None
+        except ClearLMError as e:  # the engine's own check of the prompt (its max_seq_len)
+            raise from_clearlm(e, "prompt" if self.kind == "completion" else "messages") from None
         except RuntimeError as e:  # stopping
             raise APIError(503, str(e), code="shutting_down", type="server_error") from None
 

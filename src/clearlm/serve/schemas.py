@@ -100,8 +100,9 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
     """Decode, parse and check a request body.
 
     Raises:
-        APIError (400): not UTF-8, not a JSON object, or a field that is unknown, missing, of
-            the wrong type or out of its range (the first problem, its field in ``param``).
+        APIError (400): not UTF-8, not JSON (or nested too deeply to parse), not a JSON
+            object, or a field that is unknown, missing, of the wrong type or out of its range
+            (the first problem, its field in ``param``).
     """
     try:
         text = raw.decode("utf-8")
@@ -115,6 +116,11 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
     except json.JSONDecodeError as e:
         raise APIError(
             400, f"the body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})",
+            code="invalid_json",
+        ) from None  # fmt: skip
+    except RecursionError:  # "[[[[...]]]]" deeper than Python's recursion limit
+        raise APIError(
+            400, "the body is nested too deeply to parse; send a flatter JSON object",
             code="invalid_json",
         ) from None  # fmt: skip
     if not isinstance(data, dict):
