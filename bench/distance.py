@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from clearlm.evaluation import perplexity
-from clearlm.quant.distance import Distance, greedy_tokens, window_distance
+from clearlm.quant.distance import Accumulator, Distance, greedy, window_distances
 from clearlm.quant.weights import load_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,16 +57,21 @@ def measure(name: str, window: int, stride: int, n_new: int, threads: int) -> li
     small = load_weights(name, "compact", threads=threads)
     ids = ref.encode((ROOT / "tests" / "data" / "alice.txt").read_text(encoding="utf-8"))
     a, b = ref.transformer, small.transformer
-    pre = window_distance(a, b, ids, window, stride)
-    dec = window_distance(a, b, ids, window, stride, chunk=4)
+    d = window_distances(a, b, ids, window, stride, chunks=(None, 4))
     ppl = (perplexity(a, ids).perplexity, perplexity(b, ids).perplexity)
-    same = sum(
-        greedy_tokens(a, ref.encode(p), n_new) == greedy_tokens(b, ref.encode(p), n_new)
-        for p in PROMPTS
-    )
-    greedy = f"{same}/{len(PROMPTS)} ({n_new} tokens)"
+    same, steps = 0, Accumulator()  # the greedy steps' logits, where the texts agree
+    for p in PROMPTS:
+        (ta, la), (tb, lb) = greedy(a, ref.encode(p), n_new), greedy(b, ref.encode(p), n_new)
+        same += ta == tb
+        if ta == tb:
+            steps.add(la, lb)
+    greedy_txt = f"{same}/{len(PROMPTS)} ({n_new} tokens)"
     print(f"[{name}: {time.time() - t0:.0f} s]", flush=True)
-    return [row(name, "prefill", pre, ppl, greedy), row(name, "decode", dec, ppl, greedy)]
+    return [
+        row(name, "prefill", d[None], ppl, greedy_txt),
+        row(name, "decode (chunks of 4)", d[4], ppl, greedy_txt),
+        row(name, "greedy steps (decode_step)", steps.result(), ppl, greedy_txt),
+    ]
 
 
 def main() -> None:

@@ -12,13 +12,15 @@ Per position t, with reference logits z (V,) and the other model's z' (V,):
 - top-1 agreement: argmax z == argmax z'.
 Reported: max |Δlogit|, mean and max KL, and the share of positions whose top-1 agrees.
 
-Two ways to visit positions, matching the two paths a model runs:
-- :func:`window_distance` ("prefill"): forward passes over windows of ``window`` tokens that
-  start every ``stride`` tokens; every position of every window counts (a token seen with
-  different left contexts is a different position), so a text of N tokens gives
-  ``n_windows · window`` positions.
-- :func:`decode_distance` ("decode"): the prompt fed one token at a time through
-  :func:`clearlm.generation.decode_step` with a KV cache, one position per token.
+Where the positions come from:
+- :func:`window_distances`: windows of ``window`` tokens starting every ``stride`` tokens; every
+  position of every window counts (a token seen with a different left context is a different
+  position), so N tokens give about ``(N - window) / stride + 1`` windows of ``window``
+  positions. The reference runs one forward pass per window; the other model either the same
+  (the prefill path) or a few tokens at a time through a KV cache (the decode path);
+- :func:`greedy`: the logits of each greedy step (prefill, then decode_step), to compare two
+  models' continuations of a prompt, tokens and logits.
+The float32 model's own distance from transformers is bounded in tests/test_model_parity.py.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ class Distance:
     n_positions: int
 
 
-class _Acc:
-    """Running maxima / sums of the per-position statistics."""
+class Accumulator:
+    """Running maxima / sums of the per-position statistics; ``add`` logits of the same
+    positions, ``result`` the summary (raises ClearLMError before any position)."""
 
     def __init__(self) -> None:
         self.max_abs, self.kl_sum, self.kl_max, self.agree, self.n = 0.0, 0.0, 0.0, 0, 0
@@ -98,42 +101,49 @@ def cache_for(model: Transformer, max_seq_len: int) -> KVCache:
 
 
 @torch.inference_mode()
-def greedy_tokens(model: Transformer, prompt: Sequence[int], n_new: int) -> list[int]:
-    """n_new greedy (argmax) token ids after ``prompt``, through prefill / decode_step."""
+def greedy(model: Transformer, prompt: Sequence[int], n_new: int) -> tuple[list[int], torch.Tensor]:
+    """n_new greedy (argmax) token ids after ``prompt`` through prefill / decode_step, and the
+    logits each was chosen from, (n_new, V) float32."""
     cache = cache_for(model, len(prompt) + n_new)
     logits = prefill(model, torch.tensor([list(prompt)], dtype=torch.long), cache)  # (1, V)
     out: list[int] = []
+    steps = []
     for _ in range(n_new):
+        steps.append(logits[0].float())
         out.append(int(logits[0].argmax()))
         if len(out) < n_new:
             logits = decode_step(model, torch.tensor([[out[-1]]], dtype=torch.long), cache)
-    return out
+    return out, torch.stack(steps)
 
 
 @torch.inference_mode()
-def window_distance(
+def window_distances(
     reference: Transformer,
     other: Transformer,
     tokens: Sequence[int],
-    window: int = 256,
-    stride: int = 32,
-    chunk: int | None = None,
-) -> Distance:
-    """Distance over every position of windows of ``tokens``.
+    window: int = 128,
+    stride: int = 26,
+    chunks: Sequence[int | None] = (None, 4),
+) -> dict[int | None, Distance]:
+    """Distance over every position of windows of ``tokens``, one result per way of running
+    ``other``; the reference always runs one forward pass per window (its prefill logits,
+    computed once per window for all of ``chunks``).
 
-    chunk None: one forward pass per window and model (the prefill path). chunk k: each window
-    fed k tokens at a time through a fresh KV cache (with k <= 4, QuantLinear's single-row
-    kernel, as in decoding; k = 1 is decode_step itself). Only one window's (or chunk's)
-    logits, (W, V) float32, are held at a time."""
+    chunk None: ``other`` runs one forward pass per window too (the prefill path). chunk k:
+    each window is fed to ``other`` k tokens at a time through a fresh KV cache (with k <= 4,
+    QuantLinear's single-row kernel, as in decoding; k = 1 is decode_step itself). Only one
+    window's logits, (W, V) float32 per model, are held at a time."""
     ids = torch.tensor([list(tokens)], dtype=torch.long)  # (1, N)
-    acc = _Acc()
+    accs = {c: Accumulator() for c in chunks}
     for begin, end in window_spans(ids.shape[1], window, stride):
         win = ids[:, begin:end]  # (1, W)
-        if chunk is None:
-            acc.add(reference(win)[0], other(win)[0])  # (W, V) each
-            continue
-        caches = [cache_for(m, end - begin) for m in (reference, other)]
-        for c0 in range(0, end - begin, chunk):
-            part = win[:, c0 : c0 + chunk]  # (1, k)
-            acc.add(reference(part, cache=caches[0])[0], other(part, cache=caches[1])[0])
-    return acc.result()
+        ref = reference(win)[0]  # (W, V)
+        for chunk, acc in accs.items():
+            if chunk is None:
+                acc.add(ref, other(win)[0])  # (W, V)
+                continue
+            cache = cache_for(other, end - begin)
+            for c0 in range(0, end - begin, chunk):
+                part = win[:, c0 : c0 + chunk]  # (1, k)
+                acc.add(ref[c0 : c0 + chunk], other(part, cache=cache)[0])  # (k, V) each
+    return {c: acc.result() for c, acc in accs.items()}

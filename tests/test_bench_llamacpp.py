@@ -1,8 +1,9 @@
 """bench/llamacpp_table.py on made-up numbers (no llama.cpp needed): medians, ratios, the
-Markdown row of issue 10's table, and the reading of llama-bench's JSON output."""
+Markdown row of issue 10's table, llama-bench's JSON; bench/build_llamacpp.sh's early exits."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,3 +59,25 @@ def test_parse_llama_bench_json():
     assert parse_llama_bench(results) == (298.4, 143.2)
     with pytest.raises(ValueError):
         parse_llama_bench(results[:1])
+
+
+BUILD = Path(__file__).resolve().parents[1] / "bench" / "build_llamacpp.sh"
+
+
+def test_build_script_is_idempotent(tmp_path):
+    """With the binary in the cache the script only prints its path (no download, no build)."""
+    binary = tmp_path / "llama.cpp" / "11434.0.0" / "build" / "bin" / "llama-bench"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    env = {"CLEARLM_CACHE": str(tmp_path), "PATH": "/nonexistent"}  # no pip, cmake: not needed
+    out = subprocess.run(["/bin/bash", str(BUILD)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == str(binary) and out.stderr == ""
+
+
+def test_build_script_names_a_missing_tool(tmp_path):
+    env = {"CLEARLM_CACHE": str(tmp_path), "PATH": "/nonexistent"}
+    out = subprocess.run(["/bin/bash", str(BUILD)], env=env, capture_output=True, text=True)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "'cmake' was not found" in out.stderr
+    assert not (tmp_path / "llama.cpp").exists()  # nothing downloaded
