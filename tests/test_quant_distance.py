@@ -4,7 +4,8 @@ Reference: the same file loaded in float32 (clearlm's reference mode, itself che
 transformers in test_model_parity.py). The compact kernels rebuild the GGUF's dequantized values
 exactly, so the only difference is float32 summation order; each bound below is about twice the
 value measured here (the measured value is in the comment), and the tests with a perturbed
-scale show the bounds catch an error of one float16 step in one block of one matrix.
+scales show the bounds catch an error of one float16 step in the scales of one matrix (in one
+block of it, on the tiny models).
 """
 
 from __future__ import annotations
@@ -58,9 +59,13 @@ def test_window_spans():
     assert window_spans(0, 4, 3) == []
 
 
-def _perturb_one_scale(module: QuantLinear) -> None:
-    """One block's float16 scale moved by one step (its bit pattern + 1)."""
-    module.scale.view(torch.int16)[0, 0] += 1
+def _perturb_scales(module: QuantLinear, every: bool = False) -> None:
+    """One block's float16 scale (or every block's) moved by one step: bit pattern + 1."""
+    bits = module.scale.view(torch.int16)
+    if every:
+        bits.add_(1)
+    else:
+        bits[0, 0] += 1
 
 
 # measured 2026-12-01 (decode path, the largest of Q8_0 / Q4_1 / Q5_0; the prefill path is
@@ -83,15 +88,19 @@ def test_tiny_compact_within_bounds(tmp_path, qtype, alice_text):
         assert got.mean_kl <= TINY_BOUND["mean_kl"]
         assert got.max_kl <= TINY_BOUND["max_kl"]
         assert got.top1_agreement == 1.0
-    _perturb_one_scale(small.transformer.layers[0].self_attn.q_proj)
+    _perturb_scales(small.transformer.layers[0].self_attn.q_proj)
     bad = window_distances(ref.transformer, small.transformer, ids, 64, 64, chunks=(4,))[4]
     print(f"one scale one float16 step off: {bad}")
     assert bad.max_abs_logit > TINY_BOUND["max_abs_logit"]
     assert bad.mean_kl > TINY_BOUND["mean_kl"]
 
 
-# SmolLM2-135M-Instruct (Q4_1 matrices, Q8_0 embedding/head): measured 2026-12-01, 1 thread
-SMOL_BOUND = {"max_abs_logit": 1e-4, "mean_kl": 1e-11, "max_kl": 1e-10}
+# SmolLM2-135M-Instruct (Q4_1 matrices, Q8_0 embedding/head), measured 2026-12-01, 1 thread:
+# prefill path exactly 0; decode path (chunks of 4, 2,176 positions) max |Δlogit| 1.0e-4, mean
+# KL 9.8e-12, max KL 1.6e-10 nats, top-1 100%; greedy steps (80, decode_step) max |Δlogit|
+# 6.3e-5. Every scale of layer 0's q_proj one float16 step off: max |Δlogit| 5.1e-3, mean KL
+# 1.9e-8 (one block's scale alone stays below the summation noise here: 1.0e-4).
+SMOL_BOUND = {"max_abs_logit": 2e-4, "mean_kl": 2e-11, "max_kl": 3.2e-10}
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +128,7 @@ def test_smollm2_compact_same_greedy_text(smollm2, smollm2_compact):
         ids = smollm2.encode(text)
         want, want_logits = greedy(smollm2.transformer, ids, 16)
         got, got_logits = greedy(smollm2_compact.transformer, ids, 16)
-        assert smollm2.tokenizer.decode(got) == smollm2.tokenizer.decode(want)
+        assert got == want, smollm2.tokenizer.decode(got) + " != " + smollm2.tokenizer.decode(want)
         acc.add(want_logits, got_logits)
     d = acc.result()
     print(f"\ngreedy steps: {d}")
@@ -131,9 +140,11 @@ def test_smollm2_perturbed_scale_breaks_the_bound(smollm2, smollm2_compact, alic
     q_proj = smollm2_compact.transformer.layers[0].self_attn.q_proj
     saved = q_proj.scale.clone()
     try:
-        _perturb_one_scale(q_proj)
+        _perturb_scales(q_proj, every=True)
         d = window_distances(smollm2.transformer, smollm2_compact.transformer, ids, 64, 64)
     finally:
         q_proj.scale.copy_(saved)
-    print(f"\none scale one float16 step off: {d}")
-    assert d[4].max_abs_logit > SMOL_BOUND["max_abs_logit"]
+    print(f"\nevery q_proj scale of layer 0 one float16 step off: {d}")
+    for got in d.values():
+        assert got.max_abs_logit > SMOL_BOUND["max_abs_logit"]
+        assert got.mean_kl > SMOL_BOUND["mean_kl"]
