@@ -66,12 +66,14 @@ def measure(name: str, window: int, stride: int, n_new: int, threads: int) -> li
         if ta == tb:
             steps.add(la, lb)
     greedy_txt = f"{same}/{len(PROMPTS)} ({n_new} tokens)"
-    print(f"[{name}: {time.time() - t0:.0f} s]", flush=True)
-    return [
+    rows = [
         row(name, "prefill", d[None], ppl, greedy_txt),
         row(name, "decode (chunks of 4)", d[4], ppl, greedy_txt),
-        row(name, "greedy steps (decode_step)", steps.result(), ppl, greedy_txt),
     ]
+    if steps.n:  # the steps of the prompts whose greedy texts agree
+        rows.append(row(name, "greedy steps (decode_step)", steps.result(), ppl, greedy_txt))
+    print(f"[{name}: {time.time() - t0:.0f} s]", *rows, sep="\n", flush=True)
+    return rows
 
 
 def main() -> None:
