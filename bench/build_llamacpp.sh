@@ -14,7 +14,13 @@ VERSION="${LLAMACPP_VERSION:-11434.0.0}"
 PYTHON="${PYTHON:-python3}"
 CACHE="${CLEARLM_CACHE:-$HOME/.cache/clearlm}"
 ROOT="$CACHE/llama.cpp/$VERSION"
-BUILD="$ROOT/build"
+# AMX off: with GGML_NATIVE=ON, -march=native turns on gcc's AMX flags wherever /proc/cpuinfo lists
+# AMX, and ggml then takes its AMX matmul path, which crashed here (SIGSEGV in
+# ggml_backend_amx_mul_mat on every model: the tile state is not usable in this VM). Set
+# LLAMACPP_AMX=1 to keep it on a machine where it works.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [[ "${LLAMACPP_AMX:-0}" == 1 ]]; then NO_AMX=""; fi
+BUILD="$ROOT/build${NO_AMX:+-noamx}"
 BENCH="$BUILD/bin/llama-bench"
 
 if [[ -x "$BENCH" ]]; then
@@ -53,7 +59,8 @@ fi
 echo "configuring llama.cpp from $SRC (GGML_NATIVE=ON, Release)" >&2
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF >&2
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" >&2
 
 echo "building llama-bench (about 15 minutes on two cores)" >&2
 ninja -C "$BUILD" bin/llama-bench >&2

@@ -66,7 +66,7 @@ BUILD = Path(__file__).resolve().parents[1] / "bench" / "build_llamacpp.sh"
 
 def test_build_script_is_idempotent(tmp_path):
     """With the binary in the cache the script only prints its path (no download, no build)."""
-    binary = tmp_path / "llama.cpp" / "11434.0.0" / "build" / "bin" / "llama-bench"
+    binary = tmp_path / "llama.cpp" / "11434.0.0" / "build-noamx" / "bin" / "llama-bench"
     binary.parent.mkdir(parents=True)
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
