@@ -28,9 +28,6 @@ from pathlib import Path
 from llamacpp_table import Run, markdown, median_run, parse_llama_bench, table_row
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from clearlm.models import resolve_model  # noqa: E402
 
 MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma3-270m"]
 LABELS = {  # file name → the label of issue 10's table
@@ -38,6 +35,20 @@ LABELS = {  # file name → the label of issue 10's table
     "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
     "gemma-3-270m-q4_k_m.gguf": "Gemma 3 270M Q4_K_M",
 }
+
+
+def resolve(models: list[str]) -> list[Path]:
+    """Aliases or paths → GGUF paths, as clearlm.models.resolve_model, in a child process:
+    this process must stay small, because a child's ru_maxrss starts from its parent's peak
+    (the fork's copy counts until exec), so importing torch here would inflate every RSS."""
+    code = ("import sys; from clearlm.models import resolve_model; "
+            "print('\\n'.join(str(resolve_model(m)) for m in sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-c", code, *models], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"error: {(proc.stderr.strip().splitlines() or ['cannot resolve'])[-1]}")
+    return [Path(line) for line in proc.stdout.splitlines()]
 
 
 def label(path: Path) -> str:
@@ -94,7 +105,7 @@ def main() -> None:
     args = ap.parse_args()
     binary = args.llama_bench or build_llama_bench()
     modes = ["compact", "float32"] if args.weights == "both" else [args.weights]
-    paths = [Path(resolve_model(m)) for m in args.models]
+    paths = resolve(args.models)
     runs: dict[tuple[Path, str], list[Run]] = {}
     for rep in range(args.repeats):
         for path in paths:
