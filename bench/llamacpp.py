@@ -1,0 +1,128 @@
+"""clearlm against llama.cpp's own benchmark, llama-bench, on the same GGUF files (issue 10, 5).
+
+``make bench-llamacpp`` (or ``python bench/llamacpp.py``) first makes sure llama-bench is built
+(bench/build_llamacpp.sh: once, about 15 minutes on two cores, cached in
+~/.cache/clearlm/llama.cpp/<version>/), then, for each repeat and each file, runs alternately
+- ``llama-bench -m FILE -t THREADS -p 512 -n 128 -o json`` (its pp512 / tg128 tok/s, each the
+  mean of llama-bench's own 5 repetitions), and
+- clearlm in a fresh process per weight mode (bench/clearlm_run.py: load time, one 512-token
+  prefill, 128 decode steps from an empty cache, same thread count),
+reading each child's peak RSS from its own rusage (``os.wait4``). It prints the Markdown table
+of medians with clearlm / llama.cpp ratios, the commit and the date (bench/llamacpp_table.py).
+
+    python bench/llamacpp.py [--models ALIAS_OR_PATH ...] [--weights compact|float32|both]
+                             [--repeats 3] [--threads 2] [--llama-bench PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from llamacpp_table import Run, markdown, median_run, parse_llama_bench, table_row
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma3-270m"]
+LABELS = {  # file name → the label of issue 10's table
+    "SmolLM2-135M-Instruct.Q4_1.gguf": "SmolLM2-135M-Instruct Q4_1",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
+    "gemma-3-270m-q4_k_m.gguf": "Gemma 3 270M Q4_K_M",
+}
+
+
+def resolve(models: list[str]) -> list[Path]:
+    """Aliases or paths → GGUF paths, as clearlm.models.resolve_model, in a child process:
+    this process must stay small, because a child's ru_maxrss starts from its parent's peak
+    (the fork's copy counts until exec), so importing torch here would inflate every RSS."""
+    code = ("import sys; from clearlm.models import resolve_model; "
+            "print('\\n'.join(str(resolve_model(m)) for m in sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-c", code, *models], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"error: {(proc.stderr.strip().splitlines() or ['cannot resolve'])[-1]}")
+    return [Path(line) for line in proc.stdout.splitlines()]
+
+
+def label(path: Path) -> str:
+    return f"{LABELS.get(path.name, path.name)} ({path.stat().st_size / 1e6:.0f} MB)"
+
+
+def run_child(cmd: list[str]) -> tuple[str, float]:
+    """Run cmd; return its stdout and its own peak RSS in MiB (ru_maxrss is KiB on Linux).
+
+    Raises RuntimeError with the child's stderr when it fails."""
+    with tempfile.TemporaryFile("w+") as err:  # a file: a chatty stderr cannot block the pipe
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)  # reaps it: this child's own rusage
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.stdout.close()
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {err.read()[-2000:]}")
+    return out, usage.ru_maxrss / 1024
+
+
+def llama_bench(binary: str, path: Path, threads: int) -> Run:
+    cmd = [binary, "-m", str(path), "-t", str(threads), "-p", "512", "-n", "128", "-o", "json"]
+    out, rss = run_child(cmd)
+    pp, tg = parse_llama_bench(json.loads(out))
+    return Run(pp, tg, rss)
+
+
+def clearlm_run(path: Path, weights: str, threads: int) -> Run:
+    cmd = [sys.executable, str(ROOT / "bench" / "clearlm_run.py"), str(path), weights, str(threads)]
+    out, rss = run_child(cmd)
+    r = json.loads(out.strip().splitlines()[-1])
+    return Run(r["pp512"], r["tg128"], rss, r["load_s"])
+
+
+def build_llama_bench() -> str:
+    """The llama-bench path, building it first if needed (output shown while it builds)."""
+    env = {**os.environ, "PYTHON": os.environ.get("PYTHON", sys.executable)}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "build_llamacpp.sh")], env=env,
+                          stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(proc.returncode)
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=MODELS, help="aliases or GGUF paths")
+    ap.add_argument("--weights", choices=["compact", "float32", "both"], default="compact")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per file (median)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-bench", help="a llama-bench binary (default: build/cache one)")
+    args = ap.parse_args()
+    binary = args.llama_bench or build_llama_bench()
+    modes = ["compact", "float32"] if args.weights == "both" else [args.weights]
+    paths = resolve(args.models)
+    runs: dict[tuple[Path, str], list[Run]] = {}
+    for rep in range(args.repeats):
+        for path in paths:
+            runs.setdefault((path, "llama.cpp"), []).append(llama_bench(binary, path, args.threads))
+            for mode in modes:
+                runs.setdefault((path, mode), []).append(clearlm_run(path, mode, args.threads))
+            print(f"[repeat {rep + 1}/{args.repeats}] {path.name} done", file=sys.stderr)
+    rows = [
+        table_row(label(p), mode, median_run(runs[p, "llama.cpp"]), median_run(runs[p, mode]))
+        for p in paths
+        for mode in modes
+    ]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    date = f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+    print(markdown(rows, commit, date, args.threads, args.repeats))
+
+
+if __name__ == "__main__":
+    main()

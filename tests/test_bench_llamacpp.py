@@ -1,0 +1,83 @@
+"""bench/llamacpp_table.py on made-up numbers (no llama.cpp needed): medians, ratios, the
+Markdown row of issue 10's table, llama-bench's JSON; bench/build_llamacpp.sh's early exits."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from llamacpp_table import (  # noqa: E402
+    HEADER,
+    Run,
+    markdown,
+    median_run,
+    parse_llama_bench,
+    table_row,
+)
+
+
+def test_median_is_per_field():
+    runs = [Run(300.0, 150.0, 147.0), Run(290.0, 140.0, 149.0), Run(310.0, 143.0, 140.0)]
+    assert median_run(runs) == Run(300.0, 143.0, 147.0, None)
+    ours = [Run(800.0, 30.0, 1200.0, 5.5), Run(900.0, 40.0, 1100.0, 4.0)]
+    assert median_run(ours) == Run(850.0, 35.0, 1150.0, 4.75)  # even count: mean of the middle
+    with pytest.raises(ValueError):
+        median_run([])
+
+
+def test_issue_row_formats_with_ratios():
+    """The issue's first row, rebuilt from its own numbers: 848 / 298 = 2.85×, 36.9 / 143 =
+    0.26×, 1,173 / 147 = 7.98× (the issue rounds it to 8.0×)."""
+    llama = Run(298.0, 143.0, 147.0)
+    ours = Run(848.0, 36.9, 1173.0, 5.0)
+    row = table_row("SmolLM2-135M-Instruct Q4_1 (98 MB)", "float32", llama, ours)
+    assert row == (
+        "| SmolLM2-135M-Instruct Q4_1 (98 MB) | float32 | 298 tok/s | 848 (2.85×) | 143 tok/s "
+        "| 36.9 (0.26×) | 147 MiB | 1,173 MiB (7.98×) | 5.0 s |"
+    )
+    assert row.count("|") == HEADER.splitlines()[0].count("|")  # as many cells as the header
+
+
+def test_markdown_names_commit_date_and_method():
+    text = markdown(["| a |"], "abc1234", "2026-12-01 04:00 UTC", 2, 3)
+    first = text.splitlines()[0]
+    assert "abc1234" in first and "2026-12-01" in first and "2 threads" in first
+    assert "medians of 3" in first and text.endswith("| a |")
+
+
+def test_parse_llama_bench_json():
+    """Fields as llama-bench -o json writes them (one object per test)."""
+    results = [
+        {"n_prompt": 512, "n_gen": 0, "avg_ts": 298.4, "stddev_ts": 3.1},
+        {"n_prompt": 0, "n_gen": 128, "avg_ts": 143.2, "stddev_ts": 1.0},
+    ]
+    assert parse_llama_bench(results) == (298.4, 143.2)
+    with pytest.raises(ValueError):
+        parse_llama_bench(results[:1])
+
+
+BUILD = Path(__file__).resolve().parents[1] / "bench" / "build_llamacpp.sh"
+
+
+def test_build_script_is_idempotent(tmp_path):
+    """With the binary in the cache the script only prints its path (no download, no build)."""
+    binary = tmp_path / "llama.cpp" / "11434.0.0" / "build-noamx" / "bin" / "llama-bench"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    env = {"CLEARLM_CACHE": str(tmp_path), "PATH": "/nonexistent"}  # no pip, cmake: not needed
+    out = subprocess.run(["/bin/bash", str(BUILD)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == str(binary) and out.stderr == ""
+
+
+def test_build_script_names_a_missing_tool(tmp_path):
+    env = {"CLEARLM_CACHE": str(tmp_path), "PATH": "/nonexistent"}
+    out = subprocess.run(["/bin/bash", str(BUILD)], env=env, capture_output=True, text=True)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "'cmake' was not found" in out.stderr
+    assert not (tmp_path / "llama.cpp").exists()  # nothing downloaded
