@@ -5,19 +5,22 @@ key, and a client that walks away mid-stream freeing its slot at once."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 
 import httpx
 import openai
 import pytest
-from serve_helpers import SlowEngine, serving
+import uvicorn
+from serve_helpers import SlowEngine, free_port, serving
 from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.engine.scheduler import BatchEngine
 from clearlm.serve import create_app
 from clearlm.serve.serial_engine import SerialEngine
+from clearlm.serve.server import GracefulServer
 
 MODEL = "tiny"
 CTX = 128
@@ -224,3 +227,42 @@ def test_shutdown_cancels_what_outlives_the_grace_period(tiny):
     reader.join(10)
     assert "data: [DONE]" not in lines and len(lines) < 100
     assert not engine.has_work() and not app.state.runner.thread.is_alive()
+
+
+def test_sigterm_answers_what_outlives_the_grace_period_with_503(tiny):
+    """`clearlm serve`'s server (GracefulServer) on SIGTERM: requests still running when the
+    grace period ends get OpenAI's 503 shutting_down (a stream: an error event), not a bare 500
+    or a cut connection (uvicorn's own cancellation comes 2 s later)."""
+    engine = SlowEngine(tiny.transformer, [], delay_s=0.02)
+    app = create_app(tiny, engine, model_id=MODEL)
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="on", timeout_graceful_shutdown=1 + 2)  # fmt: skip
+    server = GracefulServer(config, app.state.runner.stop, grace_s=1)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    url, got = f"http://127.0.0.1:{port}/v1/completions", {}
+
+    def stream() -> None:
+        with httpx.stream("POST", url, json={**GOOD, "max_tokens": 200, "stream": True},
+                          timeout=30) as r:  # fmt: skip
+            got["stream"] = [ln for ln in r.iter_lines() if ln]
+
+    def whole() -> None:
+        got["whole"] = httpx.post(url, json={**GOOD, "max_tokens": 200}, timeout=30)
+
+    readers = [threading.Thread(target=f) for f in (stream, whole)]
+    for r in readers:
+        r.start()
+    while not engine.added or len(engine.added) < 2:
+        time.sleep(0.02)
+    server.handle_exit(signal.SIGTERM, None)
+    for r in readers:
+        r.join(20)
+    thread.join(20)
+    assert got["whole"].status_code == 503
+    assert got["whole"].json()["error"]["code"] == "shutting_down"
+    assert "data: [DONE]" not in got["stream"]
+    assert any("shutting_down" in ln for ln in got["stream"])

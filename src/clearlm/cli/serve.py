@@ -88,6 +88,7 @@ def serve(
     from clearlm.models import DEFAULT_MODEL
     from clearlm.serve import create_app
     from clearlm.serve.requests import Limits
+    from clearlm.serve.server import GracefulServer
 
     if model_arg is not None and model is not None:
         raise typer.BadParameter("give the model once: as MODEL or as --model")
@@ -125,10 +126,12 @@ def serve(
         f"serving {model_id!r} on http://{shown}:{bound}/v1  (Ctrl+C to stop)", soft_wrap=True
     )
     sys.stderr.flush()
+    # uvicorn cancels the handlers still running when its grace period ends (a bare 500, a cut
+    # stream); the runner is stopped a little before that, so each gets its 503 shutting_down.
     config = uvicorn.Config(
-        app_, log_level="warning", timeout_graceful_shutdown=int(shutdown_timeout + 0.999)
+        app_, log_level="warning", timeout_graceful_shutdown=int(shutdown_timeout + 0.999) + 2
     )
-    server = uvicorn.Server(config)
+    server = GracefulServer(config, lambda: app_.state.runner.stop(), shutdown_timeout)
     # uvicorn handles SIGINT/SIGTERM (graceful shutdown), then re-raises the signal to the
     # handler it found: a no-op one here, so the command ends normally with status 0.
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -85,7 +85,7 @@ class Session:
                         return
                     continue
                 if isinstance(item, EngineFailed):
-                    raise APIError(500, item.message, code="engine_failed", type="server_error")
+                    raise APIError(item.status, item.message, code=item.code, type="server_error")
                 choice = self.choices[self.rids[item.request_id]]
                 if choice.finish_reason is not None:
                     continue  # tokens made after a stop string, before the abort took effect

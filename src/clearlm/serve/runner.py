@@ -22,10 +22,11 @@ log = logging.getLogger("clearlm.serve")
 
 
 class EngineFailed:
-    """Put in a sink when the engine raised: the request cannot go on (the message says why)."""
+    """Put in a sink when the request cannot go on: the engine raised (500 engine_failed) or
+    the server is shutting down (503 shutting_down); the message says why."""
 
-    def __init__(self, message: str) -> None:
-        self.message = message
+    def __init__(self, message: str, status: int = 500, code: str = "engine_failed") -> None:
+        self.message, self.status, self.code = message, status, code
 
 
 Item = TokenEvent | EngineFailed
@@ -121,7 +122,7 @@ class Runner:
                 for rid in aborts:
                     self.engine.abort(rid)
                 if self.stopping:
-                    self._fail_all("the server is shutting down")
+                    self._fail_all("the server is shutting down", 503, "shutting_down")
                     return
                 busy = self.engine.has_work()
                 try:
@@ -147,13 +148,13 @@ class Runner:
             except RuntimeError:  # the loop is closed: nobody is listening
                 pass
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, status: int = 500, code: str = "engine_failed") -> None:
         """Abort every live request in the engine and tell its handler (lock held)."""
         with self.small:
             targets, self.sinks = self.sinks, {}
         for rid, (loop, sink) in targets.items():
             self.engine.abort(rid)
             try:
-                loop.call_soon_threadsafe(sink.put_nowait, EngineFailed(message))
+                loop.call_soon_threadsafe(sink.put_nowait, EngineFailed(message, status, code))
             except RuntimeError:
                 pass
