@@ -176,11 +176,16 @@ def test_a_prompt_past_the_engines_max_seq_len_names_the_prompt(tiny):
     engine = BatchEngine(tiny.transformer, tiny.tokenizer.eos_ids, max_seq_len=32)
     with serving(create_app(tiny, engine, model_id=MODEL)) as u:
         long = with_(GOOD, prompt=[5] * 40)
-        check_error(post(u, "completions", long), 400, "prompt", "engine holds 32")
+        check_error(post(u, "completions", long), 400, "prompt", "--max-seq-len is 32")
         msgs = [[{"role": "user", "content": "hi " * k}] for k in range(1, 60)]
         past = next(m for m in msgs if 32 < len(tiny.chat_prompt(m)) < CTX)  # fits the context
         chat = with_(CHAT, messages=past)
-        check_error(post(u, "chat/completions", chat), 400, "messages", "engine holds 32")
+        check_error(post(u, "chat/completions", chat), 400, "messages", "--max-seq-len is 32")
+        big = with_(GOOD, max_tokens=40)  # fits the context (128), not the engine's 32
+        check_error(post(u, "completions", big), 400, "max_tokens", "--max-seq-len is 32")
+        near = post(u, "completions", with_(GOOD, prompt=[5] * 28, max_tokens=30)).json()
+        assert near["usage"]["completion_tokens"] == 4  # room left: 32 − 28, said as "length"
+        assert near["choices"][0]["finish_reason"] == "length"
         assert post(u, "completions", with_(GOOD)).status_code == 200
 
 

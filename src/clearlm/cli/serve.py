@@ -29,12 +29,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_engine(model: Any, max_batch: int) -> Any:
+def build_engine(model: Any, max_batch: int, max_seq_len: int = 2048) -> Any:
     """The engine the server drives: continuous batching over ``max_batch`` cache slots
     (clearlm.engine.scheduler.BatchEngine)."""
     from clearlm.engine.scheduler import BatchEngine
 
-    return BatchEngine(model.transformer, model.tokenizer.eos_ids, max_batch=max_batch)
+    eos = model.tokenizer.eos_ids
+    return BatchEngine(model.transformer, eos, max_batch=max_batch, max_seq_len=max_seq_len)
 
 
 @app.command()
@@ -57,7 +58,12 @@ def serve(
     ] = None,  # fmt: skip
     max_batch: Annotated[
         int, typer.Option(min=1, help="Most sequences generated together (batching engine).")
-    ] = 16,
+    ] = 8,
+    max_seq_len: Annotated[
+        int,
+        typer.Option(min=1, help="Tokens per sequence (prompt + completion; capped at the model's "
+                     "context length). The KV cache holds max-batch x this, allocated at start."),
+    ] = 2048,
     max_n: Annotated[int, typer.Option(min=1, help="Most choices (n) per request.")] = 8,
     max_body: Annotated[
         int, typer.Option(min=1024, help="Largest request body accepted, in bytes.")
@@ -111,7 +117,7 @@ def serve(
     m = load_model(chosen, dtype, threads, quiet)
     model_id = name or Path(chosen or DEFAULT_MODEL).name  # an alias, or the file's name
     app_ = create_app(
-        m, build_engine(m, max_batch), model_id=model_id, api_key=api_key or None,
+        m, build_engine(m, max_batch, max_seq_len), model_id=model_id, api_key=api_key or None,
         max_body=max_body, limits=Limits(max_n=max_n),
     )  # fmt: skip
     log = logging.getLogger("clearlm.serve")

@@ -21,6 +21,7 @@ import hmac
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -113,6 +114,8 @@ def create_app(
     engine = engine or BatchEngine(model.transformer, model.tokenizer.eos_ids)
     runner = Runner(engine)
     limits = limits or Limits()
+    if limits.max_seq_len is None:  # the engine's positions per sequence bound every request
+        limits = replace(limits, max_seq_len=getattr(engine, "max_seq_len", None))
     name = model_id or str(model.path).rsplit("/", 1)[-1]
     created = int(time.time())
 

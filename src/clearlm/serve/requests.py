@@ -31,9 +31,20 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask for: ``n`` choices at most (``max_n``)."""
+    """What one request may ask for: ``n`` choices at most (``max_n``), and prompt + completion
+    tokens at most ``max_seq_len`` (the engine's positions per sequence; None: the model's
+    context length)."""
 
     max_n: int = 8
+    max_seq_len: int | None = None
+
+
+def window(model: Model, limits: Limits) -> tuple[int, str]:
+    """Tokens one request may hold (prompt + completion) and what sets that bound."""
+    ctx = model.config.context_length
+    if limits.max_seq_len is not None and limits.max_seq_len < ctx:
+        return limits.max_seq_len, "the server's --max-seq-len"
+    return ctx, "the model's context length"
 
 
 @dataclass
@@ -72,15 +83,21 @@ def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
 def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, limits: Limits,
             where: str) -> dict[str, Any]:  # fmt: skip
     """The checks and fields both endpoints share."""
-    ctx, n = model.config.context_length, body.n or 1
+    (ctx, what), n = window(model, limits), body.n or 1
     if n > limits.max_n:
         raise APIError(400, f"n must be at most {limits.max_n}, got {n}", "n", "invalid_value")
     if body.logit_bias:
         raise APIError(400, "logit_bias is not supported", "logit_bias", "unsupported")
     if max_tokens is not None and max_tokens > ctx:
         raise APIError(
-            400, f"max_tokens is {max_tokens} but the model's context length is {ctx}",
+            400, f"max_tokens is {max_tokens} but {what} is {ctx}",
             "max_tokens", "invalid_value",
+        )  # fmt: skip
+    if ctx < model.config.context_length and len(prompt) >= ctx:
+        raise APIError(
+            400, f"the prompt has {len(prompt)} tokens and {what} is {ctx}: no room for a new "
+            "token; shorten the prompt (or start the server with a larger --max-seq-len)",
+            where, "context_length_exceeded",
         )  # fmt: skip
     try:
         check_fits(len(prompt), ctx)
@@ -111,7 +128,7 @@ def completion_job(model: Model, body: CompletionBody, limits: Limits) -> Job:
     echo = body.prompt if isinstance(body.prompt, str) else model.tokenizer.decode(prompt)
     return Job(
         **common,
-        max_new_tokens=min(max_new, model.config.context_length - len(prompt)),
+        max_new_tokens=min(max_new, window(model, limits)[0] - len(prompt)),
         top_logprobs=body.logprobs or 0,
         logprobs=body.logprobs is not None,
         echo=echo if body.echo else "",
@@ -132,7 +149,7 @@ def chat_job(model: Model, body: ChatBody, limits: Limits) -> Job:
         raise from_clearlm(e, "messages") from None
     max_tokens = body.max_completion_tokens or body.max_tokens
     common = _common(model, body, prompt, max_tokens, limits, "messages")
-    room = model.config.context_length - len(prompt)
+    room = window(model, limits)[0] - len(prompt)
     return Job(
         **common,
         max_new_tokens=min(max_tokens or room, room),
