@@ -247,21 +247,24 @@ def test_sigterm_answers_what_outlives_the_grace_period_with_503(tiny):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
+        assert thread.is_alive()
         time.sleep(0.02)
     url, got = f"http://127.0.0.1:{port}/v1/completions", {}
 
     def stream() -> None:
-        with httpx.stream("POST", url, json={**GOOD, "max_tokens": 200, "stream": True},
+        with httpx.stream("POST", url, json={**GOOD, "max_tokens": 100, "stream": True},
                           timeout=30) as r:  # fmt: skip
             got["stream"] = [ln for ln in r.iter_lines() if ln]
 
     def whole() -> None:
-        got["whole"] = httpx.post(url, json={**GOOD, "max_tokens": 200}, timeout=30)
+        got["whole"] = httpx.post(url, json={**GOOD, "max_tokens": 100}, timeout=30)
 
     readers = [threading.Thread(target=f) for f in (stream, whole)]
     for r in readers:
         r.start()
-    while not engine.added or len(engine.added) < 2:
+    deadline = time.monotonic() + 30
+    while len(engine.added) < 2:  # both queued in the engine (100 tokens: 2 s each)
+        assert time.monotonic() < deadline and all(r.is_alive() for r in readers), got
         time.sleep(0.02)
     server.handle_exit(signal.SIGTERM, None)
     for r in readers:
