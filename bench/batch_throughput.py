@@ -35,13 +35,7 @@ def load(weights: str, threads: int):
     """The default model with float32 or compact weights."""
     import clearlm
 
-    model = clearlm.load(None, threads=threads)
-    if weights == "compact":
-        from clearlm.loading.gguf import open_gguf
-        from clearlm.quant.swap import quantize_model
-
-        quantize_model(model.transformer, open_gguf(model.path), model.config)
-    return model
+    return clearlm.load(None, threads=threads, weights=weights)
 
 
 def prompts(model, n_prompts: int, length: int) -> list[list[int]]:
