@@ -25,11 +25,10 @@ import torch
 from torch import nn
 
 from clearlm.config import ModelConfig
-from clearlm.errors import InvalidModelFileError
 from clearlm.families import gguf_arch
 from clearlm.loading.gguf import dequantize_tensor, our_name, to_torch
 from clearlm.loading.gguf_file import GGUFFile
-from clearlm.loading.load import skeleton
+from clearlm.loading.load import check_shapes, skeleton
 from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
 from clearlm.quant.embedding import QuantEmbedding
@@ -116,7 +115,7 @@ def load_compact(
     tied_float = config.tie_word_embeddings and "embed_tokens.weight" in state
     if tied_float:
         state["lm_head.weight"] = state["embed_tokens.weight"]
-    _check_rest(model, state, source)
+    check_shapes(model, state, source, meta_only=True)  # the float rest, still on meta
     model.load_state_dict(state, strict=False, assign=True)
     if tied_float:
         model.lm_head.weight = model.embed_tokens.weight
@@ -151,22 +150,3 @@ def _swap(model: nn.Module, packed: Packed, paths: list[str]) -> None:
             new = QuantLinear(packed, old.bias)  # old.bias: None or a meta tensor, assigned later
         parent, _, child = path.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
-def _check_rest(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """Every tensor still on the meta device gets one of the right shape, and nothing else.
-
-    Raises InvalidModelFileError naming the first missing, misshapen or unexpected tensor."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if v.is_meta}
-    for name, shape in expected.items():
-        if name not in state:
-            raise InvalidModelFileError(f"{source}: tensor for {name} is missing")
-        if tuple(state[name].shape) != shape:
-            raise InvalidModelFileError(
-                f"{source}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}"
-            )
-    extra = sorted(set(state) - set(expected))
-    if extra:
-        raise InvalidModelFileError(
-            f"{source}: unexpected tensor {extra[0]} (and {len(extra) - 1} more)"
-        )

@@ -77,14 +77,21 @@ def return_freed_memory() -> None:
         pass
 
 
-def check_shapes(model: Transformer, state: dict[str, torch.Tensor], source: str) -> None:
+def check_shapes(
+    model: Transformer, state: dict[str, torch.Tensor], source: str, meta_only: bool = False
+) -> None:
     """Every tensor must have exactly the shape its parameter expects (nanoGPT's import check).
+
+    With ``meta_only`` the expected tensors are those still on the meta device (the compact
+    load fills the packed modules first, then checks the rest against ``state``).
 
     Raises:
         InvalidModelFileError: naming the first tensor whose shape differs, a missing one, or
             one the model has no place for.
     """
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expected = {
+        k: tuple(v.shape) for k, v in model.state_dict().items() if v.is_meta or not meta_only
+    }
     for name, shape in expected.items():
         if name not in state:
             raise InvalidModelFileError(f"{source}: tensor for {name} is missing")
