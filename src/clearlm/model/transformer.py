@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -173,6 +175,36 @@ class Transformer(nn.Module):
             ContextLengthError: without a cache, positions run past the model's context
             length; with one, the rows or n_keys do not fit it.
         """
+        tokens, positions, rows, bound, masks, rope, rope_local = self.prepare(
+            tokens, positions, cache, slot, n_keys
+        )
+        x = self.embed(tokens, positions, bound)  # (B, T, D)
+        for layer, kind in zip(self.layers, self.config.layer_types, strict=True):
+            local = kind == "sliding"
+            x = layer(x, rope_local if local else rope, positions, rows, masks[kind])
+        if rows is not None:
+            rows.advance()
+        if last_only:
+            x = x[:, -1:, :]  # (B, 1, D)
+        return self.unembed(x)
+
+    def prepare(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None,
+        cache: KVCache | None,
+        slot: int = 0,
+        n_keys: int | None = None,
+    ) -> tuple[Any, ...]:
+        """What every block of one forward pass shares, computed once (arguments as forward's):
+        (tokens on the weights' device, positions (B, T) or (T,), the cache rows or None, the
+        positions' bound (a Python int), the masks per layer kind, (cos, sin) RoPE tables for
+        full and for sliding layers, or None). A pipeline stage (clearlm.parallel) runs the
+        same preparation on every rank.
+
+        Raises:
+            ContextLengthError: as forward.
+        """
         B, T = tokens.shape
         tokens = tokens.to(self.device)  # ids built on the CPU (generation, api) follow the weights
         if positions is not None:
@@ -200,15 +232,7 @@ class Transformer(nn.Module):
         masks = self.masks(positions, keys)  # built once, shared by the layers of each kind
         rope = self.rope(positions, bound) if self.rope is not None else None  # cos, sin
         rope_local = self.rope_local(positions, bound) if self.rope_local is not None else rope
-        x = self.embed(tokens, positions, bound)  # (B, T, D)
-        for layer, kind in zip(self.layers, self.config.layer_types, strict=True):
-            local = kind == "sliding"
-            x = layer(x, rope_local if local else rope, positions, rows, masks[kind])
-        if rows is not None:
-            rows.advance()
-        if last_only:
-            x = x[:, -1:, :]  # (B, 1, D)
-        return self.unembed(x)
+        return tokens, positions, rows, bound, masks, rope, rope_local
 
     def masks(self, positions: torch.Tensor, keys: torch.Tensor | int) -> dict[str, torch.Tensor]:
         """One attention mask per layer kind ("full", "sliding"): (B or 1, 1, T, S) bool.

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from clearlm.config import ModelConfig
-from clearlm.errors import ContextLengthError, DistributedError
+from clearlm.errors import DistributedError
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
 from clearlm.parallel.launch import run
@@ -111,30 +111,9 @@ class PipelineStage(Transformer):
             DistributedError: a neighbour died or did not answer within the timeout."""
         B, T = tokens.shape
         dev, c = self.device, self.config
-        tokens = tokens.to(dev)
-        if positions is not None:
-            positions = positions.to(dev)
-        rows = None
-        if cache is not None:
-            if positions is None:
-                start = cache.lengths[slot : slot + B, None]  # (B, 1) each slot's length
-                positions = start + torch.arange(T, device=dev)  # (B, T)
-            rows = cache.rows(slot, positions.expand(B, T), n_keys)
-            keys: torch.Tensor | int = rows.n_keys
-            bound = min(rows.n_keys, c.context_length)
-        else:
-            if positions is None:
-                positions = torch.arange(T, device=dev)  # (T,)
-            bound = int(positions.max()) + 1 if positions.numel() else 0
-            if bound > c.context_length:
-                raise ContextLengthError(
-                    f"position {bound - 1} is past the model's context length "
-                    f"({c.context_length} tokens)"
-                )
-            keys = positions
-        masks = self.masks(positions, keys)
-        rope = self.rope(positions, bound) if self.rope is not None else None  # cos, sin
-        rope_local = self.rope_local(positions, bound) if self.rope_local is not None else rope
+        tokens, positions, rows, bound, masks, rope, rope_local = self.prepare(
+            tokens, positions, cache, slot, n_keys
+        )
         if self.rank == 0:
             x = self.embed(tokens, positions, bound)  # (B, T, D)
         else:
