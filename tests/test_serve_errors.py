@@ -65,7 +65,6 @@ CASES = [  # (path, body, param, a piece of the message)
     ("completions", b'{"prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}", None, "nested too deeply"),
     ("completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', None, "not valid UTF-8"),
     ("completions", with_(GOOD, prompt="x" * 5000), None, "over the server's limit of 4096"),
-    ("completions", with_(GOOD, model="gpt-4"), "model", "unknown model 'gpt-4'"),
     ("completions", with_(GOOD, temprature=0.5), "temprature", "unknown field"),
     ("completions", with_(GOOD, temperature="hot"), "temperature", "valid number"),
     ("completions", with_(GOOD, stream="yes"), "stream", "valid boolean"),
@@ -101,6 +100,18 @@ def test_bad_input_is_a_400_and_the_next_request_is_answered(url, path, body, pa
     assert good.status_code == 200 and good.json()["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("path", ["completions", "chat/completions"])
+def test_an_unknown_model_is_a_404_model_not_found_as_openai(url, path):
+    """OpenAI answers a request for a model it does not serve with 404, invalid_request_error,
+    code model_not_found (it was a 400 here)."""
+    r = post(url, path, with_(CHAT if path.startswith("chat") else GOOD, model="gpt-4"))
+    check_error(r, 404, "model", "unknown model 'gpt-4'; this server serves 'tiny'")
+    assert r.json()["error"]["code"] == "model_not_found"
+    r = httpx.get(f"{url}/models/gpt-4")  # the same answer as /v1/models/{id}
+    check_error(r, 404, None, "model 'gpt-4' is not served here")
+    assert r.json()["error"]["code"] == "model_not_found"
+
+
 def test_unknown_routes_and_methods_have_the_error_shape(url):
     check_error(httpx.get(f"{url}/nope"), 404, None, "Not Found")
     check_error(httpx.get(f"{url}/completions"), 405, None, "Method Not Allowed")
@@ -109,7 +120,7 @@ def test_unknown_routes_and_methods_have_the_error_shape(url):
 
 def test_the_official_client_raises_its_typed_errors(url, tiny):
     c = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="unknown model 'nope'"):
+    with pytest.raises(openai.NotFoundError, match="unknown model 'nope'"):
         c.completions.create(model="nope", prompt="hi")
     long = [{"role": "user", "content": "a" * 300}]
     n = len(tiny.chat_prompt(long))

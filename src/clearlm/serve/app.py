@@ -10,8 +10,9 @@ the :class:`~clearlm.engine.Engine` methods (the one-at-a-time
 
 Every refusal is OpenAI's error shape (:mod:`clearlm.serve.errors`): 400 for bad input (a body
 that is not UTF-8 or JSON, over ``max_body`` bytes, unknown or mistyped fields, values out of
-range, an unknown model, a prompt longer than the context), 401 for a missing or wrong API key
-(every route requires it when the server has one, /health included), 404 for an unknown route.
+range, a prompt longer than the context), 401 for a missing or wrong API key (every route
+requires it when the server has one, /health included), 404 for an unknown route or an unknown
+``model`` (code ``model_not_found``, as OpenAI answers).
 """
 
 from __future__ import annotations
@@ -172,8 +173,8 @@ def create_app(
             body: Any = parse(raw, CompletionBody)
         else:
             body = parse(raw, ChatBody)
-        if body.model != name:
-            raise APIError(400, f"unknown model {body.model!r}; this server serves {name!r}",
+        if body.model != name:  # OpenAI's answer: 404, model_not_found
+            raise APIError(404, f"unknown model {body.model!r}; this server serves {name!r}",
                            "model", "model_not_found")  # fmt: skip
         prepare = completion_job if kind == "completion" else chat_job
         job = await asyncio.to_thread(prepare, model, body, limits)  # tokenizing: off the loop
