@@ -38,7 +38,7 @@ from clearlm.serve.errors import APIError
 from clearlm.serve.handler import Session
 from clearlm.serve.requests import Limits, chat_job, completion_job
 from clearlm.serve.runner import Runner
-from clearlm.serve.schemas import ChatBody, CompletionBody, parse
+from clearlm.serve.schemas import ChatBody, CompletionBody, error_code, parse
 
 MAX_BODY = 1 << 20  # bytes: 1 MiB
 
@@ -138,12 +138,15 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else None
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return APIError(exc.status_code, str(exc.detail), code=code).response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return APIError(400, str(exc.errors()[0].get("msg", "invalid request"))).response()
+        first = exc.errors()[0]  # FastAPI's own checks (path parameters): as parse() words them
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None  # after "path"
+        msg, code = first.get("msg", "invalid request"), error_code(first.get("type", ""))
+        return APIError(400, f"{where or 'request'}: {msg}", where, code).response()
 
     @app.exception_handler(Exception)
     async def server_error(_: Request, exc: Exception) -> JSONResponse:
