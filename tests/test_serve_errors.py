@@ -194,6 +194,20 @@ def test_api_key_is_required_on_every_route(tiny):
         assert ok.status_code == 200
 
 
+def test_the_auth_scheme_is_case_insensitive(tiny):
+    """RFC 7235 section 2.1: the scheme is case-insensitive and is followed by one or more
+    spaces; "bearer KEY" was refused. The key itself is compared exactly."""
+    with serving(create_app(tiny, model_id=MODEL, api_key="s3cret")) as u:
+        for given, status in [("bearer s3cret", 200), ("BEARER s3cret", 200),
+                              ("Bearer  s3cret", 200), ("Bearer s3cret", 200),
+                              ("bearer S3CRET", 401), ("bearer s3cre", 401),
+                              ("Basic s3cret", 401), ("Bearers3cret", 401), ("s3cret", 401),
+                              ("bearer", 401), ("", 401)]:  # fmt: skip
+            r = httpx.get(f"{u}/models", headers={"Authorization": given})
+            assert r.status_code == status, given
+        assert status == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
 def test_a_client_that_disconnects_frees_its_slot_at_once(tiny):
     """A 0.02 s/step engine: the long request (100 tokens) would hold it for 2 s more."""
     engine = SlowEngine(tiny.transformer, tiny.tokenizer.eos_ids, delay_s=0.02)

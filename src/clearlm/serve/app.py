@@ -43,17 +43,25 @@ from clearlm.serve.schemas import ChatBody, CompletionBody, error_code, parse
 MAX_BODY = 1 << 20  # bytes: 1 MiB
 
 
+def bearer_token(header: bytes) -> bytes | None:
+    """The credentials of an ``Authorization: Bearer <token>`` header, or None for another
+    scheme. The scheme is case-insensitive and followed by one or more spaces (RFC 7235,
+    section 2.1: ``credentials = auth-scheme [ 1*SP token68 ]``), so ``bearer KEY`` counts."""
+    scheme, _, token = header.partition(b" ")
+    return token.lstrip(b" ") if scheme.lower() == b"bearer" else None
+
+
 class BearerAuth:
     """ASGI middleware: every HTTP request needs ``Authorization: Bearer <key>`` (401 else).
     Pure ASGI (not BaseHTTPMiddleware) so that streaming and disconnects pass through as is."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app, self.expected = app, f"Bearer {key}".encode()
+        self.app, self.expected = app, key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
+            if token is None or not hmac.compare_digest(token, self.expected):
                 err = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                code="invalid_api_key")  # fmt: skip
                 await err.response({"WWW-Authenticate": "Bearer"})(scope, receive, send)
