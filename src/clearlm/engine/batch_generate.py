@@ -14,11 +14,10 @@ from collections.abc import Iterator, Sequence
 
 from clearlm.engine import Request
 from clearlm.engine.scheduler import BatchEngine
-from clearlm.errors import ContextLengthError, SamplingParamsError
-from clearlm.generation import Chunk, GenerationResult, check_fits
+from clearlm.errors import ContextLengthError
+from clearlm.generation import Chunk, GenerationResult, check_fits, check_max_new_tokens
 from clearlm.model.transformer import Transformer
 from clearlm.sampling import SamplingParams
-from clearlm.sampling_params import is_int
 from clearlm.text_stream import TextStream
 from clearlm.tokenizer import Tokenizer
 
@@ -50,8 +49,7 @@ def stream_batch(
         except ContextLengthError as e:  # say which prompt of the batch
             raise ContextLengthError(f"prompt {i}: {e}") from None
     for n in max_new_tokens:
-        if not is_int(n) or n < 0:
-            raise SamplingParamsError(f"max_new_tokens must be an integer ≥ 0, got {n!r}")
+        check_max_new_tokens(n)
     return run_rows(model, tokenizer, prompts, params, max_new_tokens, stops)
 
 
