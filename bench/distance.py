@@ -88,10 +88,13 @@ def main() -> None:
     rows = []
     for name in args.models:
         rows += measure(name, args.window, args.stride, args.new_tokens, args.threads)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    print(f"\nclearlm {commit}, {datetime.now(UTC):%Y-%m-%d}, {args.threads} threads, "
-          f"tests/data/alice.txt in windows of {args.window} tokens every {args.stride}\n")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        f"\nclearlm {commit}, {datetime.now(UTC):%Y-%m-%d}, {args.threads} threads, "
+        f"tests/data/alice.txt in windows of {args.window} tokens every {args.stride}\n"
+    )
     print(HEADER)
     print("\n".join(rows))
 

@@ -1,7 +1,9 @@
 """Generation speed and memory: clearlm against transformers (float32 eager) on the default model.
 
-What is measured, per engine, on the default model (SmolLM2-135M-Instruct, Q4_1 GGUF, both
-engines dequantize it at load):
+What is measured, per engine, on the default model (SmolLM2-135M-Instruct, Q4_1 GGUF).
+transformers dequantizes it to float32 at load; clearlm holds its weights as ``--weights`` says
+(default: ``clearlm.load``'s, compact with float32: the block-quantized matrices stay packed;
+``float32``: dequantized as transformers does), and the table's header names them:
 - load time: seconds to build the model from the GGUF file (clearlm's includes its tokenizer);
 - prefill: tokens/s of one forward pass over a P-token prompt (default 512) into an empty KV
   cache, keeping only the last position's logits (clearlm ``last_only``, transformers
@@ -11,14 +13,16 @@ engines dequantize it at load):
   so each time covers the forward pass and the argmax only;
 - peak RSS (MiB): ``ru_maxrss`` at the end of the engine's own process;
 - decode as a fraction of the memory-bandwidth ceiling: bandwidth / weight bytes read per token
-  (every matrix once: a tied embedding counts once, as lm_head, plus the one row looked up).
+  (every matrix once, packed or float as held: a tied embedding counts once, as lm_head, plus
+  the one row looked up).
 
 How: the prompt is tests/data/alice.txt repeated and cut to exactly P ids by clearlm's tokenizer;
 both engines get the same ids. Each repeat runs each engine in a fresh subprocess (this script
 with ``--json SPEC``), alternating clearlm, transformers, clearlm, ...; a subprocess
 loads the model, does one untimed warm-up (the same prompt, 4 new tokens), then one timed run.
 Tables report medians over the repeats. Torch's default thread count is kept for both.
-Usage: ``.venv/bin/python bench/generate.py [--repeats 3] [--dtype bfloat16] [--markdown]``.
+Usage: ``.venv/bin/python bench/generate.py [--repeats 3] [--dtype bfloat16]
+[--weights compact|float32] [--markdown]``.
 """
 
 from __future__ import annotations
@@ -59,20 +63,39 @@ def prompt_ids(path: Path, n: int) -> list[int]:
     return ids
 
 
-def weight_bytes(model: torch.nn.Module, embed: torch.nn.Module, head: torch.nn.Module) -> int:
-    """Bytes of weights one decode step reads: all matrices once, one embedding row."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())  # tied counted once
-    e = embed.weight
-    if head.weight is not e:  # untied: the embedding is only looked up, never multiplied
-        total -= e.numel() * e.element_size()
-    return total + e.shape[1] * e.element_size()
+def storages(module: torch.nn.Module) -> dict[int, int]:
+    """Address → bytes of every weight storage of ``module`` (parameters and persistent buffers,
+    such as a compact layer's codes and scales), each shared storage once; empty ones left out
+    (they all sit at address 0)."""
+    out = {}
+    for t in (*module.parameters(), *module.state_dict().values()):
+        s = t.untyped_storage()
+        if s.nbytes() > 0:
+            out[s.data_ptr()] = s.nbytes()
+    return out
 
 
-def load_clearlm(path: Path, dtype: str) -> tuple[torch.nn.Module, Step, Step, int]:
+def weight_bytes(
+    model: torch.nn.Module, embed: torch.nn.Module, head: torch.nn.Module, vocab: int
+) -> int:
+    """Bytes of weights one decode step reads: all matrices once (as held: float or packed),
+    one embedding row (the embedding's bytes / vocab rows)."""
+    held, e = storages(model), storages(embed)
+    total = sum(held.values())  # a tied head shares the embedding's storage: counted once
+    if not e.keys() & storages(head).keys():  # untied: the embedding is only looked up
+        total -= sum(e.values())
+    return total + sum(e.values()) // vocab
+
+
+Loaded = tuple[torch.nn.Module, Step, Step, int, str]  # model, prefill, decode, bytes, weights
+
+
+def load_clearlm(path: Path, dtype: str, weights: str) -> Loaded:
     import clearlm
     from clearlm.generation import decode_step, new_cache, prefill
 
-    m = clearlm.load(path, dtype=getattr(torch, dtype)).transformer
+    model = clearlm.load(path, dtype=getattr(torch, dtype), weights=weights)
+    m = model.transformer
 
     def pre(ids: torch.Tensor, max_len: int) -> tuple[torch.Tensor, Any]:
         cache = new_cache(m, 1, max_len)  # static buffers, sized to prompt + new tokens
@@ -81,10 +104,12 @@ def load_clearlm(path: Path, dtype: str) -> tuple[torch.nn.Module, Step, Step, i
     def dec(tok: torch.Tensor, cache: Any) -> torch.Tensor:
         return decode_step(m, tok, cache)  # (1, V)
 
-    return m, pre, dec, weight_bytes(m, m.embed_tokens, m.lm_head)
+    nbytes = weight_bytes(m, m.embed_tokens, m.lm_head, m.config.vocab_size)
+    return m, pre, dec, nbytes, model.weights  # what the model holds (Model.weights)
 
 
-def load_transformers(path: Path, dtype: str) -> tuple[torch.nn.Module, Step, Step, int]:
+def load_transformers(path: Path, dtype: str, weights: str) -> Loaded:
+    """transformers' model, dequantized to float32 whatever ``dtype`` and ``weights`` say."""
     from transformers import AutoModelForCausalLM, DynamicCache
 
     m = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
@@ -101,7 +126,8 @@ def load_transformers(path: Path, dtype: str) -> tuple[torch.nn.Module, Step, St
         out = m(input_ids=tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1]  # (1, V)
 
-    return m, pre, dec, weight_bytes(m, m.get_input_embeddings(), m.get_output_embeddings())
+    embed, head = m.get_input_embeddings(), m.get_output_embeddings()
+    return m, pre, dec, weight_bytes(m, embed, head, m.config.vocab_size), "float32"
 
 
 def timed_run(pre: Step, dec: Step, ids: torch.Tensor, n_new: int) -> tuple[float, float, list]:
@@ -123,7 +149,7 @@ def child(args: argparse.Namespace) -> None:
     loader = load_clearlm if args.engine == "clearlm" else load_transformers
     dtype = args.dtype if args.engine == "clearlm" else "float32"
     t0 = time.perf_counter()
-    model, pre, dec, nbytes = loader(Path(args.model_path), dtype)
+    model, pre, dec, nbytes, weights = loader(Path(args.model_path), dtype, args.weights)
     load_s = time.perf_counter() - t0
     timed_run(pre, dec, ids, 4)  # warm-up: first-call allocations and kernel selection
     prefill_s, decode_s, tokens = timed_run(pre, dec, ids, args.new_tokens)
@@ -131,16 +157,28 @@ def child(args: argparse.Namespace) -> None:
     attn = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
     out = dict(load_s=load_s, prefill_tps=ids.shape[1] / prefill_s, rss_mib=rss_mib)
     out |= dict(decode_tps=(args.new_tokens - 1) / decode_s, weight_bytes=nbytes, dtype=dtype)
+    out |= dict(weights=weights)
     print(json.dumps(out | dict(threads=torch.get_num_threads(), attn=attn, tokens=tokens)))
 
 
 def run_engine(engine: str, args: argparse.Namespace, path: Path, ids: list[int]) -> dict:
     spec = dict(engine=engine, model_path=str(path), ids=ids, new_tokens=args.new_tokens)
-    cmd = [sys.executable, __file__, "--json", json.dumps(spec | dict(dtype=args.dtype))]
+    spec |= dict(dtype=args.dtype, weights=args.weights)
+    cmd = [sys.executable, __file__, "--json", json.dumps(spec)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{engine} subprocess failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def columns(c: dict, t: dict) -> list[str]:
+    """The table's header from the engines' first runs: each engine's dtype and weights."""
+    return [
+        "metric",
+        f"clearlm ({c['dtype']}, {c['weights']} weights)",
+        f"transformers ({t['dtype']}, {t['weights']} weights, {t['attn']})",
+        "clearlm / transformers",
+    ]
 
 
 def main() -> None:
@@ -149,6 +187,8 @@ def main() -> None:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="clearlm's")
+    p.add_argument("--weights", choices=["compact", "float32"], default=None,
+                   help="clearlm's (default: clearlm.load's, compact with float32)")  # fmt: skip
     p.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     p.add_argument("--json", help=argparse.SUPPRESS)  # child: run one engine, print JSON
     args = p.parse_args()
@@ -158,8 +198,14 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from clearlm.errors import ClearLMError
+    from clearlm.load_options import parse_weights
     from clearlm.models import resolve_model
 
+    try:  # the mode clearlm.load picks (or refuses: compact with bfloat16), before any run
+        args.weights = parse_weights(args.weights, getattr(torch, args.dtype))
+    except ClearLMError as e:
+        sys.exit(f"error: {e}")
     console = Console(width=max(Console().width, 120))
     path = resolve_model()
     ids = prompt_ids(path, args.prompt_tokens)
@@ -184,8 +230,7 @@ def main() -> None:
         ("decode / ceiling (%)", "of_ceiling", ".0f"),
         ("peak RSS (MiB)", "rss_mib", ".0f"),
     ]
-    head = ["metric", f"clearlm ({c['dtype']})", f"transformers ({t['dtype']}, {t['attn']})"]
-    head.append("clearlm / transformers")
+    head = columns(c, t)
     a, b = m["clearlm"], m["transformers"]
     cells = [[n, f"{a[k]:{f}}", f"{b[k]:{f}}", f"{a[k] / b[k]:.2f}"] for n, k, f in rows]
     table = Table(title=f"Generation, {path.name}, median of {args.repeats} repeats")

@@ -84,8 +84,10 @@ def main() -> None:
         return
     base = statistics.median(run("torch", "-", 1)["rss_mib"] for _ in range(args.repeats))
     print(f"python + import torch alone: peak RSS {base:.0f} MiB ({args.threads} threads)\n")
-    print("| model | weights | load→1st token CPU s | wall s | peak RSS MiB | target MiB "
-          "| weights MiB | / file tensors |")
+    print(
+        "| model | weights | load→1st token CPU s | wall s | peak RSS MiB | target MiB "
+        "| weights MiB | / file tensors |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for model in args.models:
         runs: dict[str, list[dict]] = {"compact": [], "float32": []}
@@ -95,9 +97,11 @@ def main() -> None:
         target = TORCH_BASELINE + 1.2 * LLAMA_CPP_RSS[model]
         for rs in runs.values():
             med = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "mode"}
-            print(f"| {model} | {rs[0]['mode']} | {med['first_cpu_s']:.2f} | "
-                  f"{med['first_wall_s']:.2f} | {med['rss_mib']:,.0f} | {target:,.0f} | "
-                  f"{med['weight_mib']:,.1f} | {med['weight_mib'] / med['file_mib']:.2f}× |")
+            print(
+                f"| {model} | {rs[0]['mode']} | {med['first_cpu_s']:.2f} | "
+                f"{med['first_wall_s']:.2f} | {med['rss_mib']:,.0f} | {target:,.0f} | "
+                f"{med['weight_mib']:,.1f} | {med['weight_mib'] / med['file_mib']:.2f}× |"
+            )
 
 
 if __name__ == "__main__":

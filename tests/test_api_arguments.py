@@ -51,7 +51,8 @@ def test_bytes_prompt_is_utf8_text_everywhere(m):
         ({1, 2}, "not a set"),
         ([True, False], "holding bool"),
         ([1, 2.5], "holding float"),
-        (["a", 5], "take a list of prompts"),  # neither one prompt nor a list of prompts
+        ([5, "a"], "item 1 is 'a' (str); generate() and stream() take a list of prompts"),
+        ([1, 2, 3.5], "holding float: item 2 is 3.5 (float); token ids are ints"),
         (5, "not 5"),
         ([torch.tensor(1.0)], "holding Tensor"),
     ],
@@ -61,6 +62,51 @@ def test_bad_prompt_types(m, prompt, needle):
         with pytest.raises(PromptTypeError) as e:
             call(prompt)
         assert needle in str(e.value), str(e.value)
+
+
+def test_an_empty_list_of_prompts_says_so(m):
+    """generate([]) said "the prompt is empty": it is an empty list (of prompts or of ids)."""
+    for call in (m.generate, m.stream):
+        for empty in ([], ()):
+            with pytest.raises(PromptTypeError) as e:
+                call(empty, max_new_tokens=1)
+            assert str(e.value) == (
+                "the list of prompts is empty; give at least one prompt (text or token ids)"
+            )
+    with pytest.raises(ContextLengthError, match="the prompt is empty"):  # one prompt: no ids
+        m.logits([])
+
+
+@pytest.mark.parametrize(
+    ("prompts", "item"),
+    [
+        (["a", 5], "item 1 is 5 (int)"),  # it named 'a', item 0, a valid prompt
+        (["a", "b", None], "item 2 is None (NoneType)"),
+        ([[1, 2], 2.5], "item 1 is 2.5 (float)"),
+        ((b"a", {"x": 1}), "item 1 is {'x': 1} (dict)"),
+    ],
+)
+def test_a_list_of_prompts_names_the_item_that_is_not_a_prompt(m, prompts, item):
+    for call in (m.generate, m.stream):
+        with pytest.raises(PromptTypeError) as e:
+            call(prompts, max_new_tokens=1)
+        assert str(e.value) == (
+            f"{item} in the list of prompts, not a prompt; give each prompt as text (str) or "
+            "a list of token ids"
+        )
+
+
+def test_a_batch_error_names_its_prompt(m):
+    """A prompt of a batch that cannot run is named by its index, at the call."""
+    for call in (m.generate, m.stream):
+        with pytest.raises(ContextLengthError) as e:
+            call([[104], [104] * 70], max_new_tokens=1)
+        assert str(e.value) == (
+            "prompt 1: the prompt has 70 tokens but the model's context length is 64; "
+            "shorten the prompt"
+        )
+        with pytest.raises(ContextLengthError, match=r"^prompt 2: the prompt is empty"):
+            call(["a", "b", []], max_new_tokens=1)
 
 
 def test_integer_id_containers_accepted(m):

@@ -8,6 +8,8 @@ import pytest
 from tiny_gguf import write_tiny_llama
 
 import clearlm
+from clearlm.errors import SamplingParamsError
+from clearlm.generation import check_max_new_tokens
 from clearlm.text_stream import held_back as _held_back
 
 
@@ -23,6 +25,24 @@ def test_max_new_tokens(tiny):
     assert len(res.tokens) <= 5
     if res.finish_reason != "eos":
         assert res.finish_reason == "length" and len(res.tokens) == 5
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3", None])
+def test_max_new_tokens_is_checked_once_for_one_prompt_and_a_batch(tiny, bad):
+    """One check (generation.check_max_new_tokens) serves generate_step and the batch: the same
+    error for the same value, one prompt or many."""
+    with pytest.raises(SamplingParamsError) as shared:
+        check_max_new_tokens(bad)
+    assert str(shared.value) == f"max_new_tokens must be an integer ≥ 0, got {bad!r}"
+    for run in (lambda: tiny.generate("ab", max_new_tokens=bad),
+                lambda: list(tiny.stream("ab", max_new_tokens=bad)),
+                lambda: tiny.generate(["ab", "cd"], max_new_tokens=bad),
+                lambda: tiny.generate(["ab", "cd"], max_new_tokens=[2, bad])):  # fmt: skip
+        with pytest.raises(SamplingParamsError) as e:
+            run()
+        assert str(e.value) == str(shared.value)
+    for good in (0, 3):
+        check_max_new_tokens(good)  # no error
 
 
 def test_stop_string_spanning_tokens_is_cut_and_not_printed(tiny):

@@ -4,6 +4,8 @@ in SamplingParams, not on every token."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -111,3 +113,19 @@ def test_the_explanation_keeps_the_chains_output():
     for params in (ALL_ON, SamplingParams(temperature=0, repetition_penalty=1.3)):
         why = explain_sampling(logits, torch.tensor([4, 7]), params)
         assert torch.equal(why.filtered, filter_logits(logits, torch.tensor([4, 7]), params))
+
+
+def test_the_readme_states_the_chain_that_runs():
+    """README's stage table names the filters in the order sampling_chain runs them, all of
+    them: it said "the five filters", written before OpenAI's frequency and presence
+    penalties joined the chain."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    row = next(r for r in readme.splitlines() if r.startswith("| 5. softmax + sampling |"))
+    stated = row.split("|")[2].split("(")[0].split("→")
+    penalties = dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.5)
+    every = SamplingParams(temperature=0.7, top_k=8, top_p=0.9, min_p=0.05, **penalties)
+    steps = sampling_chain(every, torch.tensor([1]), torch.tensor([1]))
+    names = [s.name for s in steps]
+    assert [w.strip().replace(" ", "_").replace("-", "_") for w in stated] == [*names, "draw"]
+    words = {7: "seven", 8: "eight"}
+    assert f"`sampling_filters.py` (the {words[len(names)]} filters)" in row

@@ -59,57 +59,101 @@ def with_(base: dict, **changes) -> bytes:
     return json.dumps({**base, **changes}).encode()
 
 
-CASES = [  # (path, body, param, a piece of the message)
-    ("completions", b'{"model": "tiny", "prompt": ', None, "not valid JSON"),
-    ("completions", b"[1, 2]", None, "must be a JSON object"),
-    ("completions", b'{"prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}", None, "nested too deeply"),
-    ("completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', None, "not valid UTF-8"),
-    ("completions", with_(GOOD, prompt="x" * 5000), None, "over the server's limit of 4096"),
-    ("completions", with_(GOOD, model="gpt-4"), "model", "unknown model 'gpt-4'"),
-    ("completions", with_(GOOD, temprature=0.5), "temprature", "unknown field"),
-    ("completions", with_(GOOD, temperature="hot"), "temperature", "valid number"),
-    ("completions", with_(GOOD, stream="yes"), "stream", "valid boolean"),
-    ("completions", with_(GOOD, max_tokens=1.5), "max_tokens", "valid integer"),
-    ("completions", with_(GOOD, prompt={"text": "hi"}), "prompt", "valid"),
-    ("completions", with_(GOOD, temperature=-1), "temperature", "temperature must be in [0, inf)"),
-    ("completions", with_(GOOD, top_p=1.5), "top_p", "top_p must be in (0, 1]"),
-    ("completions", with_(GOOD, presence_penalty=3), "presence_penalty", "[-2, 2]"),
-    ("completions", with_(GOOD, seed=-1), "seed", "seed must be in [0, 2**64"),
-    ("completions", with_(GOOD, logprobs=21), "logprobs", "less than or equal to 20"),
-    ("completions", with_(GOOD, max_tokens=0), "max_tokens", "greater than or equal to 1"),
-    ("completions", with_(GOOD, n=9), "n", "n must be at most 8"),
-    ("completions", with_(GOOD, max_tokens=10**6), "max_tokens", "context length is 128"),
-    ("completions", with_(GOOD, prompt="a" * 200), "prompt", "the prompt has 200 tokens"),
-    ("completions", with_(GOOD, prompt="a" * CTX), "prompt", "no room for a new token"),
-    ("completions", with_(GOOD, prompt=[5, 10**6]), "prompt", "outside the vocabulary"),
-    ("completions", with_(GOOD, stop=["ok", ""]), "stop", "must not be empty"),
-    ("completions", with_(GOOD, echo=True, logprobs=1), "echo", "not supported"),
-    ("completions", with_(GOOD, logit_bias={"5": 1}), "logit_bias", "not supported"),
-    ("chat/completions", with_(CHAT, messages=[]), "messages", "at least 1 item"),
-    ("chat/completions", with_(CHAT, messages={"role": "user"}), "messages", "valid list"),
+CASES = [  # (path, body, param, code, a piece of the message)
+    ("completions", b'{"model": "tiny", "prompt": ', None, "invalid_json", "not valid JSON"),
+    ("completions", b"[1, 2]", None, "invalid_type", "must be a JSON object, got list"),
+    ("completions", b'{"prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}", None, "invalid_json",
+     "nested too deeply"),
+    ("completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', None, "invalid_utf8",
+     "not valid UTF-8"),
+    ("completions", with_(GOOD, prompt="x" * 5000), None, "request_too_large",
+     "over the server's limit of 4096"),
+    ("completions", b'{"prompt": "hi"}', "model", "missing_required_parameter",
+     "model: Field required"),
+    ("chat/completions", b'{"model": "tiny"}', "messages", "missing_required_parameter",
+     "messages: Field required"),
+    ("chat/completions", with_(CHAT, messages=[{"role": "user"}]), "messages.0.content",
+     "missing_required_parameter", "Field required"),
+    ("completions", with_(GOOD, temprature=0.5), "temprature", "unknown_parameter",
+     "unknown field"),
+    ("chat/completions", with_(CHAT, messages=[{"role": "user", "content": "x", "rol": "y"}]),
+     "messages.0.rol", "unknown_parameter", "unknown field"),
+    ("completions", with_(GOOD, temperature="hot"), "temperature", "invalid_type", "valid number"),
+    ("completions", with_(GOOD, stream="yes"), "stream", "invalid_type", "valid boolean"),
+    ("completions", with_(GOOD, max_tokens=1.5), "max_tokens", "invalid_type", "valid integer"),
+    ("completions", with_(GOOD, model=5), "model", "invalid_type", "valid string"),
+    ("completions", with_(GOOD, prompt={"text": "hi"}), "prompt", "invalid_type", "valid"),
+    ("completions", with_(GOOD, temperature=-1), "temperature", "invalid_value",
+     "temperature must be in [0, inf)"),
+    ("completions", with_(GOOD, top_p=1.5), "top_p", "invalid_value", "top_p must be in (0, 1]"),
+    ("completions", with_(GOOD, presence_penalty=3), "presence_penalty", "invalid_value",
+     "[-2, 2]"),
+    ("completions", with_(GOOD, seed=-1), "seed", "invalid_value", "seed must be in [0, 2**64"),
+    ("completions", with_(GOOD, logprobs=21), "logprobs", "invalid_value",
+     "less than or equal to 20"),
+    ("completions", with_(GOOD, max_tokens=0), "max_tokens", "invalid_value",
+     "greater than or equal to 1"),
+    ("completions", with_(GOOD, n=9), "n", "invalid_value", "n must be at most 8"),
+    ("completions", with_(GOOD, max_tokens=10**6), "max_tokens", "invalid_value",
+     "context length is 128"),
+    ("completions", with_(GOOD, prompt="a" * 200), "prompt", "context_length_exceeded",
+     "the prompt has 200 tokens"),
+    ("completions", with_(GOOD, prompt="a" * CTX), "prompt", "context_length_exceeded",
+     "no room for a new token"),
+    ("completions", with_(GOOD, prompt=[5, 10**6]), "prompt", "invalid_value",
+     "outside the vocabulary"),
+    ("completions", with_(GOOD, stop=["ok", ""]), "stop", "invalid_value", "must not be empty"),
+    ("completions", with_(GOOD, echo=True, logprobs=1), "echo", "unsupported", "not supported"),
+    ("completions", with_(GOOD, logit_bias={"5": 1}), "logit_bias", "unsupported",
+     "not supported"),
+    ("chat/completions", with_(CHAT, messages=[]), "messages", "invalid_value", "at least 1 item"),
+    ("chat/completions", with_(CHAT, messages={"role": "user"}), "messages", "invalid_type",
+     "valid list"),
     ("chat/completions", with_(CHAT, messages=[{"role": "robot", "content": "x"}]),
-     "messages.0.role", "'system', 'developer', 'user' or 'assistant'"),
-    ("chat/completions", with_(CHAT, top_logprobs=2), "top_logprobs", "needs logprobs: true"),
-    ("chat/completions", with_(CHAT, max_completion_tokens=10**6), "max_tokens", "context"),
+     "messages.0.role", "invalid_value", "'system', 'developer', 'user' or 'assistant'"),
+    ("chat/completions", with_(CHAT, top_logprobs=2), "top_logprobs", "invalid_value",
+     "needs logprobs: true"),
+    ("chat/completions", with_(CHAT, max_completion_tokens=10**6), "max_tokens", "invalid_value",
+     "context"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("path", "body", "param", "needle"), CASES)
-def test_bad_input_is_a_400_and_the_next_request_is_answered(url, path, body, param, needle):
-    check_error(post(url, path, body), 400, param, needle)
+@pytest.mark.parametrize(("path", "body", "param", "code", "needle"), CASES)
+def test_bad_input_is_a_400_and_the_next_request_is_answered(url, path, body, param, code, needle):
+    """Each refusal names its field in ``param`` and its reason in ``code`` (never null: schema
+    errors had ``code: null``), with OpenAI's codes where OpenAI has one."""
+    r = post(url, path, body)
+    check_error(r, 400, param, needle)
+    assert r.json()["error"]["code"] == code
     good = post(url, path, json.dumps(CHAT if path.startswith("chat") else GOOD).encode())
     assert good.status_code == 200 and good.json()["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("path", ["completions", "chat/completions"])
+def test_an_unknown_model_is_a_404_model_not_found_as_openai(url, path):
+    """OpenAI answers a request for a model it does not serve with 404, invalid_request_error,
+    code model_not_found (it was a 400 here)."""
+    r = post(url, path, with_(CHAT if path.startswith("chat") else GOOD, model="gpt-4"))
+    check_error(r, 404, "model", "unknown model 'gpt-4'; this server serves 'tiny'")
+    assert r.json()["error"]["code"] == "model_not_found"
+    r = httpx.get(f"{url}/models/gpt-4")  # the same answer as /v1/models/{id}
+    check_error(r, 404, None, "model 'gpt-4' is not served here")
+    assert r.json()["error"]["code"] == "model_not_found"
+
+
 def test_unknown_routes_and_methods_have_the_error_shape(url):
-    check_error(httpx.get(f"{url}/nope"), 404, None, "Not Found")
-    check_error(httpx.get(f"{url}/completions"), 405, None, "Method Not Allowed")
+    r = httpx.get(f"{url}/nope")
+    check_error(r, 404, None, "Not Found")
+    assert r.json()["error"]["code"] == "not_found"
+    r = httpx.get(f"{url}/completions")
+    check_error(r, 405, None, "Method Not Allowed")
+    assert r.json()["error"]["code"] == "method_not_allowed"
     assert httpx.get(url.removesuffix("/v1") + "/health").json()["status"] == "ok"
 
 
 def test_the_official_client_raises_its_typed_errors(url, tiny):
     c = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="unknown model 'nope'"):
+    with pytest.raises(openai.NotFoundError, match="unknown model 'nope'"):
         c.completions.create(model="nope", prompt="hi")
     long = [{"role": "user", "content": "a" * 300}]
     n = len(tiny.chat_prompt(long))
@@ -148,6 +192,20 @@ def test_api_key_is_required_on_every_route(tiny):
         assert c.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens
         ok = httpx.get(f"{root}/health", headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+
+
+def test_the_auth_scheme_is_case_insensitive(tiny):
+    """RFC 7235 section 2.1: the scheme is case-insensitive and is followed by one or more
+    spaces; "bearer KEY" was refused. The key itself is compared exactly."""
+    with serving(create_app(tiny, model_id=MODEL, api_key="s3cret")) as u:
+        for given, status in [("bearer s3cret", 200), ("BEARER s3cret", 200),
+                              ("Bearer  s3cret", 200), ("Bearer s3cret", 200),
+                              ("bearer S3CRET", 401), ("bearer s3cre", 401),
+                              ("Basic s3cret", 401), ("Bearers3cret", 401), ("s3cret", 401),
+                              ("bearer", 401), ("", 401)]:  # fmt: skip
+            r = httpx.get(f"{u}/models", headers={"Authorization": given})
+            assert r.status_code == status, given
+        assert status == 401 and r.json()["error"]["code"] == "invalid_api_key"
 
 
 def test_a_client_that_disconnects_frees_its_slot_at_once(tiny):

@@ -48,17 +48,18 @@ def check_ids(prompt: Any) -> list[int]:
     if isinstance(prompt, Mapping | set | frozenset):  # no order, or keys that are not ids
         raise PromptTypeError(f"a prompt is text or a list of token ids, not a {type_name(prompt)}")
     items = list(prompt)
-    bad = [i for i in items if not is_token_id(i)]
+    bad = [i for i, x in enumerate(items) if not is_token_id(x)]
     if bad:
-        kinds = "/".join(sorted({type_name(i) for i in bad}))
+        kinds = "/".join(sorted({type_name(items[i]) for i in bad}))
         hint = (
             "; generate() and stream() take a list of prompts, other methods one"
-            if any(isinstance(i, str | bytes) for i in bad)
+            if any(isinstance(items[i], str | bytes) for i in bad)
             else "; token ids are ints"
         )
+        first = items[bad[0]]
         raise PromptTypeError(
             f"a prompt is text (str) or a list of token ids, got a {type_name(prompt)} "
-            f"holding {kinds} ({bad[0]!r}){hint}"
+            f"holding {kinds}: item {bad[0]} is {first!r} ({type_name(first)}){hint}"
         )
     return [int(i) for i in items]
 

@@ -72,8 +72,8 @@ class SamplingError(ClearLMError, ValueError):
 
 
 class PromptTypeError(ClearLMError, TypeError):
-    """A prompt that is neither a string nor a list of token ids (e.g. a list of strings: batches
-    of prompts are not supported yet; call once per prompt)."""
+    """A prompt that is neither a string nor a list of token ids, or a list of prompts that is
+    empty or holds something else (``["a", 5]``)."""
 
     exit_code = 7
 

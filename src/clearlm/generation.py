@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,6 +21,7 @@ from clearlm.errors import ContextLengthError, SamplingParamsError
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
 from clearlm.sampling import Sampler, SamplingParams, make_sampler
+from clearlm.sampling_params import is_int
 from clearlm.text_stream import TextStream
 from clearlm.tokenizer import Tokenizer
 
@@ -59,21 +61,24 @@ def check_fits(n_prompt: int, context_length: int, new_tokens: int = 1) -> None:
         )
 
 
+def check_max_new_tokens(max_new_tokens: Any) -> None:
+    """Raise SamplingParamsError unless max_new_tokens is an integer ≥ 0 (a bool is not one).
+    The one check of generate_step and of the batch (clearlm.engine.batch_generate)."""
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
+        raise SamplingParamsError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
+
+
 def generate_step(
     model: Transformer, prompt: Sequence[int], sampler: Sampler, max_new_tokens: int
 ) -> Iterator[tuple[int, float]]:
     """Yield (token id, logprob) one step at a time, up to max_new_tokens or the context length.
 
     The caller decides when to stop earlier (EOS, stop strings) by not asking for more.
-    Raises ContextLengthError if the prompt leaves no room for a new token.
+    Raises ContextLengthError if the prompt leaves no room for a new token,
+    SamplingParamsError if max_new_tokens is not an integer ≥ 0.
     """
     ctx = model.config.context_length
-    if (
-        isinstance(max_new_tokens, bool)
-        or not isinstance(max_new_tokens, int)
-        or max_new_tokens < 0
-    ):
-        raise SamplingParamsError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
+    check_max_new_tokens(max_new_tokens)
     check_fits(len(prompt), ctx)
     n_new = min(max_new_tokens, ctx - len(prompt))
     cache = new_cache(model, 1, len(prompt) + n_new)

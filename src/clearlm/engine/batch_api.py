@@ -14,20 +14,42 @@ from typing import TYPE_CHECKING, Any
 from clearlm.api_checks import check_stop
 from clearlm.defaults import GENERATE_DEFAULTS
 from clearlm.engine.batch_generate import generate_batch, stream_batch
-from clearlm.errors import SamplingParamsError
+from clearlm.errors import PromptTypeError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult
 
 if TYPE_CHECKING:
     from clearlm.api import Model
 
 
+PROMPT = str | bytes | bytearray | list | tuple  # one prompt: text, or token ids
+
+
 def is_batch(prompt: Any) -> bool:
-    """Whether ``prompt`` is a list of prompts (texts, or lists of token ids) rather than one."""
-    return (
-        isinstance(prompt, list | tuple)
-        and len(prompt) > 0
-        and all(isinstance(p, str | bytes | bytearray | list | tuple) for p in prompt)
-    )
+    """Whether ``prompt`` is a list of prompts (texts, or lists of token ids) rather than one.
+
+    A list whose first item is a prompt is read as a list of prompts; one whose first item is
+    not (an int) as one prompt's token ids, which ``Model.encode`` checks.
+
+    Raises:
+        PromptTypeError: an empty list or tuple (no prompt, and no token ids either), or a list
+            of prompts holding something else (``["a", 5]``: the first such item named, with
+            its index and type).
+    """
+    if not isinstance(prompt, list | tuple):
+        return False
+    if not prompt:
+        raise PromptTypeError(
+            "the list of prompts is empty; give at least one prompt (text or token ids)"
+        )
+    if not isinstance(prompt[0], PROMPT):
+        return False
+    for i, p in enumerate(prompt):
+        if not isinstance(p, PROMPT):
+            raise PromptTypeError(
+                f"item {i} is {p!r} ({type(p).__name__}) in the list of prompts, not a prompt; "
+                "give each prompt as text (str) or a list of token ids"
+            )
+    return True
 
 
 def row_values(value: Any, n: int, name: str) -> list[Any]:

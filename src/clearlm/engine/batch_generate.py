@@ -14,11 +14,10 @@ from collections.abc import Iterator, Sequence
 
 from clearlm.engine import Request
 from clearlm.engine.scheduler import BatchEngine
-from clearlm.errors import SamplingParamsError
-from clearlm.generation import Chunk, GenerationResult, check_fits
+from clearlm.errors import ContextLengthError
+from clearlm.generation import Chunk, GenerationResult, check_fits, check_max_new_tokens
 from clearlm.model.transformer import Transformer
 from clearlm.sampling import SamplingParams
-from clearlm.sampling_params import is_int
 from clearlm.text_stream import TextStream
 from clearlm.tokenizer import Tokenizer
 
@@ -39,15 +38,18 @@ def stream_batch(
     (the last one carries its finish_reason); rows interleave, one token per row per step.
 
     Raises (at the call, before generating):
-        ContextLengthError: a prompt is empty or leaves no room for a new token.
+        ContextLengthError: a prompt is empty or leaves no room for a new token (the message
+            starts with ``prompt <index>:``).
         SamplingParamsError: a max_new_tokens is not an integer ≥ 0.
     """
     ctx = model.config.context_length
-    for p in prompts:
-        check_fits(len(p), ctx)
+    for i, p in enumerate(prompts):
+        try:
+            check_fits(len(p), ctx)
+        except ContextLengthError as e:  # say which prompt of the batch
+            raise ContextLengthError(f"prompt {i}: {e}") from None
     for n in max_new_tokens:
-        if not is_int(n) or n < 0:
-            raise SamplingParamsError(f"max_new_tokens must be an integer ≥ 0, got {n!r}")
+        check_max_new_tokens(n)
     return run_rows(model, tokenizer, prompts, params, max_new_tokens, stops)
 
 

@@ -10,8 +10,9 @@ the :class:`~clearlm.engine.Engine` methods (the one-at-a-time
 
 Every refusal is OpenAI's error shape (:mod:`clearlm.serve.errors`): 400 for bad input (a body
 that is not UTF-8 or JSON, over ``max_body`` bytes, unknown or mistyped fields, values out of
-range, an unknown model, a prompt longer than the context), 401 for a missing or wrong API key
-(every route requires it when the server has one, /health included), 404 for an unknown route.
+range, a prompt longer than the context), 401 for a missing or wrong API key (every route
+requires it when the server has one, /health included), 404 for an unknown route or an unknown
+``model`` (code ``model_not_found``, as OpenAI answers).
 """
 
 from __future__ import annotations
@@ -37,9 +38,17 @@ from clearlm.serve.errors import APIError
 from clearlm.serve.handler import Session
 from clearlm.serve.requests import Limits, chat_job, completion_job
 from clearlm.serve.runner import Runner
-from clearlm.serve.schemas import ChatBody, CompletionBody, parse
+from clearlm.serve.schemas import ChatBody, CompletionBody, error_code, parse
 
 MAX_BODY = 1 << 20  # bytes: 1 MiB
+
+
+def bearer_token(header: bytes) -> bytes | None:
+    """The credentials of an ``Authorization: Bearer <token>`` header, or None for another
+    scheme. The scheme is case-insensitive and followed by one or more spaces (RFC 7235,
+    section 2.1: ``credentials = auth-scheme [ 1*SP token68 ]``), so ``bearer KEY`` counts."""
+    scheme, _, token = header.partition(b" ")
+    return token.lstrip(b" ") if scheme.lower() == b"bearer" else None
 
 
 class BearerAuth:
@@ -47,12 +56,12 @@ class BearerAuth:
     Pure ASGI (not BaseHTTPMiddleware) so that streaming and disconnects pass through as is."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
-        self.app, self.expected = app, f"Bearer {key}".encode()
+        self.app, self.expected = app, key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            token = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
+            if token is None or not hmac.compare_digest(token, self.expected):
                 err = APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                code="invalid_api_key")  # fmt: skip
                 await err.response({"WWW-Authenticate": "Bearer"})(scope, receive, send)
@@ -137,12 +146,15 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else None
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return APIError(exc.status_code, str(exc.detail), code=code).response()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return APIError(400, str(exc.errors()[0].get("msg", "invalid request"))).response()
+        first = exc.errors()[0]  # FastAPI's own checks (path parameters): as parse() words them
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None  # after "path"
+        msg, code = first.get("msg", "invalid request"), error_code(first.get("type", ""))
+        return APIError(400, f"{where or 'request'}: {msg}", where, code).response()
 
     @app.exception_handler(Exception)
     async def server_error(_: Request, exc: Exception) -> JSONResponse:
@@ -172,8 +184,8 @@ def create_app(
             body: Any = parse(raw, CompletionBody)
         else:
             body = parse(raw, ChatBody)
-        if body.model != name:
-            raise APIError(400, f"unknown model {body.model!r}; this server serves {name!r}",
+        if body.model != name:  # OpenAI's answer: 404, model_not_found
+            raise APIError(404, f"unknown model {body.model!r}; this server serves {name!r}",
                            "model", "model_not_found")  # fmt: skip
         prepare = completion_job if kind == "completion" else chat_job
         job = await asyncio.to_thread(prepare, model, body, limits)  # tokenizing: off the loop

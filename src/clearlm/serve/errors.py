@@ -20,7 +20,7 @@ class APIError(Exception):
     """A request the server refuses.
 
     Args:
-        status: HTTP status (400 bad input, 401 no or wrong key, 404 unknown route).
+        status: HTTP status (400 bad input, 401 no or wrong key, 404 unknown route or model).
         message: one line saying what is wrong and what to do.
         param: the request field at fault (``"messages.0.content"``), or None.
         code: a short machine-readable reason (``"model_not_found"``), or None.

@@ -118,7 +118,9 @@ def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, 
 def completion_job(model: Model, body: CompletionBody, limits: Limits) -> Job:
     """Raises APIError (400) for anything the model cannot run."""
     if body.echo and body.logprobs is not None:
-        raise APIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
+        raise APIError(
+            400, "echo with logprobs (prompt logprobs) is not supported", "echo", "unsupported"
+        )
     try:
         prompt = model.encode(body.prompt)
     except ClearLMError as e:
