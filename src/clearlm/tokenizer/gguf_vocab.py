@@ -9,7 +9,7 @@ A GGUF has no ``tokenizer.json``: it stores vocabulary, merges or scores and tok
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
@@ -88,23 +88,37 @@ def byte_level_bpe(
         raise UnsupportedModelError(
             f"{source} uses pre-tokenizer {pre!r}; supported: {', '.join(PRE_TOKENIZERS)}"
         )
+    vocab = _byte_level_vocab(tokens, types)
+    merges = require(metadata, "tokenizer.ggml.merges", source)
+    pairs = [(a, b) for a, _, b in map(methodcaller("partition", " "), merges)]
+    # llama.cpp sets tokenizer_ignore_merges for Llama 3 (a word already in the vocabulary is
+    # taken whole), as does Llama 3's tokenizer.json ("ignore_merges": true).
+    try:
+        backend = Backend(models.BPE(vocab, pairs, ignore_merges=pre == "llama-bpe"))
+    except Exception:  # tokenizers refuses a merge whose parts or result it lacks: name it
+        for merge, (a, b) in zip(merges, pairs, strict=True):
+            if a not in vocab or b not in vocab or a + b not in vocab:
+                raise InvalidModelFileError(
+                    f"{source}: BPE merge {merge!r} leaves the vocabulary"
+                ) from None
+        raise
+    backend.pre_tokenizer = PRE_TOKENIZERS[pre]()
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _byte_level_vocab(tokens: list[str], types: list[int]) -> dict[str, int]:
+    """token → id (a duplicate spelling keeps its first id), NORMAL tokens outside the byte
+    alphabet respelled byte by byte (see byte_level_bpe). Usually no token needs it: one check
+    of the joined text and one dict build (Qwen2.5's 151,936 tokens: 40 ms, a loop 110 ms)."""
+    if _ALPHABET.issuperset("".join(tokens)):
+        return dict(zip(reversed(tokens), range(len(tokens) - 1, -1, -1), strict=True))
     vocab: dict[str, int] = {}
     for i, (token, kind) in enumerate(zip(tokens, types, strict=True)):
         if kind not in (CONTROL, USER_DEFINED) and not _ALPHABET.issuperset(token):
             token = "".join(BYTE_TO_CHAR[b] for b in token.encode("utf-8"))
-        vocab.setdefault(token, i)  # a duplicate spelling keeps its first id
-    merges = []
-    for merge in require(metadata, "tokenizer.ggml.merges", source):
-        a, _, b = merge.partition(" ")
-        if a not in vocab or b not in vocab or a + b not in vocab:  # tokenizers would panic
-            raise InvalidModelFileError(f"{source}: BPE merge {merge!r} leaves the vocabulary")
-        merges.append((a, b))
-    # llama.cpp sets tokenizer_ignore_merges for Llama 3 (a word already in the vocabulary is
-    # taken whole), as does Llama 3's tokenizer.json ("ignore_merges": true).
-    backend = Backend(models.BPE(vocab, merges, ignore_merges=pre == "llama-bpe"))
-    backend.pre_tokenizer = PRE_TOKENIZERS[pre]()
-    backend.decoder = decoders.ByteLevel()
-    return backend
+        vocab.setdefault(token, i)
+    return vocab
 
 
 def merges_from_scores(
