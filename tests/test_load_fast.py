@@ -13,10 +13,11 @@ import sys
 from gguf import GGMLQuantizationType as Q
 from tiny_gguf import write_tiny_llama
 
-# imported only by the paths that need them: torch.compile, the reference, the server/UI
+# imported only by the paths that need them: torch.compile, the reference, the server/UI,
+# the chat template (jinja2)
 NOT_AT_RUN_TIME = (
     "torch._dynamo", "transformers", "fastapi", "uvicorn", "matplotlib", "sympy",
-    "torch.utils.cpp_extension", "setuptools",
+    "torch.utils.cpp_extension", "setuptools", "jinja2",
 )  # fmt: skip
 
 RUN = """
