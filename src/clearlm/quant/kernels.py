@@ -14,6 +14,7 @@ falls back to a pure-torch dequantize + matmul.
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import os
 import warnings
@@ -29,13 +30,14 @@ _loaded: list[ModuleType | None] = []
 
 
 def build_dir() -> Path:
-    """Where the compiled extension lives: keyed by the sources' hash, the torch version and the
-    flags (a build found there is imported as it is, so the key must name everything in it)."""
+    """Where the compiled extension lives: keyed by the sources' hash, the torch and Python
+    versions and the flags (a build found there is imported as it is, so the key must name
+    everything it depends on)."""
     import torch
 
     root = Path(os.environ.get("CLEARLM_CACHE", Path.home() / ".cache" / "clearlm"))
     text = b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()
-    text += " ".join(CFLAGS + LDFLAGS).encode()
+    text += " ".join([*CFLAGS, *LDFLAGS, *importlib.machinery.EXTENSION_SUFFIXES]).encode()
     key = hashlib.sha256(text).hexdigest()[:12]
     return root / "kernels" / f"qgemv-{key}"
 
