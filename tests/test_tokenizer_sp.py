@@ -149,6 +149,16 @@ def test_gemma_merges_as_transformers(gemma_metadata: dict[str, Any]) -> None:
     assert merges_from_scores(vocab, scores) == generate_merges(vocab, scores)
 
 
+def test_merges_with_tied_scores_as_transformers(gemma_metadata: dict[str, Any]) -> None:
+    """Scores rounded to a few values: cuts of different tokens tie and interleave by length."""
+    from transformers.tokenization_utils_base import generate_merges
+
+    tokens = gemma_metadata["tokenizer.ggml.tokens"][:20000]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    scores = {t: float(random.Random(i).randrange(4)) for i, t in enumerate(tokens)}
+    assert merges_from_scores(vocab, scores) == generate_merges(vocab, scores)
+
+
 # --- other SentencePiece architectures, on the first 30,000 Gemma tokens and '▁' ------------
 
 

@@ -3,14 +3,19 @@
 Build choice: JIT at first use with ``torch.utils.cpp_extension.load`` (g++ and ninja, both
 needed), compiled with ``-O3 -march=native -fopenmp`` for the machine it runs on, cached under
 ``$CLEARLM_CACHE/kernels`` (default ``~/.cache/clearlm/kernels``) so later runs load it in well
-under a second. ``make kernels`` (part of ``make setup``) runs ``python -m clearlm.quant.build``
-to build it ahead of time on a fresh machine. Without a compiler the module still works:
-:func:`load_kernels` returns None and QuantLinear falls back to a pure-torch dequantize + matmul.
+under a second: a build already there is imported directly (importlib, as torch's loader does
+at its end), without importing torch.utils.cpp_extension and setuptools or running ninja (about
+0.2 s of CPU time per start). ``make kernels`` (part of ``make setup``) runs
+``python -m clearlm.quant.build`` to build it ahead of time on a fresh machine. Without a
+compiler the module still works: :func:`load_kernels` returns None and QuantLinear
+falls back to a pure-torch dequantize + matmul.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import warnings
 from pathlib import Path
@@ -18,15 +23,21 @@ from types import ModuleType
 
 SOURCE = Path(__file__).with_name("csrc") / "qgemv.cpp"
 SOURCES = (SOURCE, SOURCE.with_name("qgemv_i8.cpp"))  # exact kernel; int8-activation variant
+NAME = "clearlm_qgemv"
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 _loaded: list[ModuleType | None] = []
 
 
 def build_dir() -> Path:
-    """Where the compiled extension lives: keyed by the source's hash and the torch version."""
+    """Where the compiled extension lives: keyed by the sources' hash, the torch and Python
+    versions and the flags (a build found there is imported as it is, so the key must name
+    everything it depends on)."""
     import torch
 
     root = Path(os.environ.get("CLEARLM_CACHE", Path.home() / ".cache" / "clearlm"))
     text = b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()
+    text += " ".join([*CFLAGS, *LDFLAGS, *importlib.machinery.EXTENSION_SUFFIXES]).encode()
     key = hashlib.sha256(text).hexdigest()[:12]
     return root / "kernels" / f"qgemv-{key}"
 
@@ -41,18 +52,20 @@ def load_kernels(verbose: bool = False) -> ModuleType | None:
     module = None
     if os.environ.get("CLEARLM_NO_KERNELS") != "1":
         try:
-            from torch.utils.cpp_extension import load
-
             out = build_dir()
-            out.mkdir(parents=True, exist_ok=True)
-            module = load(
-                name="clearlm_qgemv",
-                sources=[str(p) for p in SOURCES],
-                build_directory=str(out),
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                extra_ldflags=["-fopenmp"],
-                verbose=verbose,
-            )
+            module = _import_built(out)
+            if module is None:
+                from torch.utils.cpp_extension import load
+
+                out.mkdir(parents=True, exist_ok=True)
+                module = load(
+                    name=NAME,
+                    sources=[str(p) for p in SOURCES],
+                    build_directory=str(out),
+                    extra_cflags=CFLAGS,
+                    extra_ldflags=LDFLAGS,
+                    verbose=verbose,
+                )
         except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
             warnings.warn(f"clearlm: quantized kernel unavailable ({exc}); using torch fallback",
                           stacklevel=2)
@@ -60,3 +73,17 @@ def load_kernels(verbose: bool = False) -> ModuleType | None:
     _loaded.append(module)
     return module
 
+
+
+def _import_built(out: Path) -> ModuleType | None:
+    """The extension already built in ``out``, imported; None if there is none yet or a build
+    is running there (torch's loader holds ``out/lock`` while it builds: it waits for that)."""
+    so = out / f"{NAME}.so"
+    if not so.is_file() or (out / "lock").exists():
+        return None
+    spec = importlib.util.spec_from_file_location(NAME, so)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -74,9 +74,29 @@ class Packed:
 SUPPORTED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K)
 
 
-def _f16(b: np.ndarray) -> np.ndarray:
-    """(n, 2) uint8 → (n,) float16 (little-endian, as ggml stores it)."""
-    return np.ascontiguousarray(b).view(np.float16)[:, 0]
+def _field(b: np.ndarray, start: int, fmt: str) -> np.ndarray:
+    """One field of every block, contiguous: b (n_blocks, type_size) uint8, C-contiguous; fmt a
+    numpy format at byte ``start`` ('<f2' → (n,) float16, little-endian as ggml stores it;
+    'V16' → (n, 16) uint8). One copy through a structured view, 2-7× faster than copying a
+    strided uint8 slice (6.7 M Q5_0 scales: 10 vs 71 ms)."""
+    dt = np.dtype({"names": ["f"], "formats": [fmt], "offsets": [start], "itemsize": b.shape[1]})
+    out = b.reshape(-1).view(dt)["f"].copy()
+    return out.view(np.uint8).reshape(b.shape[0], -1) if fmt.startswith("V") else out
+
+
+def _f16(b: np.ndarray, start: int = 0) -> np.ndarray:
+    """The float16 at byte ``start`` of every block of b: (n_blocks,) float16."""
+    return _field(b, start, "<f2")
+
+
+def _q5_codes(b: np.ndarray, off: int) -> np.ndarray:
+    """Q5 blocks → (n_blocks, 20) uint8: the 16 qs bytes at off + 4, then the 4 qh at off."""
+    out = np.empty(b.shape[0], np.dtype([("qs", "V16"), ("qh", "V4")]))
+    dt = np.dtype({"names": ["qh", "qs"], "formats": ["V4", "V16"], "offsets": [off, off + 4],
+                   "itemsize": b.shape[1]})
+    src = b.reshape(-1).view(dt)
+    out["qs"], out["qh"] = src["qs"], src["qh"]
+    return out.view(np.uint8).reshape(b.shape[0], 20)
 
 
 def _nibbles_to_ggml(codes: np.ndarray) -> np.ndarray:
@@ -96,7 +116,7 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
     block, type_size = GGML_QUANT_SIZES[qtype]
     if k % block:
         raise UnsupportedQuantError(f"row length {k} is not a multiple of {qtype.name}'s {block}")
-    b = np.asarray(raw, dtype=np.uint8).reshape(-1, type_size)  # (n_blocks, type_size)
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, type_size)  # (n_blocks, type_size)
     nb = b.shape[0]
     per_row = k // 32
 
@@ -104,29 +124,30 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         return torch.from_numpy(np.ascontiguousarray(a).reshape(n, cols))
 
     if qtype == Q.Q8_0:
-        return Packed(t(b[:, 2:].view(np.int8), k), t(_f16(b[:, :2]), per_row), None, 8, 32, "Q8_0")
+        codes = _field(b, 2, "V32").view(np.int8)
+        return Packed(t(codes, k), t(_f16(b), per_row), None, 8, 32, "Q8_0")
     if qtype in (Q.Q4_0, Q.Q4_1):
-        d = _f16(b[:, :2])
+        d = _f16(b)
         if qtype == Q.Q4_0:  # d * (q - 8) = d*q + (-8d): -8d is exact in float16 unless overflow
-            mn, qs = (d.astype(np.float32) * -8).astype(np.float16), b[:, 2:]
+            mn, qs = (d.astype(np.float32) * -8).astype(np.float16), _field(b, 2, "V16")
             if not np.isfinite(mn).all():
                 d, mn = d.astype(np.float32), d.astype(np.float32) * -8
         else:
-            mn, qs = _f16(b[:, 2:4]), b[:, 4:]
+            mn, qs = _f16(b, 2), _field(b, 4, "V16")
         return Packed(t(qs, k // 2), t(d, per_row), t(mn, per_row), 4, 32, qtype.name)
     if qtype in (Q.Q5_0, Q.Q5_1):  # kept as ggml stores them: qs (16 bytes) then qh (4 bytes)
-        d, off = _f16(b[:, :2]), 2 if qtype == Q.Q5_0 else 4
-        codes = np.concatenate([b[:, off + 4 :], b[:, off : off + 4]], axis=1)  # (nb, 20)
+        d, off = _f16(b), 2 if qtype == Q.Q5_0 else 4
+        codes = _q5_codes(b, off)  # (nb, 20)
         if qtype == Q.Q5_1:
-            return Packed(t(codes, k // 32 * 20), t(d, per_row), t(_f16(b[:, 2:4]), per_row), 5,
+            return Packed(t(codes, k // 32 * 20), t(d, per_row), t(_f16(b, 2), per_row), 5,
                           32, "Q5_1")
         mn = (d.astype(np.float32) * -16).astype(np.float16)  # d * (q - 16) = d*q + (-16d)
         if not np.isfinite(mn).all():
             d, mn = d.astype(np.float32), d.astype(np.float32) * -16
         return Packed(t(codes, k // 32 * 20), t(d, per_row), t(mn, per_row), 5, 32, "Q5_0")
     if qtype == Q.Q4_K:
-        d = _f16(b[:, :2]).astype(np.float32)[:, None]  # (nb, 1)
-        dmin = _f16(b[:, 2:4]).astype(np.float32)[:, None]
+        d = _f16(b).astype(np.float32)[:, None]  # (nb, 1)
+        dmin = _f16(b, 2).astype(np.float32)[:, None]
         sc, m = Q4_K.get_scale_min(b[:, 4:16].copy())  # (nb, 8) each, 6-bit
         scale = d * sc.reshape(nb, 8).astype(np.float32)  # (nb, 8): exact (11 × 6 bits)
         mn = -(dmin * m.reshape(nb, 8).astype(np.float32))
@@ -140,7 +161,7 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
     qh = b[:, 128:192].reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
     qh = (qh & 0x03).reshape(nb, 8, 32)
     codes = (ql | (qh << 4)).astype(np.int8) - np.int8(32)  # (nb, 8, 32)
-    scale = _f16(b[:, 208:210]).astype(np.float32)[:, None] * b[:, 192:208].view(np.int8).astype(
+    scale = _f16(b, 208).astype(np.float32)[:, None] * b[:, 192:208].view(np.int8).astype(
         np.float32
     )  # (nb, 16): exact (11 × 8 bits)
     return Packed(t(codes, k), t(scale, k // 16), None, 8, 16, "Q6_K")

@@ -16,7 +16,6 @@ from typing import Any
 from tokenizers import Tokenizer as Backend
 
 from clearlm.text import clean_text
-from clearlm.tokenizer.chat import pick_template, render_chat
 from clearlm.tokenizer.stream import DecodeRule, TextStream
 
 
@@ -116,6 +115,8 @@ class Tokenizer:
         Raises:
             ChatTemplateError: no template, or it failed to compile or render.
         """
+        from clearlm.tokenizer.chat import pick_template, render_chat  # jinja2: only here
+
         template = pick_template(self.chat_template, self.chat_templates, tools, self.source)
         return render_chat(
             template,
