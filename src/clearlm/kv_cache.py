@@ -143,8 +143,10 @@ class CacheRows:
         # buffer, which Inductor keeps in place (a scatter_ into a slot view was compiled as a
         # copy of the whole buffer, written back after the scatter, in every layer and step).
         at = (self.slot_of, slice(None), self.columns)
-        keys[at] = k.transpose(1, 2).to(keys.dtype)  # (B, T, K, Hd)
-        values[at] = v.transpose(1, 2).to(values.dtype)
+        if k.dtype != keys.dtype:
+            k, v = k.to(keys.dtype), v.to(values.dtype)
+        keys[at] = k.transpose(1, 2)  # (B, T, K, Hd)
+        values[at] = v.transpose(1, 2)
         keys, values = keys[self.slots], values[self.slots]  # (B, K, S_max + 1, Hd) views
         return keys[:, :, : self.n_keys], values[:, :, : self.n_keys]
 
