@@ -25,11 +25,11 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+        w = self.weight
+        if x.dtype == torch.float32 and w.dtype == torch.float32:
             # torch's rms_norm computes the same x · rsqrt(mean(x²) + ε) · w in one call, not
             # the eight ops of :meth:`written_out` (bit-identical on CPU: test_decode_ops.py)
-            w = self.weight + self.offset if self.offset else self.weight
-            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+            return F.rms_norm(x, (x.shape[-1],), w + self.offset if self.offset else w, self.eps)
         return self.written_out(x)
 
     def written_out(self, x: torch.Tensor) -> torch.Tensor:
