@@ -10,7 +10,8 @@ prefill a 16-token prompt, then time decode steps. Two measurements:
   (module calls, hooks, views, residual adds, activations). The wrappers add a few µs per call.
 
 Usage: ``python bench/decode_profile.py [--threads 2] [--steps 30] [--models smollm2 qwen gemma]
-[--compile]``. The machine may be shared: quote the CPU-time column and ratios.
+[--compile] [--cache-len N]``. The compiled step reads and writes the whole cache
+(--cache-len positions). The machine may be shared: quote the CPU-time column and ratios.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def run(name: str, args: argparse.Namespace) -> None:
         from clearlm.compiled import CompiledDecodeStep
 
         step = CompiledDecodeStep(model, mode=args.mode, cpp_wrapper=args.cpp_wrapper)
-    n = 16 + 6 * args.steps + 8
+    n = args.cache_len or 16 + 6 * args.steps + 8
     c = model.config
     cache = KVCache(c.n_layers, 1, c.n_kv_heads, c.head_dim, n)  # float32 keys/values
     tok = torch.arange(100, 116).view(1, 16)
@@ -163,6 +164,8 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="time clearlm.compiled's step instead")
     p.add_argument("--mode", default="default", help="torch.compile mode with --compile")
     p.add_argument("--cpp-wrapper", action="store_true", help="Inductor's C++ wrapper")
+    p.add_argument("--cache-len", type=int, default=0,
+                   help="KV cache positions (default: just what the run needs)")
     p.add_argument("--int8", action="store_true", help="int8-rounded activations (opt-in)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)

@@ -90,7 +90,7 @@ def test_rope_table_grows_with_identical_rows(monkeypatch):
     pos = torch.tensor([3, 9, 39])
     cos, sin = lazy(pos)
     assert len(lazy.cos) == 40  # 8 → 64, capped at 40
-    assert torch.equal(cos, full.cos[pos]) and torch.equal(sin, full.sin[pos])
+    assert torch.equal(cos, full.cos[pos]) and torch.equal(sin, full.sin_rot[pos])
 
 
 @pytest.fixture(scope="module")

@@ -123,3 +123,23 @@ def test_cli_generate_compile_flag(tmp_path, monkeypatch) -> None:
     got = CliRunner().invoke(app, [*args, "--compile"])
     assert got.exit_code == 0, got.output
     assert got.output == want.output and len(calls) == 3  # 4 tokens: prefill, then 3 steps
+
+
+def test_compiled_step_writes_the_cache_in_place(tiny_compact, monkeypatch, tmp_path) -> None:
+    """The compiled step writes each new key/value into the cache buffers themselves: Inductor's
+    code allocates no buffer of the cache's shape (a scatter_ into a slot view was compiled as a
+    copy of the whole buffer per layer and step, written back afterwards)."""
+    from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    c = tiny_compact.config
+    cache = new_cache(tiny_compact, 37)  # buffers (1, K, 38, Hd): a shape nothing else has
+    logits = prefill(tiny_compact, torch.tensor([[1, 72, 101]]), cache)
+    step = CompiledDecodeStep(tiny_compact)
+    token = logits.argmax(-1, keepdim=True)  # (1, 1)
+    _, code = run_and_get_code(step, tiny_compact, token, cache)
+    shape = f"(1, {c.n_kv_heads}, 38, {c.head_dim})"
+    assert code and shape in "\n".join(code)  # the cache is an input of the graph
+    allocs = [line for src in code for line in src.splitlines() if "empty_strided" in line]
+    assert not [line for line in allocs if shape in line], allocs
+    assert cache.offset == 4 and cache.keys[0][0, :, 3].abs().sum() > 0  # the step wrote key 3

@@ -11,10 +11,10 @@ without padding their prompts: every row of a batch carries its own positions ("
 offsets", rather than left padding; see :class:`CacheRows`).
 
 Nothing here reads a tensor back to Python: a forward pass writes by position tensor
-(``scatter_`` on the S axis) and moves ``lengths`` with tensor ops, so a compiled decode step
-never synchronises with the host. ``lengths`` moves only after the last block has written
-(:meth:`CacheRows.advance`), so a pass that raises half-way leaves the lengths where they were
-and the same tokens can be run again.
+(``index_put_`` at (slot, position), done in place in a compiled step too) and moves
+``lengths`` with tensor ops, so a compiled decode step never synchronises with the host.
+``lengths`` moves only after the last block has written (:meth:`CacheRows.advance`), so a pass
+that raises half-way leaves the lengths where they were and the same tokens can be run again.
 """
 
 from __future__ import annotations
@@ -122,6 +122,9 @@ class CacheRows:
         self.positions = positions  # (B, T)
         scratch = torch.full_like(positions, cache.max_seq_len)
         self.columns = torch.where(positions >= 0, positions, scratch)  # (B, T) write columns
+        B = positions.shape[0]
+        slots = torch.arange(rows.start, rows.start + B, device=positions.device)  # (B,)
+        self.slot_of = slots[:, None].expand_as(positions)  # (B, T) slot of each new token
 
     def update_and_fetch(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
@@ -135,12 +138,16 @@ class CacheRows:
         Returns:
             (keys, values), each (B, K, n_keys, Hd): views into the buffers, no copy.
         """
-        B, K, T, Hd = k.shape
-        idx = self.columns[:, None, :, None].expand(B, K, T, Hd)  # (B, K, T, Hd) column per token
-        keys = self.cache.keys[layer][self.slots]  # (B, K, S_max + 1, Hd) view
-        values = self.cache.values[layer][self.slots]
-        keys.scatter_(2, idx, k.to(keys.dtype))
-        values.scatter_(2, idx, v.to(values.dtype))
+        keys, values = self.cache.keys[layer], self.cache.values[layer]  # (n_slots, K, S+1, Hd)
+        # buffer[slot_of[b, t], :, columns[b, t]] = k[b, :, t]: an index_put_ on the whole
+        # buffer, which Inductor keeps in place (a scatter_ into a slot view was compiled as a
+        # copy of the whole buffer, written back after the scatter, in every layer and step).
+        at = (self.slot_of, slice(None), self.columns)
+        if k.dtype != keys.dtype:
+            k, v = k.to(keys.dtype), v.to(values.dtype)
+        keys[at] = k.transpose(1, 2)  # (B, T, K, Hd)
+        values[at] = v.transpose(1, 2)
+        keys, values = keys[self.slots], values[self.slots]  # (B, K, S_max + 1, Hd) views
         return keys[:, :, : self.n_keys], values[:, :, : self.n_keys]
 
     def advance(self) -> None:

@@ -93,7 +93,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x (B, T, D) → (B, T, D). With a cache, new keys/values are stored at their positions.
 
-        rope: (cos, sin), each (T, rope_dim) or (B, T, rope_dim), when the model uses RoPE,
+        rope: (cos, sin_rot), each (T, rope_dim) or (B, T, rope_dim), when the model uses RoPE,
         else None. positions: (T,) or (B, T) int64. mask: (B, 1, T, S) bool, built once per
         forward pass by the Transformer; None (a block run on its own, without a cache) builds
         the causal mask of ``positions`` here.

@@ -47,7 +47,7 @@ class Block(nn.Module):
         cache: CacheRows | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (B, T, D) → (B, T, D); rope (cos, sin) of (T or B×T, rope_dim) or None; positions
+        """x (B, T, D) → (B, T, D); rope (cos, sin_rot) of (T or B×T, rope_dim) or None; positions
         (T,) or (B, T); cache and mask as :meth:`clearlm.model.attention.Attention.forward`."""
         x = self.hook_resid_pre(x)
         if self.kind == "pre":

@@ -112,7 +112,9 @@ class RotaryEmbedding(nn.Module):
     with 2j+1 (llama.cpp's layout); llama GGUF Q/K rows are un-permuted at load time
     (loading/gguf.py) so both give the same numbers.
 
-    Static scalings keep cos/sin tables, (P, d) float32, for the first P positions: P starts
+    The tables are cos(p·θ) and ``sin_rot``, sin(p·θ) with its first half negated, the form
+    :func:`apply_rope` multiplies by. Static scalings keep them, (P, d) float32, for the first
+    P positions: P starts
     at min(max_positions, TABLE_START) and doubles (up to max_positions) when a forward pass
     needs a later position, so a file claiming a huge context allocates only what runs use.
     Each row depends only on its position, so the table size does not change any value.
@@ -131,21 +133,24 @@ class RotaryEmbedding(nn.Module):
         self.max_positions = max_positions
         self.dynamic = scaling is not None and scaling.kind == "dynamic"
         n = min(max_positions, self.TABLE_START)
-        cos, sin = self._tables(torch.arange(n), max_positions)
+        cos, sin_rot = self._tables(torch.arange(n), max_positions)
         self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.register_buffer("sin_rot", sin_rot, persistent=False)
 
     def _tables(self, positions: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin_rot) of the positions: each (..., T, d) float32."""
         inv_freq = rope_inv_freq(self.rope_dim, self.base, self.scaling, seq_len)
         inv_freq = inv_freq.to(positions.device)  # (d/2,): the tables live with the positions
         freqs = positions.float()[..., None] * inv_freq  # (..., T, d/2): angle p·θ_j
         emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, d): same angle for j and j + d/2
+        cos, sin = emb.cos(), emb.sin()
         if self.scaling is not None and self.scaling.kind == "yarn":
             # YaRN's attention temperature, applied to q and k alike (transformers'
             # attention_scaling; llama.cpp's mscale).
             a = self.scaling.attention_factor
-            return emb.cos() * a, emb.sin() * a
-        return emb.cos(), emb.sin()
+            cos, sin = cos * a, sin * a
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # sin_rot
 
     def _grow(self, need: int) -> None:
         """Rebuild the tables to cover positions < need (doubling, capped at max_positions)."""
@@ -154,13 +159,12 @@ class RotaryEmbedding(nn.Module):
             n *= 2
         n = min(max(n, need), self.max_positions)
         device = self.cos.device
-        cos, sin = self._tables(torch.arange(n, device=device), self.max_positions)
-        self.cos, self.sin = cos, sin
+        self.cos, self.sin_rot = self._tables(torch.arange(n, device=device), self.max_positions)
 
     def forward(
         self, positions: torch.Tensor, bound: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (T,) or (B, T) int64 → (cos, sin), each (T, d) or (B, T, d) float32.
+        """positions (T,) or (B, T) int64 → (cos, sin_rot), each (T, d) or (B, T, d) float32.
 
         bound: a Python int above every position (the caller knows it: the cache size, the
         prompt length), so the table grows without reading ``positions`` back from the device;
@@ -173,7 +177,7 @@ class RotaryEmbedding(nn.Module):
             bound = int(positions.max()) + 1 if positions.numel() else 0
         if bound > len(self.cos) < self.max_positions:
             self._grow(bound)
-        return self.cos[positions], self.sin[positions]
+        return self.cos[positions], self.sin_rot[positions]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -182,18 +186,23 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate queries or keys: x (B, n, T, Hd), cos/sin (T, d) or per row (B, T, d)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_rot: torch.Tensor) -> torch.Tensor:
+    """Rotate queries or keys: x (B, n, T, Hd), cos/sin_rot (T, d) or per row (B, T, d)
     → (B, n, T, Hd), x's dtype.
 
     x·cos + rotate_half(x)·sin is the 2-D rotation [[cos, -sin], [sin, cos]] on every pair.
-    When d < Hd (partial rotary) only the first d dimensions rotate.
+    It is computed as x·cos + roll(x, d/2)·sin_rot, with sin_rot = [−sin_1, sin_2] (the table
+    :class:`RotaryEmbedding` keeps): rotate_half(x) = [−x2, x1] and roll(x, d/2) = [x2, x1], so
+    each product is the same float32 number (negation is exact), in four torch ops instead of
+    eight (tests/test_decode_ops.py checks it against the formula). When d < Hd (partial
+    rotary) only the first d dimensions rotate.
     """
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if cos.dtype != x.dtype:
+        cos, sin_rot = cos.to(x.dtype), sin_rot.to(x.dtype)
     if cos.dim() == 3:  # per-row positions: broadcast over the heads
-        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, d)
+        cos, sin_rot = cos[:, None], sin_rot[:, None]  # (B, 1, T, d)
     d = cos.shape[-1]
     if d == x.shape[-1]:
-        return x * cos + rotate_half(x) * sin
+        return x * cos + x.roll(d // 2, -1) * sin_rot
     rot, rest = x[..., :d], x[..., d:]
-    return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1)
+    return torch.cat((rot * cos + rot.roll(d // 2, -1) * sin_rot, rest), dim=-1)

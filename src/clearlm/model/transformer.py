@@ -198,7 +198,7 @@ class Transformer(nn.Module):
     ) -> tuple[Any, ...]:
         """What every block of one forward pass shares, computed once (arguments as forward's):
         (tokens on the weights' device, positions (B, T) or (T,), the cache rows or None, the
-        positions' bound (a Python int), the masks per layer kind, (cos, sin) RoPE tables for
+        positions' bound (a Python int), the masks per layer kind, (cos, sin_rot) RoPE tables for
         full and for sliding layers, or None). A pipeline stage (clearlm.parallel) runs the
         same preparation on every rank.
 
@@ -230,7 +230,7 @@ class Transformer(nn.Module):
                 )
             keys = positions  # the keys are the new tokens themselves
         masks = self.masks(positions, keys)  # built once, shared by the layers of each kind
-        rope = self.rope(positions, bound) if self.rope is not None else None  # cos, sin
+        rope = self.rope(positions, bound) if self.rope is not None else None  # cos, sin_rot
         rope_local = self.rope_local(positions, bound) if self.rope_local is not None else rope
         return tokens, positions, rows, bound, masks, rope, rope_local
 
