@@ -65,6 +65,22 @@ void dequant_row(const uint8_t* codes, const S* sc, const S* mn, int64_t K, int6
   }
 }
 
+// Software prefetch (measured: 1.5-1.7x on out-of-cache matrices at 2 threads). A decode step
+// streams every weight once, and the hardware prefetcher alone leaves the loop waiting on
+// memory: so each row's codes are requested PF_BYTES ahead of where the loop reads them (one
+// prefetch per 64-byte line), and each band's scales / mins one band ahead (prefetch_range).
+// PF_BYTES: a sweep over 512 / 2048 / 8192 / 16384 on the three target GGUFs gave 1.14 / 1.31-1.56
+// / 1.44-1.70 / 1.46-1.69x at 1 thread (CPU time): 8192 and beyond are as good.
+#ifndef QGEMV_PF_BYTES
+#define QGEMV_PF_BYTES 8192
+#endif
+constexpr int64_t PF_BYTES = QGEMV_PF_BYTES;
+
+inline void prefetch_range(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+}
+
 #if defined(__AVX512F__)
 // Codes of 16 consecutive values at element offset e of a row, as float32.
 template <int BITS>
@@ -97,8 +113,13 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int6
     const float* xm = x + m * ldx;
     __m512 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    constexpr int64_t stride = BITS == 4 ? 16 : BITS == 5 ? 20 : BS;  // code bytes per block
     for (int64_t b = 0; b < K / BS; ++b) {
       const int64_t e = b * BS;
+      if (m == 0 && ((b * stride) & 63) < stride) {  // this block starts a new 64-byte line
+        for (int r = 0; r < R; ++r) _mm_prefetch(codes + r * row_bytes + b * stride + PF_BYTES,
+                                                 _MM_HINT_T0);
+      }
       const __m512 x0 = _mm512_loadu_ps(xm + e);
       const __m512 x1 = BS == 32 ? _mm512_loadu_ps(xm + e + 16) : x0;
       for (int r = 0; r < R; ++r) {
@@ -201,6 +222,11 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
     }
     for (int64_t b0 = n0; b0 < n1; b0 += band) {
       const int64_t b1 = b0 + band < n1 ? b0 + band : n1;
+      if (b1 < n1) {  // the next band's scales and mins (codes: in dot_rows)
+        const int64_t next = (b1 + band < n1 ? band : n1 - b1) * nb * int64_t(sizeof(S));
+        prefetch_range(sp + b1 * nb, next);
+        if (mp) prefetch_range(mp + b1 * nb, next);
+      }
       const float* sf;
       const float* mf;
       if constexpr (std::is_same_v<S, float>) {
