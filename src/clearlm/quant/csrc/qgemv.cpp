@@ -103,6 +103,40 @@ inline __m512 load16(const uint8_t* codes, int64_t e) {
   return _mm512_cvtepi32_ps(q);
 }
 
+// The weights fmaf(s, code, m) of block b of a row: values b*BS .. +15 in w0, +16 .. +31 in w1.
+// 4/5-bit codes: the 16 (32) weights a block can hold are built once as a table
+// T[q] = fmaf(s, q, m) and each weight is a lookup in it (vpermps reads the code's low 4 bits;
+// vpermt2ps 5 bits): the same float32 values as one FMA per weight, with no nibble mask and no
+// int->float conversion per 16 codes (4 instead of 7 vector operations per 16 weights).
+template <int BITS, int BS>
+inline void block_weights(const uint8_t* row, int64_t b, __m512 s, __m512 m, __m512& w0,
+                          __m512& w1) {
+  if constexpr (BITS == 8) {
+    w0 = w1 = _mm512_fmadd_ps(s, load16<8>(row, b * BS), m);
+    if (BS == 32) w1 = _mm512_fmadd_ps(s, load16<8>(row, b * BS + 16), m);
+  } else {
+    const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const uint8_t* base = row + b * (BITS == 4 ? 16 : 20);
+    // lane j: byte j of the block = code j (low nibble) and code j + 16 (high nibble)
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base)));
+    const __m512 t0 = _mm512_fmadd_ps(s, iota, m);  // T[0 .. 15]
+    if constexpr (BITS == 4) {
+      w0 = _mm512_permutexvar_ps(c, t0);  // vpermps ignores index bits above 3
+      w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), t0);
+    } else {
+      const __m512 t1 = _mm512_fmadd_ps(s, _mm512_add_ps(iota, _mm512_set1_ps(16.0f)), m);
+      const uint32_t qh = load_u32(base + 16);  // bit j: bit 4 of code j
+      const __m512i b4 = _mm512_set1_epi32(16);
+      __m512i lo = _mm512_and_si512(c, _mm512_set1_epi32(15));
+      __m512i hi = _mm512_srli_epi32(c, 4);
+      lo = _mm512_mask_or_epi32(lo, static_cast<__mmask16>(qh & 0xFFFF), lo, b4);
+      hi = _mm512_mask_or_epi32(hi, static_cast<__mmask16>(qh >> 16), hi, b4);
+      w0 = _mm512_permutex2var_ps(t0, lo, t1);  // index bit 4 picks T[16 .. 31]
+      w1 = _mm512_permutex2var_ps(t0, hi, t1);
+    }
+  }
+}
+
 // y[m, r] = sum_k x[m, k] * W[n + r, k] for M rows of x and R weight rows n .. n + R - 1
 // (kept in L1 across m). R rows at once give 2R independent FMA chains and share the x loads.
 // BS (block size, 16 or 32) and R are template arguments so the loops fully unroll.
@@ -125,12 +159,10 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int6
       for (int r = 0; r < R; ++r) {
         const __m512 s = _mm512_set1_ps(to_f(sc[r * nb + b]));
         const __m512 mm = _mm512_set1_ps(mn ? to_f(mn[r * nb + b]) : 0.0f);
-        const uint8_t* cr = codes + r * row_bytes;
-        acc[r][0] = _mm512_fmadd_ps(x0, _mm512_fmadd_ps(s, load16<BITS>(cr, e), mm), acc[r][0]);
-        if (BS == 32) {
-          const __m512 w1 = _mm512_fmadd_ps(s, load16<BITS>(cr, e + 16), mm);
-          acc[r][1] = _mm512_fmadd_ps(x1, w1, acc[r][1]);
-        }
+        __m512 w0, w1;
+        block_weights<BITS, BS>(codes + r * row_bytes, b, s, mm, w0, w1);
+        acc[r][0] = _mm512_fmadd_ps(x0, w0, acc[r][0]);
+        if (BS == 32) acc[r][1] = _mm512_fmadd_ps(x1, w1, acc[r][1]);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -171,22 +203,6 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, int64_t K,
   dequant_row<BITS, S>(codes, sc, mn, K, bs, out);
 }
 #endif
-
-void check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
-           int64_t bits, int64_t bs) {
-  TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "bits must be 4, 5 or 8");
-  TORCH_CHECK(bits == 8 ? (bs == 16 || bs == 32) : (bs == 32), "unsupported block size");
-  TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
-  TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
-  TORCH_CHECK(codes.dim() == 2 && scale.dim() == 2 && codes.size(0) == scale.size(0) &&
-                  codes.size(1) == row_bytes_of(bits, scale.size(1) * bs),
-              "codes, scale and block size disagree");
-  TORCH_CHECK(scale.scalar_type() == torch::kFloat || scale.scalar_type() == torch::kHalf,
-              "scale must be float32 or float16");
-  if (mn.numel()) {
-    TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == scale.scalar_type(), "min layout");
-  }
-}
 
 // float16 → float32, 16 values per instruction where AVX-512 is available.
 void widen(const at::Half* src, int64_t n, float* dst) {
@@ -284,61 +300,17 @@ void qmm_bs(const torch::Tensor& x, const torch::Tensor& codes, const torch::Ten
 
 }  // namespace
 
-// x (M, K) float32 contiguous -> (M, N) float32.
-torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
-                  int64_t bits, int64_t bs) {
-  check(codes, scale, mn, bits, bs);
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
-  x = x.contiguous();
-  const int64_t N = codes.size(0), K = x.size(1);
-  TORCH_CHECK(K % bs == 0 && scale.size(0) == N && scale.size(1) == K / bs, "shape mismatch");
-  auto y = torch::empty({x.size(0), N}, x.options());
+// Entry points for qgemv_ops.cpp (which checks the arguments first).
+int64_t qgemv_row_bytes(int64_t bits, int64_t K) { return row_bytes_of(static_cast<int>(bits), K); }
+
+// y (M, N) = x (M, K) float32 contiguous @ dequant(W).T.
+void qmm_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+             const torch::Tensor& mn, int64_t bits, int64_t bs, torch::Tensor& y) {
   DISPATCH(bits, scale, qmm_bs, x, codes, scale, mn, bs, y);
-  return y;
 }
 
-// qgemv_i8.cpp: the same product with int8-quantized activations (AVX-512 VNNI only).
-bool qmm_i8_available();
-torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
-                          const torch::Tensor& scale, const torch::Tensor& mn, int64_t bits,
-                          int64_t bs);
-
-torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
-                     int64_t bits, int64_t bs) {
-  check(codes, scale, mn, bits, bs);
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
-  x = x.contiguous();
-  TORCH_CHECK(scale.size(1) * bs == x.size(1), "shape mismatch");
-  return qmm_i8_impl(x, codes, scale, mn, bits, bs);
-}
-
-// Rows [r0, r1) of the dequantized weight, (r1 - r0, K) float32.
-torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn, int64_t bits,
-                      int64_t bs, int64_t r0, int64_t r1) {
-  check(codes, scale, mn, bits, bs);
-  const int64_t K = scale.size(1) * bs;
-  TORCH_CHECK(0 <= r0 && r0 <= r1 && r1 <= codes.size(0), "row range out of bounds");
-  auto out = torch::empty({r1 - r0, K}, torch::dtype(torch::kFloat));
+// out (R, K) = rows [r0, r0 + R) of dequant(W).
+void dequant_run(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
+                 int64_t bits, int64_t bs, int64_t r0, torch::Tensor& out) {
   DISPATCH(bits, scale, dequant_impl, codes, scale, mn, bs, r0, out);
-  return out;
-}
-
-// The same two products as torch operators (torch.ops.clearlm_kernels.qmm / .qmm_i8), so a
-// torch.compile'd graph calls them through the dispatcher with no Python in between; their
-// shape functions (register_fake) are in clearlm/quant/ops.py.
-TORCH_LIBRARY(clearlm_kernels, m) {
-  m.def("qmm(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
-  m.def("qmm_i8(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(clearlm_kernels, CPU, m) {
-  m.impl("qmm", &qmm);
-  m.impl("qmm_i8", &qmm_i8);
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("qmm", &qmm, "y = x @ dequant(W).T for block-quantized W");
-  m.def("qmm_i8", &qmm_i8, "qmm with activations rounded to int8 per block of 32 (VNNI)");
-  m.def("qmm_i8_available", &qmm_i8_available, "whether qmm_i8 was built (AVX-512 VNNI)");
-  m.def("dequant", &dequant, "rows [r0, r1) of dequant(W) as float32");
 }
