@@ -13,7 +13,9 @@
 // Numerics: each weight is rebuilt in registers as fmaf(scale, code, min), which equals the float32
 // value gguf.quants.dequantize computes (scale*code is exact in float32 for every supported format,
 // so one rounding either way); activations stay float32; only the summation order differs from a
-// float32 F.linear on the dequantized matrix.
+// float32 F.linear on the dequantized matrix. Exception: 8-bit codes in blocks of 32 without a
+// min (Q8_0) sum s_b * (x . q)_b per block, one multiply by s_b per 32 products instead of one
+// per weight: the same sum rounded differently (tests/test_quant.py's float32 bound still holds).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -159,6 +161,13 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int6
       for (int r = 0; r < R; ++r) {
         const __m512 s = _mm512_set1_ps(to_f(sc[r * nb + b]));
         const __m512 mm = _mm512_set1_ps(mn ? to_f(mn[r * nb + b]) : 0.0f);
+        if (BITS == 8 && BS == 32 && !mn) {  // s * (x . q): one multiply by s per block
+          const uint8_t* cr = codes + r * row_bytes;
+          const __m512 t = _mm512_fmadd_ps(x1, load16<8>(cr, e + 16),
+                                           _mm512_mul_ps(x0, load16<8>(cr, e)));
+          acc[r][b & 1] = _mm512_fmadd_ps(s, t, acc[r][b & 1]);
+          continue;
+        }
         __m512 w0, w1;
         block_weights<BITS, BS>(codes + r * row_bytes, b, s, mm, w0, w1);
         acc[r][0] = _mm512_fmadd_ps(x0, w0, acc[r][0]);
