@@ -139,44 +139,76 @@ inline void block_weights(const uint8_t* row, int64_t b, __m512 s, __m512 m, __m
   }
 }
 
-// y[m, r] = sum_k x[m, k] * W[n + r, k] for M rows of x and R weight rows n .. n + R - 1
-// (kept in L1 across m). R rows at once give 2R independent FMA chains and share the x loads.
-// BS (block size, 16 or 32) and R are template arguments so the loops fully unroll.
-template <int BITS, int BS, int R, typename S>
-void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int64_t row_bytes,
-              const S* sc, const S* mn, int64_t nb, int64_t K, float* y, int64_t ldy) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xm = x + m * ldx;
-    __m512 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    constexpr int64_t stride = BITS == 4 ? 16 : BITS == 5 ? 20 : BS;  // code bytes per block
-    for (int64_t b = 0; b < K / BS; ++b) {
-      const int64_t e = b * BS;
-      if (m == 0 && ((b * stride) & 63) < stride) {  // this block starts a new 64-byte line
-        for (int r = 0; r < R; ++r) _mm_prefetch(codes + r * row_bytes + b * stride + PF_BYTES,
-                                                 _MM_HINT_T0);
-      }
-      const __m512 x0 = _mm512_loadu_ps(xm + e);
-      const __m512 x1 = BS == 32 ? _mm512_loadu_ps(xm + e + 16) : x0;
+// y[m, r] = sum_k x[m, k] * W[n + r, k] for MC rows of x and R weight rows n .. n + R - 1.
+// Each block's weights are built once and used for all MC rows of x; R rows at once share the x
+// loads. Every (m, r) pair sums in the same order whatever R and MC are (two accumulators of 16
+// lanes), so a row's result does not depend on how many rows are computed with it.
+// BS (block size, 16 or 32), R and MC are template arguments so the loops fully unroll.
+template <int BITS, int BS, int R, int MC>
+void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, int64_t row_bytes,
+              const float* sc, const float* mn, int64_t nb, int64_t K, bool pf, float* y,
+              int64_t ldy) {
+  __m512 acc[MC][R][2];
+  for (int i = 0; i < MC; ++i) {
+    for (int r = 0; r < R; ++r) acc[i][r][0] = acc[i][r][1] = _mm512_setzero_ps();
+  }
+  constexpr int64_t stride = BITS == 4 ? 16 : BITS == 5 ? 20 : BS;  // code bytes per block
+  for (int64_t b = 0; b < K / BS; ++b) {
+    const int64_t e = b * BS;
+    if (pf && ((b * stride) & 63) < stride) {  // this block starts a new 64-byte line
       for (int r = 0; r < R; ++r) {
-        const __m512 s = _mm512_set1_ps(to_f(sc[r * nb + b]));
-        const __m512 mm = _mm512_set1_ps(mn ? to_f(mn[r * nb + b]) : 0.0f);
-        if (BITS == 8 && BS == 32 && !mn) {  // s * (x . q): one multiply by s per block
-          const uint8_t* cr = codes + r * row_bytes;
-          const __m512 t = _mm512_fmadd_ps(x1, load16<8>(cr, e + 16),
-                                           _mm512_mul_ps(x0, load16<8>(cr, e)));
-          acc[r][b & 1] = _mm512_fmadd_ps(s, t, acc[r][b & 1]);
-          continue;
-        }
-        __m512 w0, w1;
-        block_weights<BITS, BS>(codes + r * row_bytes, b, s, mm, w0, w1);
-        acc[r][0] = _mm512_fmadd_ps(x0, w0, acc[r][0]);
-        if (BS == 32) acc[r][1] = _mm512_fmadd_ps(x1, w1, acc[r][1]);
+        _mm_prefetch(codes + r * row_bytes + b * stride + PF_BYTES, _MM_HINT_T0);
       }
     }
     for (int r = 0; r < R; ++r) {
-      y[m * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+      const __m512 s = _mm512_set1_ps(sc[r * nb + b]);
+      const uint8_t* cr = codes + r * row_bytes;
+      if (BITS == 8 && BS == 32 && !mn) {  // s * (x . q): one multiply by s per block
+        const __m512 q0 = load16<8>(cr, e), q1 = load16<8>(cr, e + 16);
+        for (int i = 0; i < MC; ++i) {
+          const float* xi = x + i * ldx + e;
+          const __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(xi + 16), q1,
+                                           _mm512_mul_ps(_mm512_loadu_ps(xi), q0));
+          acc[i][r][b & 1] = _mm512_fmadd_ps(s, t, acc[i][r][b & 1]);
+        }
+        continue;
+      }
+      __m512 w0, w1;
+      block_weights<BITS, BS>(cr, b, s, _mm512_set1_ps(mn ? mn[r * nb + b] : 0.0f), w0, w1);
+      for (int i = 0; i < MC; ++i) {
+        const float* xi = x + i * ldx + e;
+        acc[i][r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(xi), w0, acc[i][r][0]);
+        if (BS == 32) acc[i][r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(xi + 16), w1, acc[i][r][1]);
+      }
     }
+  }
+  for (int i = 0; i < MC; ++i) {
+    for (int r = 0; r < R; ++r) {
+      y[i * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][r][0], acc[i][r][1]));
+    }
+  }
+}
+
+// All M rows of x against R weight rows: tiles of 4, 2, 1 rows of x (at most 16 accumulators).
+// The codes are prefetched on the first tile only (later tiles find them in cache).
+template <int BITS, int BS, int R>
+void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int64_t row_bytes,
+              const float* sc, const float* mn, int64_t nb, int64_t K, float* y, int64_t ldy) {
+  constexpr int R2 = R >= 2 ? R / 2 : 1;  // weight rows per tile of 4 x rows
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) {
+    for (int r = 0; r < R; r += R2) {
+      dot_tile<BITS, BS, R2, 4>(x + m * ldx, ldx, codes + r * row_bytes, row_bytes, sc + r * nb,
+                                mn ? mn + r * nb : nullptr, nb, K, m == 0, y + m * ldy + r, ldy);
+    }
+  }
+  for (; m + 2 <= M; m += 2) {
+    dot_tile<BITS, BS, R, 2>(x + m * ldx, ldx, codes, row_bytes, sc, mn, nb, K, m == 0,
+                             y + m * ldy, ldy);
+  }
+  for (; m < M; ++m) {
+    dot_tile<BITS, BS, R, 1>(x + m * ldx, ldx, codes, row_bytes, sc, mn, nb, K, m == 0,
+                             y + m * ldy, ldy);
   }
 }
 // One row of the dequantized weight, 16 values per step (same FMA as dequant_row).
@@ -191,13 +223,13 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, int64_t K,
   }
 }
 #else
-template <int BITS, int BS, int R, typename S>
+template <int BITS, int BS, int R>
 void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, int64_t row_bytes,
-              const S* sc, const S* mn, int64_t nb, int64_t K, float* y, int64_t ldy) {
+              const float* sc, const float* mn, int64_t nb, int64_t K, float* y, int64_t ldy) {
   std::vector<float> w(K);
   for (int r = 0; r < R; ++r) {
-    dequant_row<BITS, S>(codes + r * row_bytes, sc + r * nb, mn ? mn + r * nb : nullptr, K, BS,
-                         w.data());
+    dequant_row<BITS, float>(codes + r * row_bytes, sc + r * nb, mn ? mn + r * nb : nullptr, K, BS,
+                             w.data());
     for (int64_t m = 0; m < M; ++m) {
       float acc = 0.0f;
       for (int64_t k = 0; k < K; ++k) acc += x[m * ldx + k] * w[k];
@@ -263,12 +295,12 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
       }
       int64_t n = b0;
       for (; n + 4 <= b1; n += 4) {
-        dot_rows<BITS, BS, 4, float>(xp, M, K, cp + n * row_bytes, row_bytes, sf + (n - b0) * nb,
-                                     mf ? mf + (n - b0) * nb : nullptr, nb, K, yp + n, N);
+        dot_rows<BITS, BS, 4>(xp, M, K, cp + n * row_bytes, row_bytes, sf + (n - b0) * nb,
+                              mf ? mf + (n - b0) * nb : nullptr, nb, K, yp + n, N);
       }
       for (; n < b1; ++n) {
-        dot_rows<BITS, BS, 1, float>(xp, M, K, cp + n * row_bytes, row_bytes, sf + (n - b0) * nb,
-                                     mf ? mf + (n - b0) * nb : nullptr, nb, K, yp + n, N);
+        dot_rows<BITS, BS, 1>(xp, M, K, cp + n * row_bytes, row_bytes, sf + (n - b0) * nb,
+                              mf ? mf + (n - b0) * nb : nullptr, nb, K, yp + n, N);
       }
     }
   });
