@@ -67,16 +67,11 @@ void dequant_row(const uint8_t* codes, const S* sc, const S* mn, int64_t K, int6
   }
 }
 
-// Software prefetch (measured: 1.5-1.7x on out-of-cache matrices at 2 threads). A decode step
-// streams every weight once, and the hardware prefetcher alone leaves the loop waiting on
-// memory: so each row's codes are requested PF_BYTES ahead of where the loop reads them (one
-// prefetch per 64-byte line), and each band's scales / mins one band ahead (prefetch_range).
-// PF_BYTES: a sweep over 512 / 2048 / 8192 / 16384 on the three target GGUFs gave 1.14 / 1.31-1.56
-// / 1.44-1.70 / 1.46-1.69x at 1 thread (CPU time): 8192 and beyond are as good.
-#ifndef QGEMV_PF_BYTES
-#define QGEMV_PF_BYTES 8192
-#endif
-constexpr int64_t PF_BYTES = QGEMV_PF_BYTES;
+// Software prefetch: a decode step streams every weight once and the hardware prefetcher alone
+// leaves the loop waiting on memory, so each row's codes are requested PF_BYTES ahead of the
+// read (one prefetch per 64-byte line) and each band's scales / mins one band ahead. PF_BYTES
+// 512 / 2048 / 8192 / 16384 gave 1.14 / 1.31-1.56 / 1.44-1.70 / 1.46-1.69x on the three GGUFs.
+constexpr int64_t PF_BYTES = 8192;
 
 inline void prefetch_range(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);

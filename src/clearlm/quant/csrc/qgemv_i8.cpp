@@ -95,10 +95,7 @@ inline __m512 lane_scales(const float* sc, int64_t e) {
 
 // Software prefetch, as in qgemv.cpp: codes PF_BYTES ahead of the read, one prefetch per
 // 64-byte line of each row; the next band's scales / mins at the start of a band (run).
-#ifndef QGEMV_PF_BYTES
-#define QGEMV_PF_BYTES 8192
-#endif
-constexpr int64_t PF_BYTES = QGEMV_PF_BYTES;
+constexpr int64_t PF_BYTES = 8192;
 
 inline void prefetch_range(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
