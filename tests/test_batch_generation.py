@@ -153,7 +153,7 @@ def test_smollm2_batch_equals_one_at_a_time(smollm2):
     assert_rows_equal(alone, batched)
 
 
-@pytest.mark.parametrize("n_rows", [3, 6])  # ≤ 4 rows: the compact kernel; more: dequantize
+@pytest.mark.parametrize("n_rows", [3, 6, 20])  # ≤ 16 rows: the compact kernel; more: dequantize
 def test_compact_weights_rows_equal_alone(tmp_path, n_rows):
     """Compact (block-quantized) weights (the default load of a quantized GGUF), float32
     compute: the batched rows equal each prompt run alone, with the kernel's row count or
@@ -163,7 +163,7 @@ def test_compact_weights_rows_equal_alone(tmp_path, n_rows):
     path = write_tiny_llama(tmp_path / "q.gguf", matrix_type=Q.Q4_1, seed=4)
     model = clearlm.load(path)
     assert model.weights == "compact"
-    prompts = (PROMPTS * 2)[:n_rows]
+    prompts = (PROMPTS * 20)[:n_rows]
     settings = dict(max_new_tokens=10, temperature=0.8, top_k=30)
     alone = [model.generate(p, seed=i, **settings) for i, p in enumerate(prompts)]
     batched = model.generate(prompts, seed=list(range(n_rows)), **settings)

@@ -119,6 +119,22 @@ def test_quant_linear_matches_f_linear(qtype: Q, t: int, path_kind: str, monkeyp
         assert torch.equal(y, ref)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_0, Q.Q6_K], ids=lambda q: q.name)
+def test_kernel_row_does_not_depend_on_batch_rows(qtype: Q) -> None:
+    """The kernel computes 7 rows of x in tiles of 4, 2 and 1 rows: each row's result equals,
+    bit for bit, the same row computed alone (the summation order is per row)."""
+    kern = load_kernels()
+    if kern is None:
+        pytest.skip("no C++ compiler: kernel path unavailable")
+    n, k = 24, 512
+    p = pack_blocks(random_blocks(qtype, n, k, seed=3), qtype, (n, k))
+    mn = p.min if p.min is not None else torch.empty(0, dtype=p.scale.dtype)
+    x = torch.randn(7, k)  # (M, K)
+    y = kern.qmm(x, p.codes, p.scale, mn, p.bits, p.block)  # (M, N)
+    for m in range(7):
+        assert torch.equal(y[m], kern.qmm(x[m : m + 1], p.codes, p.scale, mn, p.bits, p.block)[0])
+
+
 def test_quant_linear_bf16_input_and_bad_width() -> None:
     raw = random_blocks(Q.Q8_0, 16, 64)
     layer = QuantLinear(pack_blocks(raw, Q.Q8_0, (16, 64)))

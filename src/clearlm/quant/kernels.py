@@ -22,7 +22,8 @@ from pathlib import Path
 from types import ModuleType
 
 SOURCE = Path(__file__).with_name("csrc") / "qgemv.cpp"
-SOURCES = (SOURCE, SOURCE.with_name("qgemv_i8.cpp"))  # exact kernel; int8-activation variant
+SOURCES = (  # exact kernel; int8-activation variant; argument checks and bindings
+    SOURCE, SOURCE.with_name("qgemv_i8.cpp"), SOURCE.with_name("qgemv_ops.cpp"))
 NAME = "clearlm_qgemv"
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]

@@ -2,7 +2,7 @@
 
 Two kinds of operator, one for each case; :func:`compiled_qmm` picks:
 - with the C++ kernel: ``torch.ops.clearlm_kernels.qmm`` / ``qmm_i8`` (x, codes, scale, min,
-  bits, block), registered by csrc/qgemv.cpp itself (TORCH_LIBRARY), so a compiled graph calls
+  bits, block), registered by csrc/qgemv_ops.cpp itself (TORCH_LIBRARY), so a compiled graph calls
   the kernel through the dispatcher without going back into Python;
 - without it: ``torch.ops.clearlm.qmm(x, codes, scale, min, bits, block, int8)``, a Python
   custom op (torch.library.custom_op) computing dequantize + matmul in torch.

@@ -93,12 +93,28 @@ inline __m512 lane_scales(const float* sc, int64_t e) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(sc + e / 16)));
 }
 
+// Software prefetch, as in qgemv.cpp: codes PF_BYTES ahead of the read, one prefetch per
+// 64-byte line of each row; the next band's scales / mins at the start of a band (run).
+constexpr int64_t PF_BYTES = 8192;
+
+inline void prefetch_range(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+}
+
 template <int BITS, int BS, int R>
 void dot_rows_i8(const QRow& x, const uint8_t* codes, int64_t row_bytes, const float* sc,
                  const float* mn, int64_t nb, int64_t K, float* y) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  constexpr int64_t stride = BITS == 4 ? 32 : BITS == 5 ? 40 : 64;  // code bytes per 64 values
   for (int64_t e = 0; e < K; e += 64) {
+    const int64_t off = e / 64 * stride;
+    if ((off & 63) < stride) {  // these codes start a new 64-byte line
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(codes + r * row_bytes + off + PF_BYTES, _MM_HINT_T0);
+      }
+    }
     const __m512i xq = _mm512_loadu_si512(x.q.data() + e);
     const __m512 dx = _mm512_loadu_ps(x.dx4.data() + e / 4);
     const __m512i init = BITS == 8 ? _mm512_loadu_si512(x.neg4.data() + e / 4)
@@ -137,6 +153,11 @@ void run(const std::vector<QRow>& xs, const uint8_t* cp, int64_t row_bytes, cons
     std::vector<float> sbuf, mbuf;
     for (int64_t b0 = n0; b0 < n1; b0 += band) {
       const int64_t b1 = std::min(b0 + band, n1);
+      if (b1 < n1) {  // the next band's scales and mins (codes: in dot_rows_i8)
+        const int64_t next = (std::min(b1 + band, n1) - b1) * nb * int64_t(sizeof(S));
+        prefetch_range(sp + b1 * nb, next);
+        if (mp) prefetch_range(mp + b1 * nb, next);
+      }
       const float* sf;
       const float* mf = nullptr;
       if constexpr (std::is_same_v<S, float>) {

@@ -1,0 +1,90 @@
+// The extension's Python and torch-operator entry points: argument checks, then the kernels of
+// qgemv.cpp (exact float32 activations) and qgemv_i8.cpp (int8 activations).
+#include <torch/extension.h>
+#include <cstdint>
+
+// qgemv.cpp
+int64_t qgemv_row_bytes(int64_t bits, int64_t K);
+void qmm_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+             const torch::Tensor& mn, int64_t bits, int64_t bs, torch::Tensor& y);
+void dequant_run(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
+                 int64_t bits, int64_t bs, int64_t r0, torch::Tensor& out);
+
+namespace {
+
+void check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
+           int64_t bits, int64_t bs) {
+  TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "bits must be 4, 5 or 8");
+  TORCH_CHECK(bits == 8 ? (bs == 16 || bs == 32) : (bs == 32), "unsupported block size");
+  TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
+  TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
+  TORCH_CHECK(codes.dim() == 2 && scale.dim() == 2 && codes.size(0) == scale.size(0) &&
+                  codes.size(1) == qgemv_row_bytes(bits, scale.size(1) * bs),
+              "codes, scale and block size disagree");
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat || scale.scalar_type() == torch::kHalf,
+              "scale must be float32 or float16");
+  if (mn.numel()) {
+    TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == scale.scalar_type(), "min layout");
+  }
+}
+
+}  // namespace
+
+// x (M, K) float32 contiguous -> (M, N) float32.
+torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
+                  int64_t bits, int64_t bs) {
+  check(codes, scale, mn, bits, bs);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
+  x = x.contiguous();
+  const int64_t N = codes.size(0), K = x.size(1);
+  TORCH_CHECK(K % bs == 0 && scale.size(0) == N && scale.size(1) == K / bs, "shape mismatch");
+  auto y = torch::empty({x.size(0), N}, x.options());
+  qmm_run(x, codes, scale, mn, bits, bs, y);
+  return y;
+}
+
+// qgemv_i8.cpp: the same product with int8-quantized activations (AVX-512 VNNI only).
+bool qmm_i8_available();
+torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
+                          const torch::Tensor& scale, const torch::Tensor& mn, int64_t bits,
+                          int64_t bs);
+
+torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
+                     int64_t bits, int64_t bs) {
+  check(codes, scale, mn, bits, bs);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
+  x = x.contiguous();
+  TORCH_CHECK(scale.size(1) * bs == x.size(1), "shape mismatch");
+  return qmm_i8_impl(x, codes, scale, mn, bits, bs);
+}
+
+// Rows [r0, r1) of the dequantized weight, (r1 - r0, K) float32.
+torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn, int64_t bits,
+                      int64_t bs, int64_t r0, int64_t r1) {
+  check(codes, scale, mn, bits, bs);
+  const int64_t K = scale.size(1) * bs;
+  TORCH_CHECK(0 <= r0 && r0 <= r1 && r1 <= codes.size(0), "row range out of bounds");
+  auto out = torch::empty({r1 - r0, K}, torch::dtype(torch::kFloat));
+  dequant_run(codes, scale, mn, bits, bs, r0, out);
+  return out;
+}
+
+// The same two products as torch operators (torch.ops.clearlm_kernels.qmm / .qmm_i8), so a
+// torch.compile'd graph calls them through the dispatcher with no Python in between; their
+// shape functions (register_fake) are in clearlm/quant/ops.py.
+TORCH_LIBRARY(clearlm_kernels, m) {
+  m.def("qmm(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
+  m.def("qmm_i8(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(clearlm_kernels, CPU, m) {
+  m.impl("qmm", &qmm);
+  m.impl("qmm_i8", &qmm_i8);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("qmm", &qmm, "y = x @ dequant(W).T for block-quantized W");
+  m.def("qmm_i8", &qmm_i8, "qmm with activations rounded to int8 per block of 32 (VNNI)");
+  m.def("qmm_i8_available", &qmm_i8_available, "whether qmm_i8 was built (AVX-512 VNNI)");
+  m.def("dequant", &dequant, "rows [r0, r1) of dequant(W) as float32");
+}
