@@ -97,6 +97,7 @@ def load_model(
     chat: bool = False,
     placement: Any = None,
     weights: str | None = None,
+    matmul_precision: str = "highest",
 ) -> Any:
     """Set the threads, load (checking the input on the header first), say so on stderr.
 
@@ -112,6 +113,7 @@ def load_model(
             its key names alone (``Checkpoint.has_chat_template``: loading/peek.py, ~0.03 s).
         placement: a :class:`clearlm.cli.placement.Placement` (device, parallel ranks).
         weights: "compact", "float32" or None (the API's default: :func:`clearlm.api.load`).
+        matmul_precision: "highest" or "medium" (clearlm.precision).
 
     Returns:
         The loaded :class:`clearlm.api.Model`.
@@ -153,8 +155,9 @@ def load_model(
     try:
         with spinner(label + "…", enabled=not quiet and err.is_terminal):
             model = load(
-                path, torch_dtype, check=check, threads=n_threads, weights=weights, **where
-            )
+                path, torch_dtype, check=check, threads=n_threads, weights=weights,
+                matmul_precision=matmul_precision, **where,
+            )  # fmt: skip
     except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
         err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
         raise typer.Exit(130) from None
@@ -162,7 +165,8 @@ def load_model(
         s = "" if n_threads == 1 else "s"
         err.print(
             f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
-            f" · {model.weights} weights {human_size(model.weight_bytes)}[/]",
+            f" · {model.weights} weights {human_size(model.weight_bytes)}"
+            + (f" · {matmul_precision} matmuls" if matmul_precision != "highest" else "") + "[/]",
             soft_wrap=True,
         )
     return model
