@@ -126,6 +126,7 @@ def load_model(
     from clearlm.errors import ChatTemplateError
     from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.models import ALIASES, DEFAULT_MODEL, resolve_model
+    from clearlm.precision import cpu_has_bf16_units
     from clearlm.threads import set_threads
 
     torch_dtype = parse_dtype(dtype)
@@ -148,6 +149,9 @@ def load_model(
             "decoding will be slower than with fewer[/]",
             soft_wrap=True,
         )
+    if matmul_precision == "medium" and not cpu_has_bf16_units():  # allowed, said honestly
+        err.print("[yellow]warning: this CPU lists no bfloat16 units (AMX, AVX512-BF16): "
+                  "--matmul-precision medium may be slower than highest here[/]", soft_wrap=True)
     alias = name or DEFAULT_MODEL
     shown = alias if alias in ALIASES else path.name
     label = f"loading {shown} ({human_size(ckpt.size_bytes)})"
