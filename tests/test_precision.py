@@ -41,6 +41,12 @@ def tiny(tmp_path_factory):
                             seed=5)  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def tiny_f32(tmp_path_factory):
+    """F32 matrices: float32 layers only, so a CLI run needs no compiled kernel."""
+    return write_tiny_llama(tmp_path_factory.mktemp("prec32") / "tiny.gguf", seed=5)
+
+
 def _prefill_and_decode(net: torch.nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
     """Logits of a prefill of ids[:, :-3] then three one-token steps through a cache."""
     cache = cache_for(net, ids.shape[1])
@@ -148,9 +154,9 @@ def test_bad_precision_is_refused(tiny, bad):
         set_matmul_precision(torch.nn.Linear(2, 2), bad)
 
 
-def test_cli_refuses_a_bad_precision_in_one_line(tiny):
+def test_cli_refuses_a_bad_precision_in_one_line(tiny_f32):
     proc = subprocess.run(
-        [sys.executable, "-m", "clearlm", "generate", "hi", "-m", str(tiny), "-n", "2",
+        [sys.executable, "-m", "clearlm", "generate", "hi", "-m", str(tiny_f32), "-n", "2",
          "--matmul-precision", "low"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -159,11 +165,41 @@ def test_cli_refuses_a_bad_precision_in_one_line(tiny):
     assert len(lines) == 1 and lines[0].startswith("error:") and "highest, medium" in lines[0]
 
 
-def test_cli_medium_runs_and_says_so(tiny):
+def test_cli_medium_runs_and_says_so(tiny_f32):
     proc = subprocess.run(
-        [sys.executable, "-m", "clearlm", "generate", "hello there", "-m", str(tiny), "-n", "3",
+        [sys.executable, "-m", "clearlm", "generate", "hello there", "-m", str(tiny_f32), "-n", "3",
          "--temperature", "0", "--threads", "1", "--matmul-precision", "medium"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert any(line.endswith("medium matmuls") for line in proc.stderr.splitlines())
+
+
+# ---- SmolLM2-135M-Instruct (the default model) ----
+
+# measured 2026-12-01 (bench/distance.py --matmul-precision medium, 1 thread, AMX-BF16 CPU):
+# compact weights + medium against float32 + highest, alice.txt in 17 windows of 128 every 26
+# (2,176 positions), prefill path: max |Δlogit| 0.52, mean KL 1.95e-4, max KL 8.1e-3 nats,
+# top-1 99.03%; perplexity 22.6428 vs 22.6538 (0.05%). llama.cpp's logits differ from
+# transformers' by up to 0.76 on this model.
+SMOL_BOUND = {"max_abs_logit": 1.0, "mean_kl": 4e-4, "max_kl": 1.6e-2, "top1": 0.98, "ppl": 1e-3}
+
+
+def test_smollm2_medium_distance_over_2000_positions(smollm2, smollm2_path, alice_text):
+    from clearlm.evaluation import perplexity
+
+    med = load_weights(smollm2_path, "compact")
+    set_matmul_precision(med.transformer, "medium")
+    ids = smollm2.encode(alice_text)  # 548 tokens
+    d = window_distances(smollm2.transformer, med.transformer, ids, 128, 26, chunks=(None,))
+    d = d[None]
+    print(f"\nSmolLM2 compact + medium vs float32: {d}")
+    assert d.n_positions >= 2000
+    assert d.max_abs_logit <= SMOL_BOUND["max_abs_logit"]
+    assert d.mean_kl <= SMOL_BOUND["mean_kl"] and d.max_kl <= SMOL_BOUND["max_kl"]
+    assert d.top1_agreement >= SMOL_BOUND["top1"]
+    want, got = perplexity(smollm2.transformer, ids), perplexity(med.transformer, ids)
+    print(f"perplexity {want.perplexity:.4f} -> {got.perplexity:.4f}")
+    assert abs(got.perplexity / want.perplexity - 1) <= SMOL_BOUND["ppl"]
+    if BF16:
+        assert d.max_abs_logit > 1e-2  # bfloat16 products, not the compact mode's 1e-4 noise
