@@ -128,17 +128,23 @@ def test_global_setting_is_scoped_and_restored(tiny, alice_text):
     layer = m.transformer.layers[0]
     layer.register_forward_pre_hook(lambda mod, args: seen.append(
         torch.get_float32_matmul_precision()))  # fmt: skip
+    head: list[str] = []  # the output projection: medium only when it gets > 4 rows
+    m.transformer.lm_head.register_forward_pre_hook(lambda mod, args: head.append(
+        torch.get_float32_matmul_precision()))  # fmt: skip
     ids = torch.tensor([m.encode(alice_text)[:20]])  # (1, 20)
     with float32_matmul_precision("high"):  # the caller's own setting, not the default
         with torch.inference_mode():
             m.transformer(ids)  # 20 rows: medium inside
+            m.transformer(ids, last_only=True)  # medium inside, but the head gets 1 row
             m.transformer(ids[:, :4])  # 4 rows: untouched
             m.transformer(ids[:, :1].expand(5, 1))  # B*T = 5 rows: medium inside
             assert torch.get_float32_matmul_precision() == "high"
             with pytest.raises(IndexError):  # fails inside the scope, at the embedding
                 m.transformer(torch.full((1, 8), 10**6))
             assert torch.get_float32_matmul_precision() == "high"
-    assert seen == ["medium", "high", "medium"]  # the failing forward never reached layer 0
+    # the failing forward never reached layer 0
+    assert seen == ["medium", "medium", "high", "medium"]
+    assert head == ["medium", "high", "high", "medium"]
     assert torch.get_float32_matmul_precision() == "highest"
 
 

@@ -6,9 +6,10 @@ a scope where torch may compute float32 matrix products from bfloat16-rounded in
 float32 accumulation and float32 outputs (oneDNN on the CPU: the AMX or AVX512-BF16 units
 where present). That covers the float32 ``nn.Linear`` layers, the compact layers' prefill
 bands (clearlm.quant.linear: each band is dequantized to float32 and multiplied by F.linear) and
-the output head. Decode-sized calls (B*T <= SMALL_M: the compact kernel, or float32 GEMV)
-are not touched, and neither is anything outside the model's forward: the global setting is
-restored when the forward returns or raises.
+the output head when it gets more than SMALL_M rows (not a last_only prefill's single row).
+Decode-sized calls (B*T <= SMALL_M: the compact kernel, or float32 GEMV) are not touched, and
+neither is anything outside the model's forward: the global setting is restored when the
+forward returns or raises.
 
 Why a scope around F.linear on float32 tensors, not bfloat16 tensors: measured on this
 machine (Xeon with AMX-BF16, 1 thread, process time, 512x896 @ 896x4864): float32 22.9 ms;
@@ -75,6 +76,7 @@ class _Scope:
 
     def __init__(self) -> None:
         self.saved: list[str] = []
+        self.head_saved: list[str] = []
 
     def before(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -89,6 +91,19 @@ class _Scope:
         if _rows(args, kwargs) > SMALL_M and self.saved:
             torch.set_float32_matmul_precision(self.saved.pop())
 
+    # The output projection (and project_out) of a last_only forward sees B rows, not B*T: such
+    # a call runs at the caller's setting, as decode does (measured, 1 thread, 1 x 640 @
+    # 640 x 262144: float32 48 ms, "medium" 68 ms: the weight's conversion costs more than it
+    # saves), and its logits stay exact.
+    def head_before(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if self.saved and _rows(args, {}) <= SMALL_M:
+            self.head_saved.append(torch.get_float32_matmul_precision())
+            torch.set_float32_matmul_precision(self.saved[-1])
+
+    def head_after(self, module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> None:
+        if self.saved and _rows(args, {}) <= SMALL_M and self.head_saved:
+            torch.set_float32_matmul_precision(self.head_saved.pop())
+
 
 def set_matmul_precision(net: torch.nn.Module, mode: str) -> torch.nn.Module:
     """Make ``net``'s forward passes of more than SMALL_M rows run at ``mode`` ("medium"), or
@@ -100,10 +115,16 @@ def set_matmul_precision(net: torch.nn.Module, mode: str) -> torch.nn.Module:
     net._precision_hooks = ()  # type: ignore[assignment]
     if mode == "medium":
         scope = _Scope()
-        net._precision_hooks = (  # type: ignore[assignment]
+        hooks = [
             net.register_forward_pre_hook(scope.before, with_kwargs=True),
             net.register_forward_hook(scope.after, with_kwargs=True, always_call=True),
-        )
+        ]
+        for name in ("lm_head", "project_out"):  # they see only the last rows (last_only)
+            head = getattr(net, name, None)
+            if isinstance(head, torch.nn.Module):
+                hooks.append(head.register_forward_pre_hook(scope.head_before))
+                hooks.append(head.register_forward_hook(scope.head_after, always_call=True))
+        net._precision_hooks = tuple(hooks)  # type: ignore[assignment]
     net.matmul_precision = mode  # type: ignore[assignment]
     return net
 
