@@ -1,6 +1,9 @@
 """One clearlm measurement in a fresh process, for bench/llamacpp.py (which reads its peak RSS).
 
-    python bench/clearlm_run.py MODEL WEIGHTS THREADS   →   one JSON line on stdout
+    python bench/clearlm_run.py MODEL WEIGHTS THREADS [PRECISION]   →   one JSON line on stdout
+
+PRECISION: the matmul precision, "highest" (default, exact float32) or "medium" (bfloat16
+products for forwards of more than 4 rows: clearlm.precision).
 
 Measured as llama-bench measures (llama.cpp tools/llama-bench): after an untimed warm-up,
 - load_s: seconds of ``load_weights(MODEL, WEIGHTS, threads=THREADS)`` (file to usable model);
@@ -22,15 +25,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from clearlm.generation import decode_step, prefill  # noqa: E402
+from clearlm.precision import set_matmul_precision  # noqa: E402
 from clearlm.quant.distance import cache_for  # noqa: E402
 from clearlm.quant.weights import load_weights  # noqa: E402
 
 N_PROMPT, N_GEN = 512, 128
 
 
-def main(model: str, weights: str, threads: int) -> dict[str, float]:
+def main(model: str, weights: str, threads: int, precision: str = "highest") -> dict[str, float]:
     t0 = time.perf_counter()
     m = load_weights(model, weights, threads=threads)
+    set_matmul_precision(m.transformer, precision)  # what clearlm.load(matmul_precision=) does
     load_s = time.perf_counter() - t0
     net = m.transformer
     vocab = m.config.vocab_size
@@ -58,4 +63,4 @@ def main(model: str, weights: str, threads: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]))))
+    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])))

@@ -10,7 +10,12 @@ windows; printed as the README's Markdown table "Compact weights: distance from 
 - greedy text on the parity tests' prompts (tests/test_model_parity.py): how many of them give
   the same continuation in both modes.
 
+With ``--matmul-precision medium`` the compact model computes its prefill with bfloat16
+products (clearlm.precision); the float32 reference stays exact ("highest"). The decode path
+(4 rows: the kernel) is not touched by it.
+
     PYTHONPATH=src python bench/distance.py [--models smollm2-135m-instruct ...] [--threads 2]
+                                            [--matmul-precision highest|medium]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 import torch
 
 from clearlm.evaluation import perplexity
+from clearlm.precision import set_matmul_precision
 from clearlm.quant.distance import Accumulator, Distance, greedy, window_distances
 from clearlm.quant.weights import load_weights
 
@@ -51,10 +57,13 @@ def row(name: str, path: str, d: Distance, ppl: tuple[float, float], greedy: str
     )
 
 
-def measure(name: str, window: int, stride: int, n_new: int, threads: int) -> list[str]:
+def measure(
+    name: str, window: int, stride: int, n_new: int, threads: int, precision: str = "highest"
+) -> list[str]:
     t0 = time.time()
     ref = load_weights(name, "float32", threads=threads)
     small = load_weights(name, "compact", threads=threads)
+    set_matmul_precision(small.transformer, precision)
     ids = ref.encode((ROOT / "tests" / "data" / "alice.txt").read_text(encoding="utf-8"))
     a, b = ref.transformer, small.transformer
     d = window_distances(a, b, ids, window, stride, chunks=(None, 4))
@@ -83,17 +92,26 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=26, help="tokens between window starts")
     ap.add_argument("--new-tokens", type=int, default=16, help="greedy tokens per prompt")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--matmul-precision",
+        choices=["highest", "medium"],
+        default="highest",
+        help="the compact model's matmul precision (clearlm.precision)",
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
     for name in args.models:
-        rows += measure(name, args.window, args.stride, args.new_tokens, args.threads)
+        rows += measure(
+            name, args.window, args.stride, args.new_tokens, args.threads, args.matmul_precision
+        )
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
     print(
         f"\nclearlm {commit}, {datetime.now(UTC):%Y-%m-%d}, {args.threads} threads, "
-        f"tests/data/alice.txt in windows of {args.window} tokens every {args.stride}\n"
+        f"tests/data/alice.txt in windows of {args.window} tokens every {args.stride}, "
+        f"compact model's matmul precision {args.matmul_precision}\n"
     )
     print(HEADER)
     print("\n".join(rows))

@@ -11,7 +11,11 @@ reading each child's peak RSS from its own rusage (``os.wait4``). It prints the 
 of medians with clearlm / llama.cpp ratios, the commit and the date (bench/llamacpp_table.py).
 
     python bench/llamacpp.py [--models ALIAS_OR_PATH ...] [--weights compact|float32|both]
+                             [--matmul-precision highest|medium|both]
                              [--repeats 3] [--threads 2] [--llama-bench PATH]
+
+With ``--matmul-precision medium`` (or both) clearlm also runs with bfloat16 products for its
+prefill (clearlm.precision); its rows say "compact, medium" in the weights column.
 """
 
 from __future__ import annotations
@@ -78,8 +82,9 @@ def llama_bench(binary: str, path: Path, threads: int) -> Run:
     return Run(pp, tg, rss)
 
 
-def clearlm_run(path: Path, weights: str, threads: int) -> Run:
-    cmd = [sys.executable, str(ROOT / "bench" / "clearlm_run.py"), str(path), weights, str(threads)]
+def clearlm_run(path: Path, weights: str, threads: int, precision: str = "highest") -> Run:
+    cmd = [sys.executable, str(ROOT / "bench" / "clearlm_run.py"), str(path), weights,
+           str(threads), precision]
     out, rss = run_child(cmd)
     r = json.loads(out.strip().splitlines()[-1])
     return Run(r["pp512"], r["tg128"], rss, r["load_s"])
@@ -99,22 +104,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=MODELS, help="aliases or GGUF paths")
     ap.add_argument("--weights", choices=["compact", "float32", "both"], default="compact")
+    ap.add_argument("--matmul-precision", choices=["highest", "medium", "both"],
+                    default="highest", help="clearlm's matmul precision (clearlm.precision)")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per file (median)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-bench", help="a llama-bench binary (default: build/cache one)")
     args = ap.parse_args()
     binary = args.llama_bench or build_llama_bench()
-    modes = ["compact", "float32"] if args.weights == "both" else [args.weights]
+    weights = ["compact", "float32"] if args.weights == "both" else [args.weights]
+    precisions = ["highest", "medium"] if args.matmul_precision == "both" else [
+        args.matmul_precision]
+    modes = [(w, p) for w in weights for p in precisions]
     paths = resolve(args.models)
     runs: dict[tuple[Path, str], list[Run]] = {}
     for rep in range(args.repeats):
         for path in paths:
             runs.setdefault((path, "llama.cpp"), []).append(llama_bench(binary, path, args.threads))
-            for mode in modes:
-                runs.setdefault((path, mode), []).append(clearlm_run(path, mode, args.threads))
+            for w, prec in modes:
+                run = clearlm_run(path, w, args.threads, prec)
+                runs.setdefault((path, (w, prec)), []).append(run)
             print(f"[repeat {rep + 1}/{args.repeats}] {path.name} done", file=sys.stderr)
     rows = [
-        table_row(label(p), mode, median_run(runs[p, "llama.cpp"]), median_run(runs[p, mode]))
+        table_row(label(p), mode[0] if mode[1] == "highest" else ", ".join(mode),
+                  median_run(runs[p, "llama.cpp"]), median_run(runs[p, mode]))
         for p in paths
         for mode in modes
     ]

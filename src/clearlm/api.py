@@ -28,13 +28,13 @@ from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
 from clearlm.parallel.place import load_placed
+from clearlm.precision import parse_matmul_precision, set_matmul_precision
 from clearlm.sampling import SamplingParams, softmax
 from clearlm.text import decode_utf8
 from clearlm.threads import set_threads
 from clearlm.tokenizer import Tokenizer
 
 Messages = Sequence[dict[str, str]]
-
 
 
 @dataclass
@@ -240,6 +240,7 @@ def load(
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
     weights: str | None = None,
+    matmul_precision: str = "highest",
 ) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
@@ -265,15 +266,17 @@ def load(
             today's parity baseline). None: compact with float32, float32 with a half dtype.
             Hugging Face folders and F32/F16 tensors are float either way; ``Model.weights``
             says which mode the model got and ``Model.weight_bytes`` what it holds.
-
+        matmul_precision: "highest" (exact float32, default) or "medium" (prompts multiply in
+            bfloat16, float32 sums: faster on AMX CPUs only, not exact; see clearlm.precision).
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
-        (unknown dtype or weights, compact with a half dtype, threads < 1), DeviceError,
-        DistributedError, and what ``check`` raises.
+        (bad dtype, weights or matmul_precision; compact with a half dtype; threads < 1),
+        DeviceError, DistributedError, and what ``check`` raises.
     """
     dtype, where = parse_dtype(dtype), resolve_device(device)
     weights = parse_weights(weights, dtype, where, max(tensor_parallel, pipeline_parallel))
+    precision = parse_matmul_precision(matmul_precision)
     set_threads(threads)
     path = resolve_model(model)
     ckpt = open_checkpoint(path)
@@ -283,6 +286,7 @@ def load(
         weightless = Model(None, tokenizer, config, ckpt.metadata, {}, str(path))  # type: ignore[arg-type]
         check(weightless)
     loaded = load_placed(ckpt, dtype, where, tensor_parallel, pipeline_parallel, weights)
+    set_matmul_precision(loaded.model, precision)  # "medium": prefill scoped (precision.py)
     return Model(
         loaded.model,
         tokenizer,

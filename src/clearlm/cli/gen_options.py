@@ -71,6 +71,15 @@ CompileOpt = Annotated[
                  "the first step compiles (cached in ~/.cache/clearlm/inductor)."),
 ]
 
+def sampling_options(
+    temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,
+    repetition_penalty: float | None, seed: int | None,
+) -> dict[str, float | int | None]:
+    """The sampling options as the keywords of SamplingParams (None: not given)."""
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                repetition_penalty=repetition_penalty, seed=seed)  # fmt: skip
+
+
 def pick_prompt(argument: str | None, option: str | None, what: str) -> str | None:
     """The positional prompt or ``-p TEXT``; giving both is a usage error (exit 2)."""
     if argument is not None and option is not None:

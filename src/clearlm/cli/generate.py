@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from clearlm.cli import placement as pl  # --device and the parallel options
-from clearlm.cli.app import DType, ModelOpt, Weights, app, err
+from clearlm.cli.app import DType, ModelOpt, Precision, Weights, app, err
 from clearlm.cli.gen_options import (
     CompileOpt,
     File,
@@ -28,6 +28,7 @@ from clearlm.cli.gen_options import (
     TopK,
     TopP,
     pick_prompt,
+    sampling_options,
 )  # fmt: skip
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
@@ -51,6 +52,7 @@ def _run(
     placement: pl.Placement | None = None,
     weights: str | None = None,
     compile_decode: bool = False,
+    matmul_precision: str = "highest",
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
@@ -77,7 +79,7 @@ def _run(
         model_name, dtype, threads, quiet,
         check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length), chat=chat,
         placement=placement,
-        weights=weights,
+        weights=weights, matmul_precision=matmul_precision,
     )  # fmt: skip
     if compile_decode:
         compile_step(model)
@@ -145,6 +147,7 @@ def generate(
     pipeline_parallel: pl.PipelineParallelOpt = 1,
     dist_timeout: pl.DistTimeoutOpt = 30.0,
     compile_decode: CompileOpt = False,
+    matmul_precision: Precision = "highest",
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.api import GENERATE_DEFAULTS
@@ -154,14 +157,7 @@ def generate(
         raise typer.BadParameter(
             "give a PROMPT (or -p TEXT), '-' to read standard input, or -f FILE"
         )
-    sampling = dict(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        seed=seed,
-    )
+    sampling = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     _run(
         model,
         dtype,
@@ -177,6 +173,7 @@ def generate(
         placement=pl.Placement(device, tensor_parallel, pipeline_parallel, dist_timeout),
         weights=weights,
         compile_decode=compile_decode,
+        matmul_precision=matmul_precision,
     )
 
 
@@ -218,6 +215,7 @@ def chat(
     tensor_parallel: pl.TensorParallelOpt = 1,
     pipeline_parallel: pl.PipelineParallelOpt = 1,
     dist_timeout: pl.DistTimeoutOpt = 30.0,
+    matmul_precision: Precision = "highest",
 ) -> None:
     """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
     a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
@@ -227,14 +225,7 @@ def chat(
     text = resolve_prompt(pick_prompt(message, prompt_opt, "MESSAGE"), file, "MESSAGE")
     system = None if system is None else clean_arg(system)  # undecodable bytes → U+FFFD
     stops, special = [clean_arg(x) for x in stop or ()], parse_special_in_content
-    sampling = dict(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        seed=seed,
-    )
+    sampling = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     placement = pl.Placement(device, tensor_parallel, pipeline_parallel, dist_timeout)
     if text is None:
         if as_json or logprobs is not None:
@@ -246,7 +237,7 @@ def chat(
         _conversation(
             model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet,
             placement,
-            weights,
+            weights, matmul_precision,
         )  # fmt: skip
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -267,6 +258,7 @@ def chat(
         chat=True,
         placement=placement,
         weights=weights,
+        matmul_precision=matmul_precision,
     )
 
 
@@ -282,6 +274,7 @@ def _conversation(
     quiet: bool = False,
     placement: pl.Placement | None = None,
     weights: str | None = None,
+    matmul_precision: str = "highest",
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
     from clearlm.api import CHAT_DEFAULTS
@@ -294,7 +287,7 @@ def _conversation(
         model_name, dtype, threads, quiet,
         check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
         placement=placement,
-        weights=weights,
+        weights=weights, matmul_precision=matmul_precision,
     )  # fmt: skip
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
     run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content, quiet)

@@ -97,6 +97,7 @@ def load_model(
     chat: bool = False,
     placement: Any = None,
     weights: str | None = None,
+    matmul_precision: str = "highest",
 ) -> Any:
     """Set the threads, load (checking the input on the header first), say so on stderr.
 
@@ -112,6 +113,7 @@ def load_model(
             its key names alone (``Checkpoint.has_chat_template``: loading/peek.py, ~0.03 s).
         placement: a :class:`clearlm.cli.placement.Placement` (device, parallel ranks).
         weights: "compact", "float32" or None (the API's default: :func:`clearlm.api.load`).
+        matmul_precision: "highest" or "medium" (clearlm.precision).
 
     Returns:
         The loaded :class:`clearlm.api.Model`.
@@ -124,6 +126,7 @@ def load_model(
     from clearlm.errors import ChatTemplateError
     from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.models import ALIASES, DEFAULT_MODEL, resolve_model
+    from clearlm.precision import cpu_has_bf16_units
     from clearlm.threads import set_threads
 
     torch_dtype = parse_dtype(dtype)
@@ -146,6 +149,9 @@ def load_model(
             "decoding will be slower than with fewer[/]",
             soft_wrap=True,
         )
+    if matmul_precision == "medium" and not cpu_has_bf16_units():  # allowed, said honestly
+        err.print("[yellow]warning: this CPU lists no bfloat16 units (AMX, AVX512-BF16): "
+                  "--matmul-precision medium may be slower than highest here[/]", soft_wrap=True)
     alias = name or DEFAULT_MODEL
     shown = alias if alias in ALIASES else path.name
     label = f"loading {shown} ({human_size(ckpt.size_bytes)})"
@@ -153,8 +159,9 @@ def load_model(
     try:
         with spinner(label + "…", enabled=not quiet and err.is_terminal):
             model = load(
-                path, torch_dtype, check=check, threads=n_threads, weights=weights, **where
-            )
+                path, torch_dtype, check=check, threads=n_threads, weights=weights,
+                matmul_precision=matmul_precision, **where,
+            )  # fmt: skip
     except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
         err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
         raise typer.Exit(130) from None
@@ -162,7 +169,8 @@ def load_model(
         s = "" if n_threads == 1 else "s"
         err.print(
             f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
-            f" · {model.weights} weights {human_size(model.weight_bytes)}[/]",
+            f" · {model.weights} weights {human_size(model.weight_bytes)}"
+            + (f" · {matmul_precision} matmuls" if matmul_precision != "highest" else "") + "[/]",
             soft_wrap=True,
         )
     return model
