@@ -28,6 +28,7 @@ from clearlm.precision import (
     set_matmul_precision,
 )
 from clearlm.quant.distance import cache_for, window_distances
+from clearlm.quant.linear import SMALL_M
 from clearlm.quant.weights import load_weights
 
 # Without bfloat16 units oneDNN may compute "medium" in float32: then it equals "highest".
@@ -128,7 +129,7 @@ def test_global_setting_is_scoped_and_restored(tiny, alice_text):
     layer = m.transformer.layers[0]
     layer.register_forward_pre_hook(lambda mod, args: seen.append(
         torch.get_float32_matmul_precision()))  # fmt: skip
-    head: list[str] = []  # the output projection: medium only when it gets > 4 rows
+    head: list[str] = []  # the output projection: medium only when it gets > SMALL_M rows
     m.transformer.lm_head.register_forward_pre_hook(lambda mod, args: head.append(
         torch.get_float32_matmul_precision()))  # fmt: skip
     ids = torch.tensor([m.encode(alice_text)[:20]])  # (1, 20)
@@ -136,8 +137,8 @@ def test_global_setting_is_scoped_and_restored(tiny, alice_text):
         with torch.inference_mode():
             m.transformer(ids)  # 20 rows: medium inside
             m.transformer(ids, last_only=True)  # medium inside, but the head gets 1 row
-            m.transformer(ids[:, :4])  # 4 rows: untouched
-            m.transformer(ids[:, :1].expand(5, 1))  # B*T = 5 rows: medium inside
+            m.transformer(ids[:, :SMALL_M])  # SMALL_M rows: untouched
+            m.transformer(ids[:, :1].expand(SMALL_M + 1, 1))  # B*T = SMALL_M + 1: medium inside
             assert torch.get_float32_matmul_precision() == "high"
             with pytest.raises(IndexError):  # fails inside the scope, at the embedding
                 m.transformer(torch.full((1, 8), 10**6))
