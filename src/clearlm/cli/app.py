@@ -50,11 +50,19 @@ ModelOpt = Annotated[
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
-def _check_dtype(value: str) -> str:
-    """--dtype must name one of DTYPE_NAMES: anything else is a usage error (exit 2)."""
-    if value not in DTYPE_NAMES:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(DTYPE_NAMES)}")
-    return value
+def _one_of(names: tuple[str, ...]):
+    """A typer callback: the option must name one of `names` (None: not given, kept);
+    anything else is a usage error (exit 2) listing them."""
+
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in names:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(names)}")
+        return value
+
+    return check
+
+
+_check_dtype = _one_of(DTYPE_NAMES)
 
 
 DType = Annotated[
@@ -66,11 +74,7 @@ DType = Annotated[
 WEIGHT_NAMES = ("compact", "float32")
 
 
-def _check_weights(value: str | None) -> str | None:
-    """--weights must name one of WEIGHT_NAMES: anything else is a usage error (exit 2)."""
-    if value is not None and value not in WEIGHT_NAMES:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(WEIGHT_NAMES)}")
-    return value
+_check_weights = _one_of(WEIGHT_NAMES)
 
 
 Weights = Annotated[
@@ -88,11 +92,7 @@ Weights = Annotated[
 PRECISION_NAMES = ("highest", "medium")
 
 
-def _check_precision(value: str) -> str:
-    """--matmul-precision must name one of PRECISION_NAMES: else a usage error (exit 2)."""
-    if value not in PRECISION_NAMES:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(PRECISION_NAMES)}")
-    return value
+_check_precision = _one_of(PRECISION_NAMES)
 
 
 Precision = Annotated[
