@@ -200,14 +200,23 @@ def test_cli_refuses_a_bad_precision_in_one_line(tiny_f32):
     assert len(lines) == 1 and lines[0].startswith("error:") and "highest, medium" in lines[0]
 
 
-def test_cli_medium_runs_and_says_so(tiny_f32):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cli_medium_runs_and_says_so(tiny_f32, dtype):
+    """The loading line says "medium matmuls" only where it applies (float32 compute); with a
+    bfloat16 model it says the option has no effect (its products are bfloat16 already)."""
     proc = subprocess.run(
         [sys.executable, "-m", "clearlm", "generate", "hello there", "-m", str(tiny_f32), "-n", "3",
-         "--temperature", "0", "--threads", "1", "--matmul-precision", "medium"],
+         "--temperature", "0", "--threads", "1", "--matmul-precision", "medium", "--dtype", dtype],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert any(line.endswith("medium matmuls") for line in proc.stderr.splitlines())
+    loading = [line for line in proc.stderr.splitlines() if "done in" in line]
+    assert len(loading) == 1, proc.stderr
+    if dtype == "float32":
+        assert loading[0].endswith(" · medium matmuls")
+    else:
+        assert "matmuls" not in loading[0]
+        assert loading[0].endswith(" · --matmul-precision medium has no effect in bfloat16")
 
 
 # ---- SmolLM2-135M-Instruct (the default model) ----
