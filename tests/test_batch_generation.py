@@ -16,7 +16,7 @@ from test_tokenizer_hf import _save, _train
 from tiny_gguf import write_tiny_llama
 
 import clearlm
-from clearlm.errors import ContextLengthError, SamplingParamsError
+from clearlm.errors import ClearLMError, ContextLengthError, PromptTypeError, SamplingParamsError
 
 PROMPTS = ["hello world", "a b", "the quick brown fox jumps over", "x", "ab ab ab"]
 # per row: max_new_tokens, temperature, seed, and extra settings
@@ -139,6 +139,25 @@ def test_bad_batches_fail_before_generating(tmp_path):
         model.generate(["a", "b"], seed=[1])
     with pytest.raises(SamplingParamsError, match="on_text"):
         model.generate(["a", "b"], on_text=print)
+
+
+def test_a_bad_token_id_in_a_batch_names_its_prompt(tmp_path):
+    """The error names the prompt (its index in the list) that holds the bad id or item, for
+    generate and stream, and is the same class (and exit code) as for one prompt alone."""
+    model = clearlm.load(write_tiny_llama(tmp_path / "t.gguf"))
+    v = model.config.vocab_size
+    with pytest.raises(ClearLMError) as alone:
+        model.generate([5, v], max_new_tokens=2)
+    want = f"token id {v} is outside the vocabulary [0, {v})"
+    assert str(alone.value) == want
+    for run in (model.generate, model.stream):
+        with pytest.raises(ClearLMError) as caught:
+            run([[5, 6], [1, 2, 3], [7, v, 8]], max_new_tokens=2)
+        assert str(caught.value) == f"prompt 2: {want}" and type(caught.value) is ClearLMError
+        with pytest.raises(ClearLMError, match=r"^prompt 1: token id -1 is outside"):
+            run(["hello", [-1, 4]], max_new_tokens=2)
+        with pytest.raises(PromptTypeError, match=r"^prompt 0: "):
+            run([[5, "6"], [1]], max_new_tokens=2)
 
 
 def test_smollm2_batch_equals_one_at_a_time(smollm2):

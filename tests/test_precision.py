@@ -21,6 +21,7 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.errors import SamplingParamsError
+from clearlm.kv_cache import KVCache
 from clearlm.precision import (
     cpu_has_bf16_units,
     float32_matmul_precision,
@@ -120,6 +121,31 @@ def test_medium_leaves_decode_sized_forwards_alone(tiny, weights, alice_text):
                                med.transformer(step, cache=cache_m))  # fmt: skip
 
 
+@pytest.mark.parametrize("weights", ["compact", "float32"])
+def test_medium_leaves_batched_decode_of_many_sequences_alone(tiny, weights, alice_text):
+    """Decode of B = 20 > SMALL_M sequences (T = 1, 20 rows: the compact layers' band path, not
+    the kernel) gives the same bits as "highest" from the same cache (the scope keys on T, not
+    B*T; README "Prefill in bfloat16": decode is untouched); a prefill of the same batch (T = 20)
+    still runs in bfloat16 and differs."""
+    ref = clearlm.load(tiny, weights=weights, threads=1)
+    med = clearlm.load(tiny, weights=weights, threads=1, matmul_precision="medium")
+    c = ref.transformer.config
+    flat = ref.encode(alice_text)
+    B, T = 20, 20  # 20 sequences of 20 prompt tokens, then 3 decode steps each
+    ids = torch.tensor([flat[i * 5 : i * 5 + T + 3] for i in range(B)])  # (B, T + 3)
+    cache_r, cache_m = (KVCache(c.n_layers, B, c.n_kv_heads, c.head_dim, T + 3) for _ in "rm")
+    with torch.inference_mode():
+        if BF16:  # the batch's prefill: medium, so not the float32 bits
+            assert not torch.equal(ref.transformer(ids[:, :T]), med.transformer(ids[:, :T]))
+        for cache in (cache_r, cache_m):  # the same cache contents for both
+            ref.transformer(ids[:, :T], cache=cache)
+        for t in range(T, T + 3):
+            step = ids[:, t : t + 1]  # (B, 1)
+            want = ref.transformer(step, cache=cache_r)  # (B, 1, V)
+            got = med.transformer(step, cache=cache_m)
+            assert got.shape == (B, 1, c.vocab_size) and torch.equal(got, want)
+
+
 # ---- the global torch setting ----
 
 
@@ -129,7 +155,7 @@ def test_global_setting_is_scoped_and_restored(tiny, alice_text):
     layer = m.transformer.layers[0]
     layer.register_forward_pre_hook(lambda mod, args: seen.append(
         torch.get_float32_matmul_precision()))  # fmt: skip
-    head: list[str] = []  # the output projection: medium only when it gets > SMALL_M rows
+    head: list[str] = []  # the output projection: medium only when it gets T > SMALL_M
     m.transformer.lm_head.register_forward_pre_hook(lambda mod, args: head.append(
         torch.get_float32_matmul_precision()))  # fmt: skip
     ids = torch.tensor([m.encode(alice_text)[:20]])  # (1, 20)
@@ -137,15 +163,17 @@ def test_global_setting_is_scoped_and_restored(tiny, alice_text):
         with torch.inference_mode():
             m.transformer(ids)  # 20 rows: medium inside
             m.transformer(ids, last_only=True)  # medium inside, but the head gets 1 row
-            m.transformer(ids[:, :SMALL_M])  # SMALL_M rows: untouched
-            m.transformer(ids[:, :1].expand(SMALL_M + 1, 1))  # B*T = SMALL_M + 1: medium inside
+            m.transformer(ids[:, :SMALL_M])  # T = SMALL_M: untouched
+            m.transformer(ids[:, :1].expand(SMALL_M + 1, 1))  # decode of B = SMALL_M + 1: untouched
+            m.transformer(ids[:, :SMALL_M].expand(3, SMALL_M))  # B*T = 48 rows, T = 16: untouched
+            m.transformer(ids[:, : SMALL_M + 1].expand(2, SMALL_M + 1))  # T = SMALL_M + 1: medium
             assert torch.get_float32_matmul_precision() == "high"
             with pytest.raises(IndexError):  # fails inside the scope, at the embedding
                 m.transformer(torch.full((1, 8), 10**6))
             assert torch.get_float32_matmul_precision() == "high"
     # the failing forward never reached layer 0
-    assert seen == ["medium", "medium", "high", "medium"]
-    assert head == ["medium", "high", "high", "medium"]
+    assert seen == ["medium", "medium", "high", "high", "high", "medium"]
+    assert head == ["medium", "high", "high", "high", "high", "medium"]
     assert torch.get_float32_matmul_precision() == "highest"
 
 
@@ -172,14 +200,23 @@ def test_cli_refuses_a_bad_precision_in_one_line(tiny_f32):
     assert len(lines) == 1 and lines[0].startswith("error:") and "highest, medium" in lines[0]
 
 
-def test_cli_medium_runs_and_says_so(tiny_f32):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cli_medium_runs_and_says_so(tiny_f32, dtype):
+    """The loading line says "medium matmuls" only where it applies (float32 compute); with a
+    bfloat16 model it says the option has no effect (its products are bfloat16 already)."""
     proc = subprocess.run(
         [sys.executable, "-m", "clearlm", "generate", "hello there", "-m", str(tiny_f32), "-n", "3",
-         "--temperature", "0", "--threads", "1", "--matmul-precision", "medium"],
+         "--temperature", "0", "--threads", "1", "--matmul-precision", "medium", "--dtype", dtype],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert any(line.endswith("medium matmuls") for line in proc.stderr.splitlines())
+    loading = [line for line in proc.stderr.splitlines() if "done in" in line]
+    assert len(loading) == 1, proc.stderr
+    if dtype == "float32":
+        assert loading[0].endswith(" · medium matmuls")
+    else:
+        assert "matmuls" not in loading[0]
+        assert loading[0].endswith(" · --matmul-precision medium has no effect in bfloat16")
 
 
 # ---- SmolLM2-135M-Instruct (the default model) ----

@@ -113,8 +113,18 @@ CASES = [  # (path, body, param, code, a piece of the message)
      "messages.0.role", "invalid_value", "'system', 'developer', 'user' or 'assistant'"),
     ("chat/completions", with_(CHAT, top_logprobs=2), "top_logprobs", "invalid_value",
      "needs logprobs: true"),
-    ("chat/completions", with_(CHAT, max_completion_tokens=10**6), "max_tokens", "invalid_value",
-     "context"),
+    # max_completion_tokens: the errors name the field the client sent, not max_tokens
+    ("chat/completions", with_(CHAT, max_completion_tokens=10**6), "max_completion_tokens",
+     "invalid_value", "max_completion_tokens is 1000000 but the model's context length is 128"),
+    ("chat/completions", with_(CHAT, max_tokens=None, max_completion_tokens=0),
+     "max_completion_tokens", "invalid_value", "greater than or equal to 1"),
+    # prompt + max_tokens past the context: OpenAI's 400, with the numbers (not a cut text)
+    ("completions", with_(GOOD, prompt=[5] * 60, max_tokens=100), "prompt",
+     "context_length_exceeded", "the model's context length is 128 tokens, but this request "
+     "asks for 160 (60 in the prompt, 100 for the completion, max_tokens)"),
+    ("chat/completions", with_(CHAT, max_tokens=None, max_completion_tokens=127), "messages",
+     "context_length_exceeded", "for the completion, max_completion_tokens); shorten the prompt "
+     "or lower max_completion_tokens"),
 ]  # fmt: skip
 
 
@@ -230,7 +240,10 @@ def test_a_client_that_disconnects_frees_its_slot_at_once(tiny):
 
 def test_a_prompt_past_the_engines_max_seq_len_names_the_prompt(tiny):
     """An engine holding 32 positions per sequence (below the context, 128) refuses a longer
-    prompt: a 400 naming the prompt (or the messages), and the next request is answered."""
+    prompt: a 400 naming the prompt (or the messages), and the next request is answered. A
+    prompt that fits with a max_tokens that does not is refused too (OpenAI's 400
+    context_length_exceeded, README "Serving"), streaming or not, on both endpoints; without
+    max_tokens the generation runs up to the 32 positions and ends with "length"."""
     engine = BatchEngine(tiny.transformer, tiny.tokenizer.eos_ids, max_seq_len=32)
     with serving(create_app(tiny, engine, model_id=MODEL)) as u:
         long = with_(GOOD, prompt=[5] * 40)
@@ -241,9 +254,32 @@ def test_a_prompt_past_the_engines_max_seq_len_names_the_prompt(tiny):
         check_error(post(u, "chat/completions", chat), 400, "messages", "--max-seq-len is 32")
         big = with_(GOOD, max_tokens=40)  # fits the context (128), not the engine's 32
         check_error(post(u, "completions", big), 400, "max_tokens", "--max-seq-len is 32")
-        near = post(u, "completions", with_(GOOD, prompt=[5] * 28, max_tokens=30)).json()
-        assert near["usage"]["completion_tokens"] == 4  # room left: 32 − 28, said as "length"
+        for stream in (False, True):
+            near = with_(GOOD, prompt=[5] * 28, max_tokens=30, stream=stream)  # 58 > 32
+            r = post(u, "completions", near)
+            says = "request asks for 58 (28 in the prompt, 30 for the completion, max_tokens)"
+            check_error(
+                r, 400, "prompt", f"the server's --max-seq-len is 32 tokens, but this {says}"
+            )
+            assert r.json()["error"]["code"] == "context_length_exceeded"
+            n_chat = len(tiny.chat_prompt(CHAT["messages"]))
+            r = post(u, "chat/completions", with_(CHAT, max_tokens=33 - n_chat, stream=stream))
+            check_error(r, 400, "messages", f"asks for 33 ({n_chat} in the messages")
+            assert r.json()["error"]["code"] == "context_length_exceeded"
+        fits = post(u, "completions", with_(GOOD, prompt=[5] * 28, max_tokens=4)).json()
+        assert fits["usage"]["completion_tokens"] == 4  # exactly the room left: 32 − 28
+        unset = {k: v for k, v in GOOD.items() if k != "max_tokens"}  # default 16, room 4
+        near = post(u, "completions", with_(unset, prompt=[5] * 28)).json()
+        assert near["usage"]["completion_tokens"] == 4  # up to the context, said as "length"
         assert near["choices"][0]["finish_reason"] == "length"
+        chat = {k: v for k, v in CHAT.items() if k != "max_tokens"}
+        reply = post(u, "chat/completions", json.dumps(chat).encode()).json()
+        assert reply["choices"][0]["finish_reason"] == "length"  # the tiny model ends no text
+        assert reply["usage"]["total_tokens"] == 32
+        with pytest.raises(openai.BadRequestError) as caught:  # the official client's view
+            openai.OpenAI(base_url=u, api_key="x").completions.create(
+                model=MODEL, prompt=[5] * 28, max_tokens=30, stream=True)  # fmt: skip
+        assert caught.value.code == "context_length_exceeded"
         assert post(u, "completions", with_(GOOD)).status_code == 200
 
 

@@ -5,7 +5,8 @@ exit code; the Python API raises the typed subclass so callers can tell the case
 
 Exit codes: 1 other, 2 command-line usage (unknown option, missing argument, bad number),
 3 model not found, 4 invalid model file, 5 unsupported model, 6 context length, 7 invalid
-sampling or generation settings, 8 chat template, 9 pull failed.
+sampling or generation settings, 8 chat template, 9 pull failed, 10 device not available,
+11 distributed run failed.
 """
 
 import unicodedata

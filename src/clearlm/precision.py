@@ -1,15 +1,18 @@
 """Opt-in matmul precision for prefill: "highest" (exact float32, the default) or "medium".
 
 The names are torch's own (``torch.set_float32_matmul_precision``). With "medium", every forward
-pass of more than ``SMALL_M`` rows (B*T: a prompt's prefill, a batch of many rows) runs inside
-a scope where torch may compute float32 matrix products from bfloat16-rounded inputs with
-float32 accumulation and float32 outputs (oneDNN on the CPU: the AMX or AVX512-BF16 units
-where present). That covers the float32 ``nn.Linear`` layers, the compact layers' prefill
-bands (clearlm.quant.linear: each band is dequantized to float32 and multiplied by F.linear) and
-the output head when it gets more than SMALL_M rows (not a last_only prefill's single row).
-Decode-sized calls (B*T <= SMALL_M: the compact kernel, or float32 GEMV) are not touched, and
-neither is anything outside the model's forward: the global setting is restored when the
-forward returns or raises.
+pass of more than ``SMALL_M`` new tokens per sequence (T, the input's second dimension: a
+prompt's prefill, of any batch size) runs inside a scope where torch may compute float32
+matrix products from bfloat16-rounded inputs with float32 accumulation and float32 outputs
+(oneDNN on the CPU: the AMX or AVX512-BF16 units where present). That covers the float32
+``nn.Linear`` layers, the compact layers' prefill bands (clearlm.quant.linear: each band is
+dequantized to float32 and multiplied by F.linear) and the output head when it gets more than
+SMALL_M positions (not a last_only prefill's last row). Forwards of T <= SMALL_M are not
+touched: decode (T = 1) of any batch size stays exact float32, also a batch of more than
+SMALL_M sequences whose B*T rows take the compact layers' band path; so does anything outside
+the model's forward: the global setting is restored when the forward returns or raises.
+Keying on T, not B*T, keeps that promise for batched decoding (a server's slots, ``generate``
+with many prompts), where B*T = B grows past SMALL_M.
 
 Why a scope around F.linear on float32 tensors, not bfloat16 tensors: measured on this
 machine (Xeon with AMX-BF16, 1 thread, process time, 512x896 @ 896x4864): float32 22.9 ms;
@@ -63,14 +66,14 @@ def float32_matmul_precision(mode: str) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-def _rows(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """B*T of a forward's first argument: token ids (B, T) or hidden states (B, T, D)."""
+def _seq_len(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """T of a forward's first argument: token ids (B, T) or hidden states (B, T, D); 0 else."""
     x = args[0] if args else kwargs.get("tokens")
-    return int(x.shape[0] * x.shape[1]) if isinstance(x, torch.Tensor) and x.dim() >= 2 else 0
+    return int(x.shape[1]) if isinstance(x, torch.Tensor) and x.dim() >= 2 else 0
 
 
 class _Scope:
-    """The forward hooks of one model: enter "medium" before a forward of > SMALL_M rows and
+    """The forward hooks of one model: enter "medium" before a forward of T > SMALL_M and
     restore the saved setting after it (a stack: a forward inside a forward restores too).
     Decode-sized forwards touch nothing (no Python state changes inside a compiled step)."""
 
@@ -81,34 +84,34 @@ class _Scope:
     def before(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        if _rows(args, kwargs) > SMALL_M:
+        if _seq_len(args, kwargs) > SMALL_M:
             self.saved.append(torch.get_float32_matmul_precision())
             torch.set_float32_matmul_precision("medium")
 
     def after(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     ) -> None:
-        if _rows(args, kwargs) > SMALL_M and self.saved:
+        if _seq_len(args, kwargs) > SMALL_M and self.saved:
             torch.set_float32_matmul_precision(self.saved.pop())
 
-    # The output projection (and project_out) of a last_only forward sees B rows, not B*T: such
+    # The output projection (and project_out) of a last_only forward sees T = 1, not T: such
     # a call runs at the caller's setting, as decode does (measured, 1 thread, 1 x 640 @
     # 640 x 262144: float32 48 ms, "medium" 68 ms: the weight's conversion costs more than it
     # saves), and its logits stay exact.
     def head_before(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if self.saved and _rows(args, {}) <= SMALL_M:
+        if self.saved and _seq_len(args, {}) <= SMALL_M:
             self.head_saved.append(torch.get_float32_matmul_precision())
             torch.set_float32_matmul_precision(self.saved[-1])
 
     def head_after(self, module: torch.nn.Module, args: tuple[Any, ...], out: Any) -> None:
-        if self.saved and _rows(args, {}) <= SMALL_M and self.head_saved:
+        if self.saved and _seq_len(args, {}) <= SMALL_M and self.head_saved:
             torch.set_float32_matmul_precision(self.head_saved.pop())
 
 
 def set_matmul_precision(net: torch.nn.Module, mode: str) -> torch.nn.Module:
-    """Make ``net``'s forward passes of more than SMALL_M rows run at ``mode`` ("medium"), or
-    undo that ("highest": exactly today's float32 path). Sets ``net.matmul_precision``;
-    returns ``net``. Raises SamplingParamsError for another mode."""
+    """Make ``net``'s forward passes of more than SMALL_M tokens per sequence (T) run at ``mode``
+    ("medium"), or undo that ("highest": exactly today's float32 path). Sets
+    ``net.matmul_precision``; returns ``net``. Raises SamplingParamsError for another mode."""
     mode = parse_matmul_precision(mode)
     for handle in getattr(net, "_precision_hooks", ()):
         handle.remove()

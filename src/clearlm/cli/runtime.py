@@ -121,6 +121,8 @@ def load_model(
     Raises:
         whatever resolving, checking or loading raises (ClearLMError subclasses).
     """
+    import torch
+
     from clearlm.api import load, parse_dtype, parse_weights
     from clearlm.devices import resolve_device
     from clearlm.errors import ChatTemplateError
@@ -149,7 +151,9 @@ def load_model(
             "decoding will be slower than with fewer[/]",
             soft_wrap=True,
         )
-    if matmul_precision == "medium" and not cpu_has_bf16_units():  # allowed, said honestly
+    # "medium" only changes float32 products; a bfloat16/float16 model's are half already
+    scoped = matmul_precision != "highest" and torch_dtype == torch.float32
+    if scoped and not cpu_has_bf16_units():  # allowed, said honestly
         err.print("[yellow]warning: this CPU lists no bfloat16 units (AMX, AVX512-BF16): "
                   "--matmul-precision medium may be slower than highest here[/]", soft_wrap=True)
     alias = name or DEFAULT_MODEL
@@ -170,10 +174,20 @@ def load_model(
         err.print(
             f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
             f" · {model.weights} weights {human_size(model.weight_bytes)}"
-            + (f" · {matmul_precision} matmuls" if matmul_precision != "highest" else "") + "[/]",
+            + precision_note(matmul_precision, scoped, dtype) + "[/]",
             soft_wrap=True,
         )
     return model
+
+
+def precision_note(matmul_precision: str, scoped: bool, dtype: str) -> str:
+    """The loading line's word on --matmul-precision: "" for highest, " · medium matmuls" where
+    it applies (float32 compute), else that it has no effect (a bfloat16/float16 model)."""
+    if matmul_precision == "highest":
+        return ""
+    if scoped:
+        return f" · {matmul_precision} matmuls"
+    return f" · --matmul-precision {matmul_precision} has no effect in {dtype}"
 
 
 def compile_step(model: Any) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from clearlm.api_checks import check_stop
 from clearlm.defaults import GENERATE_DEFAULTS
 from clearlm.engine.batch_generate import generate_batch, stream_batch
-from clearlm.errors import PromptTypeError, SamplingParamsError
+from clearlm.errors import ClearLMError, PromptTypeError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult
 
 if TYPE_CHECKING:
@@ -86,9 +86,16 @@ def prepare(
     """Encode every prompt and resolve every row's settings (the single-prompt rules per row:
     params, or keywords over generation_config.json over GENERATE_DEFAULTS).
 
-    Raises PromptTypeError / ClearLMError (a bad prompt), SamplingParamsError (a bad setting)."""
+    Raises PromptTypeError / ClearLMError (a bad prompt: the message starts with its index,
+    ``prompt 2: token id 999 is outside the vocabulary [0, 64)``), SamplingParamsError (a bad
+    setting)."""
     n = len(prompts)
-    ids = [model.encode(p) for p in prompts]
+    ids = []
+    for i, p in enumerate(prompts):
+        try:
+            ids.append(model.encode(p))
+        except ClearLMError as e:  # say which prompt of the batch (as batch_generate does)
+            raise type(e)(f"prompt {i}: {e}") from None
     keys = {k: row_values(v, n, k) for k, v in sampling.items()}
     rows = [
         model.sampling_params(p, GENERATE_DEFAULTS, **{k: v[i] for k, v in keys.items()})

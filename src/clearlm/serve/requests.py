@@ -5,9 +5,12 @@ Rules (documented in README.md, "Serving"):
   SamplingParams defaults (temperature 1, as OpenAI's); ranges are SamplingParams' own.
 - ``n`` choices are ``n`` independent sequences; with a ``seed``, choice ``i`` uses
   ``seed + i``, so choice ``i`` equals ``model.generate(..., seed=seed + i)``.
-- ``max_tokens`` defaults to 16 for completions (as OpenAI) and to what the context leaves for
-  chat; above the context length it is refused. A request whose prompt plus ``max_tokens``
-  passes the context stops there with ``finish_reason`` "length".
+- ``max_tokens`` (chat: or ``max_completion_tokens``) defaults to 16 for completions (as
+  OpenAI) and to what the context leaves for chat; above the context length it is refused
+  (``invalid_value``). A request whose prompt plus the ``max_tokens`` it gives passes the
+  context (the server's --max-seq-len, or the model's context length) is refused as OpenAI
+  refuses it: 400, ``context_length_exceeded``, the numbers in the message. Without
+  ``max_tokens``, a completion's default 16 stops at the context with finish_reason "length".
 - Chat contents are text: special-token text typed in a message stays text (the injection
   rule of :meth:`clearlm.api.Model.chat_prompt`); a "developer" message is a system message.
 """
@@ -81,8 +84,10 @@ def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
 
 
 def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, limits: Limits,
-            where: str) -> dict[str, Any]:  # fmt: skip
-    """The checks and fields both endpoints share."""
+            where: str, max_name: str = "max_tokens") -> dict[str, Any]:  # fmt: skip
+    """The checks and fields both endpoints share. ``max_name``: the field that gave
+    ``max_tokens`` (chat: ``max_completion_tokens`` when the client sent that), named in the
+    errors."""
     (ctx, what), n = window(model, limits), body.n or 1
     if n > limits.max_n:
         raise APIError(400, f"n must be at most {limits.max_n}, got {n}", "n", "invalid_value")
@@ -90,8 +95,8 @@ def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, 
         raise APIError(400, "logit_bias is not supported", "logit_bias", "unsupported")
     if max_tokens is not None and max_tokens > ctx:
         raise APIError(
-            400, f"max_tokens is {max_tokens} but {what} is {ctx}",
-            "max_tokens", "invalid_value",
+            400, f"{max_name} is {max_tokens} but {what} is {ctx}",
+            max_name, "invalid_value",
         )  # fmt: skip
     if ctx < model.config.context_length and len(prompt) >= ctx:
         raise APIError(
@@ -103,6 +108,14 @@ def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, 
         check_fits(len(prompt), ctx)
     except ClearLMError as e:
         raise from_clearlm(e, where) from None
+    if max_tokens is not None and len(prompt) + max_tokens > ctx:  # OpenAI's 400, not a cut
+        inside = "the prompt" if where == "prompt" else "the messages"
+        raise APIError(
+            400, f"{what} is {ctx} tokens, but this request asks for "
+            f"{len(prompt) + max_tokens} ({len(prompt)} in {inside}, {max_tokens} for the "
+            f"completion, {max_name}); shorten the prompt or lower {max_name}",
+            where, "context_length_exceeded",
+        )  # fmt: skip
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not s for s in stop):
         raise APIError(400, "a stop string must not be empty", "stop", "invalid_value")
@@ -150,7 +163,8 @@ def chat_job(model: Model, body: ChatBody, limits: Limits) -> Job:
     except ClearLMError as e:
         raise from_clearlm(e, "messages") from None
     max_tokens = body.max_completion_tokens or body.max_tokens
-    common = _common(model, body, prompt, max_tokens, limits, "messages")
+    name = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+    common = _common(model, body, prompt, max_tokens, limits, "messages", name)
     room = window(model, limits)[0] - len(prompt)
     return Job(
         **common,
