@@ -33,6 +33,7 @@ from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.from_file import pack_tensor, packed_nbytes
+from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed
 
@@ -120,6 +121,7 @@ def load_compact(
     if tied_float:
         model.lm_head.weight = model.embed_tokens.weight
     model.init_derived()
+    fuse_projections(model)  # Q/K/V and gate/up as one kernel call each where formats agree
     return model.eval(), plan
 
 

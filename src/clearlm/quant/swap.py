@@ -29,6 +29,7 @@ from clearlm.loading.gguf import gguf_to_ours
 from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.transforms import unpermute_rope_rows
 from clearlm.quant.embedding import QuantEmbedding
+from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed, pack_blocks
 
@@ -90,6 +91,7 @@ def quantize_model(model: nn.Module, reader: GGUFFile, config: ModelConfig) -> S
             setattr(model.get_submodule(parent) if parent else model, child, new)
             report.swapped.append(path)
             report.float_bytes += old.weight.nbytes
+    fuse_projections(model)  # as loading/gguf_compact.py: Q/K/V and gate/up fused
     return report
 
 
