@@ -102,7 +102,7 @@ class Attention(nn.Module):
         the causal mask of ``positions`` here.
         """
         B, T, _ = x.shape
-        H, K, Hd = self.n_heads, self.n_kv_heads, self.head_dim
+        H, Hd = self.n_heads, self.head_dim
         q, k, v = self.project(x, rope)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if cache is not None:
