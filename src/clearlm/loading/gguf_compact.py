@@ -12,6 +12,9 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    fused projections the family splits) goes through the float32 loader's own steps
    (dequantize → un-permute → un-shift → the family's convert) and is assigned in place.
 
+4. a block's Q/K/V and gate/up with the same packed layout become one matrix each
+   (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it).
+
 The packed modules give the GGUF's dequantized values exactly (pack.py); only the float32
 summation order of the products differs from ``weights="float32"``.
 """

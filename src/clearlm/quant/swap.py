@@ -13,6 +13,8 @@ The embedding (``nn.Embedding``) becomes a QuantEmbedding; a tied head (no ``out
 is a QuantLinear over the same packed table, so the table is held once. Tensors of other types
 (F32, F16, Q2_K, ...) and modules that are not plain ``nn.Linear`` / ``nn.Embedding`` (GPT-2's
 fused QKV, split at load) keep their float weights.
+Last, as the compact load does, Q/K/V and gate/up with the same packed layout are fused into one
+matrix each (clearlm.quant.fuse.fuse_projections).
 """
 
 from __future__ import annotations
