@@ -10,8 +10,7 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    these matrices ever exists, and their file pages are dropped from the process once packed;
 3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
    fused projections the family splits) goes through the float32 loader's own steps
-   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place.
-
+   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place;
 4. a block's Q/K/V and gate/up with the same packed layout become one matrix each
    (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it).
 
