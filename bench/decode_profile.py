@@ -1,6 +1,6 @@
 """Where one decode step's time goes, per op kind, for compact (quantized) models.
 
-For each model: load the GGUF (float32), swap in compact weights (clearlm.quant.quantize_model),
+For each model: load the GGUF with compact weights (clearlm.quant.weights.load_weights),
 prefill a 16-token prompt, then time decode steps. Two measurements:
 - ``step``: wall and CPU time of one decode step (median of --steps steps, no timers); with
   --compile the eager and the compiled step alternate, step by step, on the same cache;
@@ -26,15 +26,13 @@ import torch
 
 from clearlm.generation import decode_step, prefill
 from clearlm.kv_cache import CacheRows, KVCache
-from clearlm.loading.checkpoint import load_gguf_model
-from clearlm.loading.gguf import open_gguf
 from clearlm.model import attention, norms, positions, transformer
 from clearlm.models import resolve_model
 from clearlm.quant import ops
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear, set_int8_activations
-from clearlm.quant.swap import quantize_model
+from clearlm.quant.weights import load_weights
 
 CACHE = Path.home() / ".cache" / "clearlm"
 MODELS = {
@@ -94,9 +92,9 @@ def instrument(model: torch.nn.Module) -> None:
 
 
 def build(path: Path):
-    loaded = load_gguf_model(path)
-    quantize_model(loaded.model, open_gguf(path), loaded.config)
-    return loaded.model.eval()
+    """The compact model as ``clearlm.load(weights="compact")`` builds it (packed straight from
+    the file, Q/K/V and gate/up fused: clearlm.quant.fuse)."""
+    return load_weights(str(path), "compact", threads=torch.get_num_threads()).transformer.eval()
 
 
 def run(name: str, args: argparse.Namespace) -> None:

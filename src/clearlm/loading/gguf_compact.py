@@ -10,7 +10,9 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    these matrices ever exists, and their file pages are dropped from the process once packed;
 3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
    fused projections the family splits) goes through the float32 loader's own steps
-   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place.
+   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place;
+4. a block's Q/K/V and gate/up with the same packed layout become one matrix each
+   (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it).
 
 The packed modules give the GGUF's dequantized values exactly (pack.py); only the float32
 summation order of the products differs from ``weights="float32"``.
@@ -33,6 +35,7 @@ from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.from_file import pack_tensor, packed_nbytes
+from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed
 
@@ -120,6 +123,7 @@ def load_compact(
     if tied_float:
         model.lm_head.weight = model.embed_tokens.weight
     model.init_derived()
+    fuse_projections(model)  # Q/K/V and gate/up as one kernel call each where formats agree
     return model.eval(), plan
 
 

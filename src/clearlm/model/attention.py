@@ -82,6 +82,9 @@ class Attention(nn.Module):
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_scores, self.hook_pattern = HookPoint(), HookPoint()
         self.hook_z, self.hook_out = HookPoint(), HookPoint()
+        # rows of each projection in ``qkv_proj`` (Q, K and maybe V fused into one compact
+        # matrix by clearlm.quant.fuse); empty: q_proj, k_proj, v_proj are called one by one
+        self.qkv_split: tuple[int, ...] = ()
 
     def forward(
         self,
@@ -99,15 +102,8 @@ class Attention(nn.Module):
         the causal mask of ``positions`` here.
         """
         B, T, _ = x.shape
-        H, K, Hd = self.n_heads, self.n_kv_heads, self.head_dim
-        q = self.q_proj(x).view(B, T, H, Hd)  # (B, T, H, Hd)
-        k = self.k_proj(x).view(B, T, K, Hd)  # (B, T, K, Hd)
-        v = self.v_proj(x).view(B, T, K, Hd).transpose(1, 2)  # (B, K, T, Hd)
-        if self.qk_norm:  # per head, over Hd, before the rotation
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Hd), (B, K, T, Hd)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        H, Hd = self.n_heads, self.head_dim
+        q, k, v = self.project(x, rope)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if cache is not None:
             k, v = cache.update_and_fetch(self.layer_idx, k, v)  # (B, K, S, Hd)
@@ -122,6 +118,38 @@ class Attention(nn.Module):
         out = self.hook_z(out.transpose(1, 2))  # (B, T, H, Hd)
         out = self.o_proj(out.reshape(B, T, H * Hd))  # (B, T, H·Hd): heads concatenated → (B, T, D)
         return self.hook_out(out)
+
+    def project(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) → q (B, H, T, Hd) and k (B, K, T, Hd) after q/k-norm and RoPE, v
+        (B, K, T, Hd); views where possible (hooks see the same values either way).
+
+        With Q, K (and V) fused into ``qkv_proj`` (clearlm.quant.fuse) the projections are one
+        kernel call, and without q/k-norm the H + K heads of q and k, adjacent in its output,
+        are rotated by one apply_rope: elementwise, so the same values as two calls."""
+        B, T, _ = x.shape
+        H, K, Hd = self.n_heads, self.n_kv_heads, self.head_dim
+        if self.qkv_split:
+            y = self.qkv_proj(x)  # (B, T, (H + 2K)·Hd), or (B, T, (H + K)·Hd) without V
+            v = y[..., (H + K) * Hd :] if len(self.qkv_split) == 3 else self.v_proj(x)
+            v = v.view(B, T, K, Hd).transpose(1, 2)  # (B, K, T, Hd)
+            if not self.qk_norm:
+                qk = y[..., : (H + K) * Hd].view(B, T, H + K, Hd).transpose(1, 2)
+                if rope is not None:
+                    qk = apply_rope(qk, *rope)  # (B, H + K, T, Hd)
+                return qk[:, :H], qk[:, H:], v
+            q, k = y[..., : H * Hd], y[..., H * Hd : (H + K) * Hd]
+        else:
+            q, k = self.q_proj(x), self.k_proj(x)
+            v = self.v_proj(x).view(B, T, K, Hd).transpose(1, 2)  # (B, K, T, Hd)
+        q, k = q.view(B, T, H, Hd), k.view(B, T, K, Hd)
+        if self.qk_norm:  # per head, over Hd, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Hd), (B, K, T, Hd)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None

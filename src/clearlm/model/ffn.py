@@ -52,10 +52,18 @@ class GatedFFN(nn.Module):
         self.down_proj = nn.Linear(f, d, bias=bias)
         self.act = ACTIVATIONS[config.activation]
         self.hook_pre_act, self.hook_act, self.hook_out = HookPoint(), HookPoint(), HookPoint()
+        # (F, F) when gate and up are one compact matrix ``gate_up_proj`` (clearlm.quant.fuse)
+        self.gate_up_split: tuple[int, ...] = ()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pre = self.hook_pre_act(self.gate_proj(x))  # (B, T, F): the gate
-        a = self.hook_act(self.act(pre) * self.up_proj(x))  # (B, T, F)
+        if self.gate_up_split:  # one kernel call, split: the same values
+            y = self.gate_up_proj(x)  # (B, T, 2F): gate, then up
+            f = self.gate_up_split[0]
+            gate, up = y[..., :f], y[..., f:]  # (B, T, F) each (slices: cheaper than split)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        pre = self.hook_pre_act(gate)  # (B, T, F): the gate
+        a = self.hook_act(self.act(pre) * up)  # (B, T, F)
         return self.hook_out(self.down_proj(a))  # (B, T, D)
 
 

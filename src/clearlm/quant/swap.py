@@ -13,6 +13,8 @@ The embedding (``nn.Embedding``) becomes a QuantEmbedding; a tied head (no ``out
 is a QuantLinear over the same packed table, so the table is held once. Tensors of other types
 (F32, F16, Q2_K, ...) and modules that are not plain ``nn.Linear`` / ``nn.Embedding`` (GPT-2's
 fused QKV, split at load) keep their float weights.
+Last, as the compact load does, Q/K/V and gate/up with the same packed layout are fused into one
+matrix each (clearlm.quant.fuse.fuse_projections).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from clearlm.loading.gguf import gguf_to_ours
 from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.transforms import unpermute_rope_rows
 from clearlm.quant.embedding import QuantEmbedding
+from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed, pack_blocks
 
@@ -90,6 +93,7 @@ def quantize_model(model: nn.Module, reader: GGUFFile, config: ModelConfig) -> S
             setattr(model.get_submodule(parent) if parent else model, child, new)
             report.swapped.append(path)
             report.float_bytes += old.weight.nbytes
+    fuse_projections(model)  # as loading/gguf_compact.py: Q/K/V and gate/up fused
     return report
 
 

@@ -1,0 +1,116 @@
+"""clearlm.quant.fuse: Q/K/V and gate/up as one compact matrix give the unfused model's values.
+
+Reference: the same loaded model with fusion switched off (``qkv_split`` / ``gate_up_split``
+emptied: the original q/k/v/gate/up modules, whose buffers are views of the fused ones, are
+called one by one). Decode-sized calls go through the kernel, which sums each output row in the
+same order whatever rows are computed with it: bit-identical. Prefill dequantizes and uses
+torch's float32 matmul on a larger N: equal up to float32 summation order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from test_quant import random_blocks
+from tiny_gguf import write_tiny_llama
+
+import clearlm
+from clearlm.generation import decode_step, prefill
+from clearlm.model.attention import Attention
+from clearlm.model.ffn import GatedFFN
+from clearlm.quant.distance import cache_for
+from clearlm.quant.fuse import fuse_projections
+from clearlm.quant.kernels import load_kernels
+from clearlm.quant.linear import QuantLinear
+from clearlm.quant.pack import pack_blocks
+
+TOKENS = torch.tensor([[1, 72, 101, 108, 108, 111, 32, 119, 2]])  # (B, T)
+
+
+def set_fused(model: torch.nn.Module, on: bool, saved: dict) -> None:
+    """Switch fusion off (remembering the splits) or back on, in place."""
+    for m in model.modules():
+        for attr in ("qkv_split", "gate_up_split"):
+            if hasattr(m, attr):
+                if not on:
+                    saved.setdefault(id(m), {})[attr] = getattr(m, attr)
+                    setattr(m, attr, ())
+                else:
+                    setattr(m, attr, saved[id(m)][attr])
+
+
+def run(model: torch.nn.Module) -> tuple[torch.Tensor, list[torch.Tensor], dict]:
+    """Prefill logits (1, V), 3 decode steps' logits, and every q/k/v/gate hook's recording."""
+    rec: dict[str, torch.Tensor] = {}
+    points = [p for n, p in model.hooks.points.items() if n.endswith(("q", "k", "v", "pre_act"))]
+    for p in points:
+        p.record = rec
+    try:
+        with torch.inference_mode():
+            cache = cache_for(model, 16)
+            first = prefill(model, TOKENS[:, :5], cache)  # (1, V)
+            steps = [decode_step(model, TOKENS[:, 5 + i : 6 + i], cache) for i in range(3)]
+    finally:
+        for p in points:
+            p.record = None
+    return first, steps, rec
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_0], ids=lambda q: q.name)
+def test_fused_model_equals_unfused(tmp_path, qtype: Q) -> None:
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=qtype, seed=7)
+    model = clearlm.load(path, threads=1).transformer
+    attn, ffn = model.layers[0].self_attn, model.layers[0].mlp
+    assert attn.qkv_split == (4 * 16, 2 * 16, 2 * 16)  # H·Hd, K·Hd, K·Hd rows
+    assert ffn.gate_up_split == (128, 128)
+    # the original modules hold views of the fused rows: every byte once
+    for fused, parts in ((attn.qkv_proj, (attn.q_proj, attn.k_proj, attn.v_proj)),
+                         (ffn.gate_up_proj, (ffn.gate_proj, ffn.up_proj))):
+        for name in ("codes", "scale", "min"):
+            whole = getattr(fused, name)
+            assert torch.equal(torch.cat([getattr(m, name) for m in parts]), whole)
+            assert {getattr(m, name).untyped_storage().data_ptr() for m in parts} == {
+                whole.untyped_storage().data_ptr()}
+    first, steps, rec = run(model)
+    saved: dict = {}
+    set_fused(model, False, saved)
+    first0, steps0, rec0 = run(model)
+    set_fused(model, True, saved)
+    torch.testing.assert_close(first, first0, rtol=1e-5, atol=1e-5)  # prefill: float32 order
+    assert rec.keys() == rec0.keys() and len(rec) == 2 * 4  # 2 layers × q, k, v, pre_act
+    for name in rec:  # the hooks see the same values (recorded last at the decode step)
+        if load_kernels() is not None:
+            assert torch.equal(rec[name], rec0[name]), name
+        torch.testing.assert_close(rec[name], rec0[name], rtol=1e-5, atol=1e-5)
+    for a, b in zip(steps, steps0, strict=True):
+        if load_kernels() is not None:  # decode: the kernel, same order per row
+            assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def quant(qtype: Q, n: int, k: int, seed: int, bias: bool = True) -> QuantLinear:
+    b = torch.randn(n, generator=torch.Generator().manual_seed(seed)) if bias else None
+    return QuantLinear(pack_blocks(random_blocks(qtype, n, k, seed), qtype, (n, k)), b)
+
+
+def test_mixed_formats_fuse_what_agrees(tmp_path) -> None:
+    """Q8_0 V beside Q5_0 Q/K (Qwen2.5's and Gemma 3's Q4_K_M files): Q and K fused, V alone;
+    biases fused with their rows; a Q8_0 up beside a Q5_0 gate: not fused."""
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.F32, seed=1)
+    model = clearlm.load(path, threads=1).transformer  # float32: nothing to fuse
+    assert fuse_projections(model) == 0
+    attn, ffn = model.layers[0].self_attn, model.layers[0].mlp
+    assert isinstance(attn, Attention) and isinstance(ffn, GatedFFN)
+    attn.q_proj, attn.k_proj = quant(Q.Q5_0, 64, 64, 1), quant(Q.Q5_0, 32, 64, 2)
+    attn.v_proj = quant(Q.Q8_0, 32, 64, 3)
+    ffn.gate_proj, ffn.up_proj = quant(Q.Q5_0, 128, 64, 4, False), quant(Q.Q8_0, 128, 64, 5, False)
+    x = torch.randn(1, 1, 64)
+    with torch.inference_mode():
+        want = model.layers[0](x, None, torch.tensor([0]))
+        assert fuse_projections(model) == 1 and fuse_projections(model) == 0  # idempotent
+        assert attn.qkv_split == (64, 32) and ffn.gate_up_split == ()
+        got = model.layers[0](x, None, torch.tensor([0]))
+    assert torch.equal(attn.qkv_proj.bias, torch.cat([attn.q_proj.bias, attn.k_proj.bias]))
+    if load_kernels() is not None:
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
