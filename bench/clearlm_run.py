@@ -1,20 +1,25 @@
 """One clearlm measurement in a fresh process, for bench/llamacpp.py (which reads its peak RSS).
 
-    python bench/clearlm_run.py MODEL WEIGHTS THREADS [PRECISION]   →   one JSON line on stdout
+    python bench/clearlm_run.py MODEL WEIGHTS THREADS [--precision highest|medium]
+                                [--decode eager|compiled] [--int8]   →   one JSON line on stdout
 
-PRECISION: the matmul precision, "highest" (default, exact float32) or "medium" (bfloat16
-products for forwards of more than 4 rows: clearlm.precision).
+--precision: the matmul precision, "highest" (default, exact float32) or "medium" (bfloat16
+products for prefills: clearlm.precision). --decode compiled: the decode steps run
+clearlm.compiled's step (torch.compile, Inductor's C++ wrapper), compiled during the warm-up
+(its time reported apart as compile_s). --int8: compact layers round decode activations to int8
+(clearlm.quant.linear.set_int8_activations; opt-in, not exact).
 
 Measured as llama-bench measures (llama.cpp tools/llama-bench): after an untimed warm-up,
 - load_s: seconds of ``load_weights(MODEL, WEIGHTS, threads=THREADS)`` (file to usable model);
 - pp512: 512 / seconds of one ``prefill`` of 512 token ids (seeded random ids in the
   vocabulary, like llama-bench's) into an empty KV cache;
-- tg128: 128 / seconds of 128 ``decode_step`` calls from an empty cache, the first fed the BOS
-  id, each next one the previous step's argmax.
+- tg128: 128 / seconds of 128 decode steps from an empty cache, the first fed the BOS id, each
+  next one the previous step's argmax.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -27,25 +32,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from clearlm.generation import decode_step, prefill  # noqa: E402
 from clearlm.precision import set_matmul_precision  # noqa: E402
 from clearlm.quant.distance import cache_for  # noqa: E402
+from clearlm.quant.linear import set_int8_activations  # noqa: E402
 from clearlm.quant.weights import load_weights  # noqa: E402
 
 N_PROMPT, N_GEN = 512, 128
 
 
-def main(model: str, weights: str, threads: int, precision: str = "highest") -> dict[str, float]:
+def main(model: str, weights: str, threads: int, precision: str = "highest",
+         decode: str = "eager", int8: bool = False) -> dict[str, float | None]:
     t0 = time.perf_counter()
     m = load_weights(model, weights, threads=threads)
     set_matmul_precision(m.transformer, precision)  # what clearlm.load(matmul_precision=) does
     load_s = time.perf_counter() - t0
     net = m.transformer
+    if int8:
+        set_int8_activations(net)
+    step = decode_step
+    if decode == "compiled":
+        from clearlm.compiled import CompiledDecodeStep
+
+        step = CompiledDecodeStep(net)
     vocab = m.config.vocab_size
     ids = torch.randint(0, vocab, (1, N_PROMPT), generator=torch.Generator().manual_seed(0))
     bos = m.tokenizer.bos_id if m.tokenizer.bos_id is not None else int(ids[0, 0])
-    # warm-up: a short prefill and a few steps (first calls allocate, load the kernel)
-    warm = cache_for(net, 24)
+    # warm-up: a short prefill and a few steps on a cache of the timed run's size (first calls
+    # allocate, load the kernel; a compiled step compiles for that shape)
+    warm = cache_for(net, N_GEN)
     prefill(net, ids[:, :16], warm)
     for _ in range(4):
-        decode_step(net, ids[:, :1], warm)
+        step(net, ids[:, :1], warm)
 
     cache = cache_for(net, N_PROMPT)
     t = time.perf_counter()
@@ -56,11 +71,20 @@ def main(model: str, weights: str, threads: int, precision: str = "highest") -> 
     token = torch.tensor([[bos]], dtype=torch.long)  # (1, 1)
     t = time.perf_counter()
     for _ in range(N_GEN):
-        logits = decode_step(net, token, cache)  # (1, V)
+        logits = step(net, token, cache)  # (1, V)
         token = logits.argmax(-1, keepdim=True)  # (1, 1)
     tg = N_GEN / (time.perf_counter() - t)
-    return {"load_s": load_s, "pp512": pp, "tg128": tg}
+    compile_s = getattr(step, "compile_s", None)
+    return {"load_s": load_s, "pp512": pp, "tg128": tg, "compile_s": compile_s}
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("weights", choices=["compact", "float32"])
+    ap.add_argument("threads", type=int)
+    ap.add_argument("--precision", choices=["highest", "medium"], default="highest")
+    ap.add_argument("--decode", choices=["eager", "compiled"], default="eager")
+    ap.add_argument("--int8", action="store_true")
+    a = ap.parse_args()
+    print(json.dumps(main(a.model, a.weights, a.threads, a.precision, a.decode, a.int8)))

@@ -12,10 +12,14 @@ of medians with clearlm / llama.cpp ratios, the commit and the date (bench/llama
 
     python bench/llamacpp.py [--models ALIAS_OR_PATH ...] [--weights compact|float32|both]
                              [--matmul-precision highest|medium|both]
+                             [--decode eager|compiled|both] [--int8 off|on|both]
                              [--repeats 3] [--threads 2] [--llama-bench PATH]
 
 With ``--matmul-precision medium`` (or both) clearlm also runs with bfloat16 products for its
-prefill (clearlm.precision); its rows say "compact, medium" in the weights column.
+prefill (clearlm.precision); its rows say "compact, medium" in the weights column. With
+``--decode compiled`` (or both) the 128 steps run clearlm.compiled's step, compiled during the
+warm-up (the load cell adds the compile time); ``--int8 on`` rounds the compact layers' decode
+activations to int8 per block of 32 (as llama.cpp does; opt-in and not exact).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -82,12 +87,31 @@ def llama_bench(binary: str, path: Path, threads: int) -> Run:
     return Run(pp, tg, rss)
 
 
-def clearlm_run(path: Path, weights: str, threads: int, precision: str = "highest") -> Run:
-    cmd = [sys.executable, str(ROOT / "bench" / "clearlm_run.py"), str(path), weights,
-           str(threads), precision]
+@dataclass(frozen=True)
+class Mode:
+    """How clearlm runs: weights, matmul precision, decode step, int8 activations."""
+
+    weights: str = "compact"
+    precision: str = "highest"
+    decode: str = "eager"
+    int8: bool = False
+
+    def label(self) -> str:
+        """The table's 'clearlm weights' cell: 'compact', 'compact, medium, compiled', ..."""
+        parts = [self.weights]
+        parts += [self.precision] if self.precision != "highest" else []
+        parts += ["int8 activations"] if self.int8 else []
+        parts += [self.decode] if self.decode != "eager" else []
+        return ", ".join(parts)
+
+
+def clearlm_run(path: Path, mode: Mode, threads: int) -> Run:
+    cmd = [sys.executable, str(ROOT / "bench" / "clearlm_run.py"), str(path), mode.weights,
+           str(threads), "--precision", mode.precision, "--decode", mode.decode]
+    cmd += ["--int8"] if mode.int8 else []
     out, rss = run_child(cmd)
     r = json.loads(out.strip().splitlines()[-1])
-    return Run(r["pp512"], r["tg128"], rss, r["load_s"])
+    return Run(r["pp512"], r["tg128"], rss, r["load_s"], r.get("compile_s"))
 
 
 def build_llama_bench() -> str:
@@ -109,24 +133,33 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per file (median)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-bench", help="a llama-bench binary (default: build/cache one)")
+    ap.add_argument("--decode", choices=["eager", "compiled", "both"], default="eager",
+                    help="clearlm's decode step: eager, or clearlm.compiled's (torch.compile)")
+    ap.add_argument("--int8", choices=["off", "on", "both"], default="off",
+                    help="compact layers with int8-rounded decode activations (opt-in, inexact)")
     args = ap.parse_args()
     binary = args.llama_bench or build_llama_bench()
-    weights = ["compact", "float32"] if args.weights == "both" else [args.weights]
-    precisions = ["highest", "medium"] if args.matmul_precision == "both" else [
-        args.matmul_precision]
-    modes = [(w, p) for w in weights for p in precisions]
+
+    def choices(value: str, both: list) -> list:
+        return both if value == "both" else [value]
+
+    modes = [Mode(w, p, d, i == "on")
+             for w in choices(args.weights, ["compact", "float32"])
+             for p in choices(args.matmul_precision, ["highest", "medium"])
+             for i in choices(args.int8, ["off", "on"])
+             for d in choices(args.decode, ["eager", "compiled"])
+             if not (i == "on" and w == "float32")]  # int8 activations are a compact mode
     paths = resolve(args.models)
-    runs: dict[tuple[Path, str], list[Run]] = {}
+    runs: dict[tuple[Path, Mode | str], list[Run]] = {}
     for rep in range(args.repeats):
         for path in paths:
             runs.setdefault((path, "llama.cpp"), []).append(llama_bench(binary, path, args.threads))
-            for w, prec in modes:
-                run = clearlm_run(path, w, args.threads, prec)
-                runs.setdefault((path, (w, prec)), []).append(run)
+            for mode in modes:
+                runs.setdefault((path, mode), []).append(clearlm_run(path, mode, args.threads))
             print(f"[repeat {rep + 1}/{args.repeats}] {path.name} done", file=sys.stderr)
     rows = [
-        table_row(label(p), mode[0] if mode[1] == "highest" else ", ".join(mode),
-                  median_run(runs[p, "llama.cpp"]), median_run(runs[p, mode]))
+        table_row(label(p), mode.label(), median_run(runs[p, "llama.cpp"]),
+                  median_run(runs[p, mode]))
         for p in paths
         for mode in modes
     ]

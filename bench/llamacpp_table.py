@@ -21,12 +21,13 @@ HEADER = (
 @dataclass(frozen=True)
 class Run:
     """One measurement of one engine on one file: tok/s, MiB, seconds (load None for
-    llama-bench, which does not report it)."""
+    llama-bench, which does not report it; compile None without a compiled decode step)."""
 
     pp512: float
     tg128: float
     rss_mib: float
     load_s: float | None = None
+    compile_s: float | None = None  # a compiled decode step's first call
 
 
 def median_run(runs: list[Run]) -> Run:
@@ -36,11 +37,13 @@ def median_run(runs: list[Run]) -> Run:
     if not runs:
         raise ValueError("no runs to summarise")
     loads = [r.load_s for r in runs if r.load_s is not None]
+    compiles = [r.compile_s for r in runs if r.compile_s is not None]
     return Run(
         statistics.median(r.pp512 for r in runs),
         statistics.median(r.tg128 for r in runs),
         statistics.median(r.rss_mib for r in runs),
         statistics.median(loads) if loads else None,
+        statistics.median(compiles) if compiles else None,
     )
 
 
@@ -57,6 +60,8 @@ def with_ratio(ours: str, x: float, ref: float) -> str:
 def table_row(label: str, weights: str, llama: Run, ours: Run) -> str:
     """One Markdown row; llama and ours are medians (median_run)."""
     load = f"{ours.load_s:.1f} s" if ours.load_s is not None else "-"
+    if ours.compile_s is not None:
+        load += f" + {ours.compile_s:.0f} s compile"
     cells = [
         label,
         weights,

@@ -81,3 +81,12 @@ def test_build_script_names_a_missing_tool(tmp_path):
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "'cmake' was not found" in out.stderr
     assert not (tmp_path / "llama.cpp").exists()  # nothing downloaded
+
+
+def test_compiled_row_adds_the_compile_time_to_the_load_cell():
+    runs = [Run(900.0, 80.0, 500.0, 0.4, 95.0), Run(950.0, 82.0, 510.0, 0.5, 13.0),
+            Run(920.0, 81.0, 505.0, 0.4, 14.0)]
+    ours = median_run(runs)
+    assert ours.compile_s == 14.0  # the median: a warm Inductor cache in two of three
+    row = table_row("m", "compact, compiled", Run(300.0, 100.0, 150.0), ours)
+    assert row.endswith("| 0.4 s + 14 s compile |")

@@ -143,3 +143,31 @@ def test_compiled_step_writes_the_cache_in_place(tiny_compact, monkeypatch, tmp_
     allocs = [line for src in code for line in src.splitlines() if "empty_strided" in line]
     assert not [line for line in allocs if shape in line], allocs
     assert cache.offset == 4 and cache.keys[0][0, :, 3].abs().sum() > 0  # the step wrote key 3
+
+
+def test_later_calls_skip_guards_only_for_inputs_seen_before(tiny_compact) -> None:
+    """After its first call the step skips Dynamo's guards for inputs it has seen (the key:
+    shapes, int8 switches); a cache of another size or an int8 switch is new and runs the full
+    guards, so it gets a graph of its own: every step still equals the eager one."""
+    from clearlm.quant.linear import set_int8_activations
+    from clearlm.quant.ops import int8_available
+
+    step = CompiledDecodeStep(tiny_compact)
+    prompt = torch.tensor([[1, 72, 101, 108]])
+    for n in (5, 9, 5):  # caches of 10 and 14 positions, then 10 again
+        want, _ = run(tiny_compact, decode_step, prompt, n)
+        got, _ = run(tiny_compact, step, prompt, n)
+        assert max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) < 1e-4
+    assert len(step.seen) == 2
+    if not int8_available():
+        pytest.skip("the int8 kernel is not built on this CPU")
+    exact, _ = run(tiny_compact, decode_step, prompt, 5)
+    set_int8_activations(tiny_compact)
+    try:
+        want, _ = run(tiny_compact, decode_step, prompt, 5)
+        got, _ = run(tiny_compact, step, prompt, 5)
+    finally:
+        set_int8_activations(tiny_compact, False)
+    assert max((w - e).abs().max().item() for w, e in zip(want, exact, strict=True)) > 1e-3
+    assert max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) < 1e-4
+    assert len(step.seen) == 3

@@ -18,8 +18,9 @@ import clearlm
 from clearlm.generation import decode_step, prefill
 from clearlm.model.attention import Attention
 from clearlm.model.ffn import GatedFFN
+from clearlm.quant import fuse
 from clearlm.quant.distance import cache_for
-from clearlm.quant.fuse import fuse_projections
+from clearlm.quant.fuse import fuse_projections, join_rows
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import pack_blocks
@@ -114,3 +115,33 @@ def test_mixed_formats_fuse_what_agrees(tmp_path) -> None:
     if load_kernels() is not None:
         assert torch.equal(got, want)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_join_rows_views_consecutive_bands_and_copies_the_rest() -> None:
+    buf = torch.arange(24.0).view(6, 4)  # (rows, columns)
+    joined = join_rows([buf[0:2], buf[2:5], buf[5:6]])
+    assert torch.equal(joined, buf) and joined.data_ptr() == buf.data_ptr()  # a view
+    for parts in ([buf[0:2].clone(), buf[2:6].clone()], [buf[2:4], buf[0:2]], [buf[0:2], buf[3:5]]):
+        got = join_rows(parts)  # separate buffers, out of order, a gap: a copy
+        assert torch.equal(got, torch.cat(parts)) and got.data_ptr() != buf.data_ptr()
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
+def test_compact_load_fuses_without_a_copy(tmp_path, monkeypatch, qtype: Q) -> None:
+    """A compact load packs each block's Q/K/V and gate/up into shared buffers as it goes
+    (quant/from_file.pack_group), so fusing them is a view: no buffer is held twice at the
+    peak of the load."""
+    views = []
+
+    def spy(parts):
+        out = join_rows(parts)
+        views.append(out.data_ptr() == parts[0].data_ptr())
+        return out
+
+    monkeypatch.setattr(fuse, "join_rows", spy)
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=qtype, seed=3)
+    model = clearlm.load(path, threads=1).transformer
+    assert model.layers[0].self_attn.qkv_split and model.layers[0].mlp.gate_up_split
+    n_layers = len(model.layers)
+    per = 3 if qtype == Q.Q4_1 else 2  # codes, scale (and min for Q4_1)
+    assert len(views) == 2 * n_layers * per and all(views)

@@ -12,7 +12,8 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    fused projections the family splits) goes through the float32 loader's own steps
    (dequantize → un-permute → un-shift → the family's convert) and is assigned in place;
 4. a block's Q/K/V and gate/up with the same packed layout become one matrix each
-   (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it).
+   (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it),
+   packed into shared buffers as a group (quant/from_file.pack_group), so fusing copies nothing.
 
 The packed modules give the GGUF's dequantized values exactly (pack.py); only the float32
 summation order of the products differs from ``weights="float32"``.
@@ -34,7 +35,7 @@ from clearlm.loading.load import check_shapes, skeleton
 from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
 from clearlm.quant.embedding import QuantEmbedding
-from clearlm.quant.from_file import pack_tensor, packed_nbytes
+from clearlm.quant.from_file import pack_group, packed_nbytes
 from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed
@@ -97,7 +98,8 @@ def load_compact(
     # Packing is numpy copies that release the GIL: torch's thread count packs tensors side by
     # side while this thread dequantizes the float ones (same bytes, same results).
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-        jobs: list[tuple[Future, list[str]]] = []
+        jobs: list[tuple[Future, list[list[str]]]] = []  # packed tensors, their module paths
+        groups: dict[str, list] = {}  # a block's Q/K/V or gate/up: packed together
         for t in file.tensors:
             ours = our_name(t, arch, config, source)
             if ours is None:
@@ -105,15 +107,24 @@ def load_compact(
             if t.name in plan.packed:
                 paths = plan.packed[t.name]
                 heads = _rope_heads(paths[0], config) if arch.unpermute_qk else None
-                jobs.append((pool.submit(pack_tensor, file, t, heads), paths))
+                group = _fuse_group_of(paths)
+                if group is None:
+                    jobs.append(_submit_group(pool, file, [(t, heads, paths)]))
+                    continue
+                members = groups.setdefault(group, [])
+                members.append((t, heads, paths))
+                if len(members) == FUSE_GROUPS[group.rpartition(".")[2]]:
+                    jobs.append(_submit_group(pool, file, groups.pop(group)))
                 continue
             w = dequantize_tensor(t, source)  # (out, in) float32, as loading/gguf.py
             if arch.unpermute_qk:
                 w = unpermute_qk(ours, w, config)
             state[ours] = to_torch(unshift_norm(ours, w, arch.norm_shift), dtype)
             file.release(t.data_offset, t.n_bytes)
-        for job, paths in jobs:
-            _swap(model, job.result(), paths)
+        jobs += [_submit_group(pool, file, members) for members in groups.values()]  # partial
+        for job, paths_each in jobs:
+            for packed, paths in zip(job.result(), paths_each, strict=True):
+                _swap(model, packed, paths)
     state = arch.convert(state, config)
     tied_float = config.tie_word_embeddings and "embed_tokens.weight" in state
     if tied_float:
@@ -125,6 +136,29 @@ def load_compact(
     model.init_derived()
     fuse_projections(model)  # Q/K/V and gate/up as one kernel call each where formats agree
     return model.eval(), plan
+
+
+# the projections quant/fuse.py joins, by their parent module's name: how many make a group
+FUSE_GROUPS = {"self_attn": 3, "mlp": 2}
+_FUSED = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+          "gate_proj": "mlp", "up_proj": "mlp"}
+
+
+def _fuse_group_of(paths: list[str]) -> str | None:
+    """The parent module (``layers.3.self_attn``, ``layers.3.mlp``) whose fused matrix this
+    tensor will be part of, or None."""
+    if len(paths) != 1:
+        return None
+    parent, _, name = paths[0].rpartition(".")
+    kind = _FUSED.get(name)
+    return parent if kind is not None and parent.endswith("." + kind) else None
+
+
+def _submit_group(pool: ThreadPoolExecutor, file: GGUFFile, members: list) -> tuple:
+    """One packing job (quant/from_file.pack_group) for (tensor, rope heads, paths) members:
+    the future of their Packed list, and each one's module paths."""
+    job = pool.submit(pack_group, file, [(t, heads) for t, heads, _ in members])
+    return job, [paths for _, _, paths in members]
 
 
 def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:

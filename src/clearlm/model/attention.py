@@ -159,9 +159,16 @@ class Attention(nn.Module):
 
         By scaled_dot_product_attention, whose enable_gqa lets each group of G query heads
         share one key/value head without materialising repeated copies of k and v; written out
-        when the scores are soft-capped (SDPA cannot cap them).
+        when the scores are soft-capped (SDPA cannot cap them), and in a compiled CPU decode
+        step (T = 1): there Inductor would call SDPA's CPU flash kernel, which costs 45 µs per
+        call at 264 keys and 435 µs at 2,048 (SmolLM2's shapes, one thread), while the two
+        small matrix products and the softmax that Inductor fuses take a few µs
+        (clearlm.compiled; same values up to float32 summation order).
         """
-        if self.softcap is None:
+        decode_compiled = (
+            q.shape[2] == 1 and q.device.type == "cpu" and torch.compiler.is_compiling()
+        )
+        if self.softcap is None and not decode_compiled:
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1]
             )
@@ -174,8 +181,11 @@ class Attention(nn.Module):
         """
         B, H, T, Hd = q.shape
         K = k.shape[1]
-        qg = q.view(B, K, H // K, T, Hd)  # (B, K, G, T, Hd): query heads grouped by kv head
-        s = qg @ k[:, :, None].transpose(-1, -2) * self.scale  # (B, K, G, T, S)
+        G = H // K
+        # query head h reads kv head h // G: the G heads of a group and their T queries stacked
+        # as the rows of one product, so k is read as it is (never repeated G times)
+        qg = q.reshape(B, K, G * T, Hd)  # (B, K, G·T, Hd)
+        s = (qg @ k.transpose(-1, -2)).view(B, K, G, T, -1) * self.scale  # (B, K, G, T, S)
         if self.softcap is not None:
             s = torch.tanh(s / self.softcap) * self.softcap
         if mask is not None:
@@ -187,8 +197,8 @@ class Attention(nn.Module):
         """pattern (B, H, T, S) weights over values v (B, K, S, Hd) → (B, H, T, Hd)."""
         B, H, T, S = pattern.shape
         K = v.shape[1]
-        out = pattern.view(B, K, H // K, T, S) @ v[:, :, None]  # (B, K, G, T, Hd)
-        return out.reshape(B, H, T, -1)
+        out = pattern.reshape(B, K, H // K * T, S) @ v  # (B, K, G·T, Hd), as scores groups q
+        return out.view(B, H, T, -1)
 
     def attend_explicitly(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None

@@ -50,6 +50,38 @@ def pack_tensor(file: GGUFFile, t: GGUFTensor, rope_heads: int | None = None) ->
     return _permuted(out, rope_heads)
 
 
+def pack_group(file: GGUFFile, members: list[tuple[GGUFTensor, int | None]]) -> list[Packed]:
+    """Pack the tensors a block will fuse (Q/K/V, or gate/up: quant/fuse.py), in order, and,
+    where their packed layouts agree, copy them into one buffer each for codes, scales and mins
+    right away: the returned Packed are then consecutive row bands of those buffers (views), so
+    fuse.fuse_group later joins them without a copy. Done here, while the other tensors are still
+    being packed, each group's separate buffers are freed before the next is allocated; joining
+    every group only after the whole load (as fuse.py does on its own) kept all the originals
+    alive beside their copies or left them as holes too small to reuse: +36 MiB of peak RSS on
+    SmolLM2, +27 MiB on Gemma 3 270M.
+
+    members: (tensor, rope_heads) pairs as pack_tensor takes them."""
+    packed = [pack_tensor(file, t, heads) for t, heads in members]
+    if len(packed) < 2 or len({_layout_key(p) for p in packed}) != 1:
+        return packed
+    codes = torch.cat([p.codes for p in packed])
+    scale = torch.cat([p.scale for p in packed])
+    mn = None if packed[0].min is None else torch.cat([p.min for p in packed])  # type: ignore[misc]
+    out, r0 = [], 0
+    for p in packed:
+        r1 = r0 + p.shape[0]
+        band = None if mn is None else mn[r0:r1]
+        out.append(Packed(codes[r0:r1], scale[r0:r1], band, p.bits, p.block, p.qtype))
+        r0 = r1
+    return out
+
+
+def _layout_key(p: Packed) -> tuple:
+    """What must agree for packed tensors to share buffers (as fuse.py's layout does)."""
+    mn = None if p.min is None else p.min.dtype
+    return (p.bits, p.block, p.codes.dtype, p.codes.shape[1], p.scale.dtype, p.scale.shape[1], mn)
+
+
 def packed_nbytes(qtype: object, shape: tuple[int, int]) -> int:
     """Bytes a (N, K) matrix of this type holds once packed (pack.py's layout, from one row)."""
     n, k = shape

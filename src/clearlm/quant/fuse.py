@@ -9,7 +9,8 @@ V's format differs, as in Qwen2.5's and Gemma 3's Q4_K_M files, whose V is Q8_0 
 layers; ``mlp.gate_up_proj``: gate then up) and the block computes that once and splits the
 output. The original modules stay, their buffers now views of the fused ones (rows are
 contiguous), so no byte is held twice (loading.load.held_bytes counts each storage once) and
-code that reads ``q_proj`` still finds its weight.
+code that reads ``q_proj`` still finds its weight. A compact load packs each group into shared
+buffers as it goes (quant/from_file.pack_group), and fusing them is then a view, not a copy.
 
 Numerics: the kernel sums every output row in the same order whatever rows are computed with it
 (csrc/qgemv.cpp, dot_tile), so decode-sized calls (M ≤ SMALL_M) give bit-identical outputs;
@@ -34,11 +35,28 @@ def _layout(m: nn.Module) -> tuple | None:
             m.in_features, m.int8, m.codes.device)
 
 
+def join_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` along dim 0, or, where the parts already are consecutive row bands
+    of one contiguous buffer (as quant/from_file.pack_group packs a group), a view of those rows
+    of it: no copy."""
+    first = parts[0]
+    start = first.storage_offset()
+    at = start
+    for t in parts:
+        if (not t.is_contiguous() or t.shape[1:] != first.shape[1:] or t.dtype != first.dtype
+                or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or t.storage_offset() != at):
+            return torch.cat(parts, dim=0)
+        at += t.numel()
+    rows = sum(t.shape[0] for t in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), start)
+
+
 def fuse_group(mods: list[QuantLinear]) -> QuantLinear:
     """One QuantLinear whose rows are ``mods``' rows in order; each of ``mods`` is repointed at
     its band of the fused buffers (views, no copy kept). ``mods`` must share :func:`_layout`."""
     def cat(name: str) -> torch.Tensor:
-        return torch.cat([m._buffers[name] for m in mods], dim=0)
+        return join_rows([m._buffers[name] for m in mods])
 
     first = mods[0]
     mn = cat("min") if first.min.numel() else None
