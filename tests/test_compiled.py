@@ -171,3 +171,21 @@ def test_later_calls_skip_guards_only_for_inputs_seen_before(tiny_compact) -> No
     assert max((w - e).abs().max().item() for w, e in zip(want, exact, strict=True)) > 1e-3
     assert max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) < 1e-4
     assert len(step.seen) == 3
+
+
+def test_a_token_of_other_strides_is_a_new_input(tiny_compact) -> None:
+    """A (1, 1) token sliced out of a longer row has strides (T, 1): another graph input than a
+    fresh (1, 1) tensor for Dynamo, and another key here, so the step never runs a graph that
+    does not fit (Dynamo refuses to, under skip_guard_eval_unsafe)."""
+    step = CompiledDecodeStep(tiny_compact)
+    prompt = torch.tensor([[1, 72, 101, 108]])
+    cache = new_cache(tiny_compact, 12)
+    prefill(tiny_compact, prompt, cache)
+    step(tiny_compact, prompt[:, 1:2], cache)  # strides (4, 1)
+    want_cache = new_cache(tiny_compact, 12)
+    prefill(tiny_compact, prompt, want_cache)
+    decode_step(tiny_compact, prompt[:, 1:2], want_cache)
+    tok = torch.tensor([[108]])  # strides (1, 1)
+    got, want = step(tiny_compact, tok, cache), decode_step(tiny_compact, tok, want_cache)
+    assert (got - want).abs().max().item() < 1e-4
+    assert len(step.seen) == 2

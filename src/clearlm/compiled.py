@@ -77,10 +77,11 @@ class CompiledDecodeStep:
 
     Guards: Dynamo checks some 500 guards (every parameter's dtype, shape and stride, module
     attributes) before each call to pick the compiled graph: 0.8–1.5 ms per step on this CPU.
-    A call whose inputs were seen before (:meth:`key`: the token's and the cache's shapes, the
-    compact layers' int8 switches, the matmul precision) skips them
+    A call whose inputs were seen before (:meth:`key`: the token's shape, strides and kind, the
+    cache's shapes, the compact layers' int8 switches, the matmul precision) skips them
     (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``); any other call runs them all
-    and may compile a new graph.
+    and may compile a new graph, and so does a skipped call that Dynamo still finds would need
+    another graph (it says so before running anything).
     """
 
     def __init__(self, model: torch.nn.Module, mode: str = "default", fullgraph: bool = True,
@@ -105,7 +106,8 @@ class CompiledDecodeStep:
     def key(self, token: torch.Tensor, cache: KVCache) -> tuple:
         """What, besides the model itself, decides which compiled graph a call needs."""
         k0 = cache.keys[0]
-        return (tuple(token.shape), token.device, tuple(k0.shape), k0.dtype, len(cache.keys),
+        return (tuple(token.shape), token.stride(), token.dtype, token.device,
+                token.is_inference(), tuple(k0.shape), k0.dtype, len(cache.keys),
                 tuple(m.int8 for m in self.switches), torch.get_float32_matmul_precision())
 
     @torch.inference_mode()
@@ -114,8 +116,13 @@ class CompiledDecodeStep:
             return _forward(model, token, cache)  # eager: hooks see every value
         key = self.key(token, cache)
         if key in self.seen:
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                return self.fn(model, token, cache)
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return self.fn(model, token, cache)
+            except RuntimeError as e:  # Dynamo found its graph unfit before running it
+                if "skip_guard_eval_unsafe" not in str(e):
+                    raise
+                self.seen.discard(key)
         with torch._dynamo.config.patch(DYNAMO_CONFIG):
             t, c = time.perf_counter(), time.process_time()
             out = self.fn(model, token, cache)
