@@ -59,8 +59,9 @@ def main(model: str, weights: str, threads: int, precision: str = "highest",
     # allocate, load the kernel; a compiled step compiles for that shape)
     warm = cache_for(net, N_GEN)
     prefill(net, ids[:, :16], warm)
+    token = torch.tensor([[bos]], dtype=torch.long)  # (1, 1), as the timed steps feed
     for _ in range(4):
-        step(net, ids[:, :1], warm)
+        token = step(net, token, warm).argmax(-1, keepdim=True)  # (1, 1)
 
     cache = cache_for(net, N_PROMPT)
     t = time.perf_counter()
