@@ -94,3 +94,65 @@ def test_custom_op_compiles_without_graph_break(kernel: bool, monkeypatch) -> No
     assert ("clearlm_kernels.qmm" if kernel else "clearlm.qmm") in ops_called
     compiled = torch.compile(layer, fullgraph=True, backend="eager")
     assert torch.equal(compiled(x), layer(x))
+
+
+def test_load_with_int8_activations(tmp_path) -> None:
+    """clearlm.load(activations="int8") switches every compact layer; its decode logits move by
+    int8 rounding (within the bound above, layer by layer), and bad requests are refused."""
+    from tiny_gguf import write_tiny_llama
+
+    import clearlm
+    from clearlm.errors import SamplingParamsError
+    from clearlm.generation import decode_step, prefill
+    from clearlm.quant.distance import cache_for
+
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=2)
+    exact = clearlm.load(path, threads=1)
+    rounded = clearlm.load(path, threads=1, activations="int8")
+    layers = [m for m in rounded.transformer.modules() if isinstance(m, QuantLinear)]
+    assert layers and all(m.int8 for m in layers)
+    assert not any(m.int8 for m in exact.transformer.modules() if isinstance(m, QuantLinear))
+    tokens = torch.tensor([[1, 72, 101, 108]])
+    got = []
+    for m in (exact, rounded):
+        cache = cache_for(m.transformer, 8)
+        prefill(m.transformer, tokens, cache)
+        got.append(decode_step(m.transformer, torch.tensor([[111]]), cache))
+    if int8_available():
+        assert 0 < (got[0] - got[1]).abs().max().item() < 0.05
+    for kwargs, message in (
+        ({"activations": "int4"}, "unknown activations 'int4'; use float32 or int8"),
+        ({"activations": "int8", "weights": "float32"}, "int8 activations are a compact"),
+    ):
+        with pytest.raises(SamplingParamsError, match=message):
+            clearlm.load(path, threads=1, **kwargs)
+    f32 = write_tiny_llama(tmp_path / "f.gguf", matrix_type=Q.F32)
+    with pytest.raises(SamplingParamsError, match="apply to compact .* has none"):
+        clearlm.load(f32, threads=1, activations="int8")
+
+
+def test_cli_activations_option(tmp_path) -> None:
+    """--activations int8 on the command line: the loading line says so; a bad value is a usage
+    error (exit 2), int8 with float32 weights one error line (exit 7), no traceback."""
+    import subprocess
+    import sys
+
+    from tiny_gguf import write_tiny_llama
+
+    path = str(write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, context_length=48))
+    base = [sys.executable, "-m", "clearlm", "generate", "hello", "-m", path, "-n", "3", "-t", "1",
+            "--temperature", "0"]
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, *extra], capture_output=True, text=True, timeout=300)
+
+    ok = run("--activations", "int8")
+    assert ok.returncode == 0, ok.stderr
+    assert "int8 activations" in ok.stderr  # the loading line
+    bad = run("--activations", "int4")
+    assert bad.returncode == 2 and "'int4' is not one of float32, int8" in bad.stderr
+    f32 = run("--activations", "int8", "--weights", "float32")
+    assert f32.returncode == 7 and "Traceback" not in f32.stderr
+    assert f32.stderr.strip().splitlines() == [
+        "error: int8 activations are a compact-weight mode; use weights compact (the default "
+        "for a quantized GGUF in float32 on the CPU)"]

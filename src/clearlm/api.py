@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from clearlm.engine.batch_api import generate_prompts, is_batch, stream_prompts
 from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.interpret import InterpretMixin
-from clearlm.load_options import parse_dtype, parse_weights
+from clearlm.load_options import parse_activations, parse_dtype, parse_weights
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
@@ -231,6 +232,23 @@ class Model(InterpretMixin):
         )
 
 
+def use_int8_activations(model: torch.nn.Module, source: str) -> None:
+    """Switch the compact layers to int8 activations (see :func:`load`).
+
+    Raises SamplingParamsError when the model has no compact layer (a Hugging Face folder,
+    F32/F16 tensors); warns where the int8 kernel is not built (the products stay exact)."""
+    from clearlm.quant.linear import set_int8_activations
+    from clearlm.quant.ops import int8_available
+
+    if set_int8_activations(model) == 0:
+        raise SamplingParamsError(
+            f"int8 activations apply to compact (block-quantized) weights; {source} has none"
+        )
+    if not int8_available():
+        warnings.warn("clearlm: int8 activations need the AVX-512 VNNI kernel, which is not "
+                      "built here; decode stays exact float32", stacklevel=3)
+
+
 def load(
     model: str | os.PathLike[str] | None = None,
     dtype: str | torch.dtype = torch.float32,
@@ -241,6 +259,7 @@ def load(
     pipeline_parallel: int = 1,
     weights: str | None = None,
     matmul_precision: str = "highest",
+    activations: str = "float32",
 ) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
@@ -268,15 +287,22 @@ def load(
             says which mode the model got and ``Model.weight_bytes`` what it holds.
         matmul_precision: "highest" (exact float32, default) or "medium" (prompts multiply in
             bfloat16, float32 sums: faster on AMX CPUs only, not exact; see clearlm.precision).
+        activations: "float32" (exact, default) or "int8": compact layers round the inputs of
+            decode-sized products (≤ 16 rows) to int8 per block of 32 values and multiply
+            them with the codes in integers (AVX-512 VNNI), as llama.cpp does: faster decode,
+            not exact (clearlm.quant.linear.set_int8_activations). Where that kernel is not
+            built (no VNNI) a warning says so and the products stay exact.
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
-        (bad dtype, weights or matmul_precision; compact with a half dtype; threads < 1),
+        (bad dtype, weights, matmul_precision or activations; compact with a half dtype;
+        int8 activations without compact weights; threads < 1),
         DeviceError, DistributedError, and what ``check`` raises.
     """
     dtype, where = parse_dtype(dtype), resolve_device(device)
     weights = parse_weights(weights, dtype, where, max(tensor_parallel, pipeline_parallel))
     precision = parse_matmul_precision(matmul_precision)
+    activations = parse_activations(activations, weights)
     set_threads(threads)
     path = resolve_model(model)
     ckpt = open_checkpoint(path)
@@ -287,6 +313,8 @@ def load(
         check(weightless)
     loaded = load_placed(ckpt, dtype, where, tensor_parallel, pipeline_parallel, weights)
     set_matmul_precision(loaded.model, precision)  # "medium": prefill scoped (precision.py)
+    if activations == "int8":
+        use_int8_activations(loaded.model, str(path))
     return Model(
         loaded.model,
         tokenizer,

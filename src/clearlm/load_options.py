@@ -64,3 +64,23 @@ def parse_weights(
             "pipeline parallel"
         )
     return weights
+
+
+ACTIVATIONS = ("float32", "int8")
+
+
+def parse_activations(activations: str, weights: str) -> str:
+    """How compact layers take their inputs in decode-sized products: "float32" (exact, the
+    default) or "int8" (rounded per block of 32 values, as llama.cpp's Q8 activations:
+    clearlm.quant.linear.set_int8_activations; faster decode, not exact, bounded in
+    tests/test_quant_i8.py).
+
+    Raises SamplingParamsError for another value, or "int8" with float32 weights."""
+    if not isinstance(activations, str) or activations not in ACTIVATIONS:
+        raise SamplingParamsError(f"unknown activations {activations!r}; use float32 or int8")
+    if activations == "int8" and weights != "compact":
+        raise SamplingParamsError(
+            "int8 activations are a compact-weight mode; use weights compact (the default "
+            "for a quantized GGUF in float32 on the CPU)"
+        )
+    return activations

@@ -107,6 +107,23 @@ Precision = Annotated[
 ]
 
 
+ACTIVATION_NAMES = ("float32", "int8")
+
+
+_check_activations = _one_of(ACTIVATION_NAMES)
+
+
+Activations = Annotated[
+    str,
+    typer.Option(
+        callback=_check_activations,
+        help="float32: compact layers decode with exact float32 inputs (default). int8: "
+        "rounded to int8 per block of 32 and multiplied in integers (AVX-512 VNNI), as "
+        "llama.cpp does: faster decode, not exact. Compact weights only.",
+    ),
+]
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version

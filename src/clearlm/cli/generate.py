@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from clearlm.cli import placement as pl  # --device and the parallel options
-from clearlm.cli.app import DType, ModelOpt, Precision, Weights, app, err
+from clearlm.cli.app import Activations, DType, ModelOpt, Precision, Weights, app, err
 from clearlm.cli.gen_options import (
     CompileOpt,
     File,
@@ -53,6 +53,7 @@ def _run(
     weights: str | None = None,
     compile_decode: bool = False,
     matmul_precision: str = "highest",
+    activations: str = "float32",
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
@@ -79,7 +80,7 @@ def _run(
         model_name, dtype, threads, quiet,
         check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length), chat=chat,
         placement=placement,
-        weights=weights, matmul_precision=matmul_precision,
+        weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
     if compile_decode:
         compile_step(model)
@@ -148,6 +149,7 @@ def generate(
     dist_timeout: pl.DistTimeoutOpt = 30.0,
     compile_decode: CompileOpt = False,
     matmul_precision: Precision = "highest",
+    activations: Activations = "float32",
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.api import GENERATE_DEFAULTS
@@ -174,6 +176,7 @@ def generate(
         weights=weights,
         compile_decode=compile_decode,
         matmul_precision=matmul_precision,
+        activations=activations,
     )
 
 
@@ -216,6 +219,7 @@ def chat(
     pipeline_parallel: pl.PipelineParallelOpt = 1,
     dist_timeout: pl.DistTimeoutOpt = 30.0,
     matmul_precision: Precision = "highest",
+    activations: Activations = "float32",
 ) -> None:
     """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
     a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
@@ -237,7 +241,7 @@ def chat(
         _conversation(
             model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet,
             placement,
-            weights, matmul_precision,
+            weights, matmul_precision, activations,
         )  # fmt: skip
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -259,6 +263,7 @@ def chat(
         placement=placement,
         weights=weights,
         matmul_precision=matmul_precision,
+        activations=activations,
     )
 
 
@@ -275,6 +280,7 @@ def _conversation(
     placement: pl.Placement | None = None,
     weights: str | None = None,
     matmul_precision: str = "highest",
+    activations: str = "float32",
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
     from clearlm.api import CHAT_DEFAULTS
@@ -287,7 +293,7 @@ def _conversation(
         model_name, dtype, threads, quiet,
         check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
         placement=placement,
-        weights=weights, matmul_precision=matmul_precision,
+        weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
     run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content, quiet)

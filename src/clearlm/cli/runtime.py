@@ -98,6 +98,7 @@ def load_model(
     placement: Any = None,
     weights: str | None = None,
     matmul_precision: str = "highest",
+    activations: str = "float32",
 ) -> Any:
     """Set the threads, load (checking the input on the header first), say so on stderr.
 
@@ -114,6 +115,7 @@ def load_model(
         placement: a :class:`clearlm.cli.placement.Placement` (device, parallel ranks).
         weights: "compact", "float32" or None (the API's default: :func:`clearlm.api.load`).
         matmul_precision: "highest" or "medium" (clearlm.precision).
+        activations: "float32" or "int8" (:func:`clearlm.api.load`).
 
     Returns:
         The loaded :class:`clearlm.api.Model`.
@@ -126,6 +128,7 @@ def load_model(
     from clearlm.api import load, parse_dtype, parse_weights
     from clearlm.devices import resolve_device
     from clearlm.errors import ChatTemplateError
+    from clearlm.load_options import parse_activations
     from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.models import ALIASES, DEFAULT_MODEL, resolve_model
     from clearlm.precision import cpu_has_bf16_units
@@ -137,6 +140,7 @@ def load_model(
     device = resolve_device(where.get("device", "cpu"))
     # refused now, before the header is read: compact with a half dtype, a GPU or ranks
     weights = parse_weights(weights, torch_dtype, device, ranks)
+    parse_activations(activations, weights)
     path = resolve_model(name)
     ckpt = open_checkpoint(path)
     if chat and ckpt.has_chat_template() is False:
@@ -164,7 +168,7 @@ def load_model(
         with spinner(label + "…", enabled=not quiet and err.is_terminal):
             model = load(
                 path, torch_dtype, check=check, threads=n_threads, weights=weights,
-                matmul_precision=matmul_precision, **where,
+                matmul_precision=matmul_precision, activations=activations, **where,
             )  # fmt: skip
     except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
         err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
@@ -174,7 +178,8 @@ def load_model(
         err.print(
             f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
             f" · {model.weights} weights {human_size(model.weight_bytes)}"
-            + precision_note(matmul_precision, scoped, dtype) + "[/]",
+            + precision_note(matmul_precision, scoped, dtype)
+            + (" · int8 activations" if activations == "int8" else "") + "[/]",
             soft_wrap=True,
         )
     return model

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from clearlm.cli.app import DType, ModelOpt, Precision, app, err
+from clearlm.cli.app import Activations, DType, ModelOpt, Precision, app, err
 from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 
 API_KEY_ENV = "CLEARLM_API_KEY"
@@ -81,6 +81,7 @@ def serve(
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
     matmul_precision: Precision = "highest",
+    activations: Activations = "float32",
 ) -> None:
     """Serve the model over an OpenAI-compatible API: /v1/completions, /v1/chat/completions,
     /v1/models and /health, on http://127.0.0.1:8000 unless told otherwise."""
@@ -115,7 +116,8 @@ def serve(
         sock.close()
         reason = getattr(e, "strerror", None) or str(e)
         raise ClearLMError(f"cannot serve on {host}:{port}: {reason}; try --host/--port") from None
-    m = load_model(chosen, dtype, threads, quiet, matmul_precision=matmul_precision)
+    m = load_model(chosen, dtype, threads, quiet, matmul_precision=matmul_precision,
+                   activations=activations)
     model_id = name or Path(chosen or DEFAULT_MODEL).name  # an alias, or the file's name
     app_ = create_app(
         m, build_engine(m, max_batch, max_seq_len), model_id=model_id, api_key=api_key or None,
