@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,18 +12,24 @@ import torch
 from clearlm.api_checks import (
     check_ids,
     check_messages,
-    check_params,
     check_sampling_keywords,
     check_stop,
+    merge_params,
+    with_system,
 )
 from clearlm.config import ModelConfig
 from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
 from clearlm.devices import resolve_device
 from clearlm.engine.batch_api import generate_prompts, is_batch, stream_prompts
-from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
+from clearlm.errors import ChatTemplateError, ClearLMError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.interpret import InterpretMixin
-from clearlm.load_options import parse_activations, parse_dtype, parse_weights
+from clearlm.load_options import (
+    parse_activations,
+    parse_dtype,
+    parse_weights,
+    use_int8_activations,
+)
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
@@ -72,16 +77,7 @@ class Model(InterpretMixin):
         Raises:
             SamplingParamsError: both params and keywords were given, or a value is invalid.
         """
-        given = {k: v for k, v in sampling.items() if v is not None}
-        params = check_params(params)  # a dict of fields becomes a SamplingParams
-        if params is not None:
-            if given:
-                raise SamplingParamsError(
-                    "pass sampling settings either as params= or as keywords, not both "
-                    f"(got params and {', '.join(sorted(given))})"
-                )
-            return params
-        return SamplingParams(**{**(fallback or {}), **self.generation_defaults, **given})
+        return merge_params(params, sampling, self.generation_defaults, fallback)
 
     def encode(self, prompt: str | bytes | Sequence[int]) -> list[int]:
         """Text → token ids (BOS added when the file asks for it); ids pass through unchanged.
@@ -220,33 +216,10 @@ class Model(InterpretMixin):
         Raises ChatTemplateError when ``system`` is given and the messages start with one."""
         check_sampling_keywords(sampling, "chat")
         params = self.sampling_params(params, CHAT_DEFAULTS, **sampling)
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        if system is not None:
-            if messages and messages[0].get("role") == "system":
-                raise ChatTemplateError("the messages start with a system message; drop system=")
-            messages = [{"role": "system", "content": system}, *messages]
-        ids = self.chat_prompt(messages, parse_special_in_content)
+        ids = self.chat_prompt(with_system(messages, system), parse_special_in_content)
         return generate(
             self.transformer, self.tokenizer, ids, params, max_new_tokens, check_stop(stop), on_text
         )
-
-
-def use_int8_activations(model: torch.nn.Module, source: str) -> None:
-    """Switch the compact layers to int8 activations (see :func:`load`).
-
-    Raises SamplingParamsError when the model has no compact layer (a Hugging Face folder,
-    F32/F16 tensors); warns where the int8 kernel is not built (the products stay exact)."""
-    from clearlm.quant.linear import set_int8_activations
-    from clearlm.quant.ops import int8_available
-
-    if set_int8_activations(model) == 0:
-        raise SamplingParamsError(
-            f"int8 activations apply to compact (block-quantized) weights; {source} has none"
-        )
-    if not int8_available():
-        warnings.warn("clearlm: int8 activations need the AVX-512 VNNI kernel, which is not "
-                      "built here; decode stays exact float32", stacklevel=3)
 
 
 def load(
@@ -315,14 +288,5 @@ def load(
     set_matmul_precision(loaded.model, precision)  # "medium": prefill scoped (precision.py)
     if activations == "int8":
         use_int8_activations(loaded.model, str(path))
-    return Model(
-        loaded.model,
-        tokenizer,
-        loaded.config,
-        loaded.metadata,
-        loaded.tensor_types,
-        str(path),
-        ckpt.generation_config.values,
-        loaded.weights,
-        loaded.weight_bytes,
-    )
+    return Model(loaded.model, tokenizer, loaded.config, loaded.metadata, loaded.tensor_types,
+                 str(path), ckpt.generation_config.values, loaded.weights, loaded.weight_bytes)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from clearlm.errors import ClearLMError, PromptTypeError, SamplingParamsError
+from clearlm.errors import ChatTemplateError, ClearLMError, PromptTypeError, SamplingParamsError
 from clearlm.sampling import SamplingParams
 
 
@@ -158,3 +158,37 @@ def check_sampling_keywords(sampling: dict[str, Any], method: str) -> None:
         f"{method}() got an unknown setting {name!r}{hint}; the settings are max_new_tokens, "
         f"stop, params, and {', '.join(known)}"
     )
+
+
+def merge_params(
+    params: Any, sampling: dict[str, Any], defaults: dict[str, Any], fallback: dict[str, Any] | None
+) -> SamplingParams:
+    """The settings a call runs with: ``params`` as given (a SamplingParams or a dict of its
+    fields), or else the keywords in ``sampling`` over ``defaults`` (the model's
+    generation_config.json) over ``fallback``; keywords set to None count as unset.
+
+    Raises SamplingParamsError when both params and keywords are given, or a value is invalid."""
+    given = {k: v for k, v in sampling.items() if v is not None}
+    checked = check_params(params)  # a dict of fields becomes a SamplingParams
+    if checked is not None:
+        if given:
+            raise SamplingParamsError(
+                "pass sampling settings either as params= or as keywords, not both "
+                f"(got params and {', '.join(sorted(given))})"
+            )
+        return checked
+    return SamplingParams(**{**(fallback or {}), **defaults, **given})
+
+
+def with_system(messages: Any, system: str | None) -> Any:
+    """A conversation with ``system`` as its first message (a plain string is one user
+    message); unchanged when ``system`` is None.
+
+    Raises ChatTemplateError when the messages already start with a system message."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if system is None:
+        return messages
+    if messages and messages[0].get("role") == "system":
+        raise ChatTemplateError("the messages start with a system message; drop system=")
+    return [{"role": "system", "content": system}, *messages]

@@ -6,6 +6,8 @@ with the same typed error (SamplingParamsError, exit code 7, as for every bad se
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from clearlm.errors import SamplingParamsError
@@ -84,3 +86,20 @@ def parse_activations(activations: str, weights: str) -> str:
             "for a quantized GGUF in float32 on the CPU)"
         )
     return activations
+
+
+def use_int8_activations(model: torch.nn.Module, source: str) -> None:
+    """Switch the compact layers to int8 activations (see :func:`load`).
+
+    Raises SamplingParamsError when the model has no compact layer (a Hugging Face folder,
+    F32/F16 tensors); warns where the int8 kernel is not built (the products stay exact)."""
+    from clearlm.quant.linear import set_int8_activations
+    from clearlm.quant.ops import int8_available
+
+    if set_int8_activations(model) == 0:
+        raise SamplingParamsError(
+            f"int8 activations apply to compact (block-quantized) weights; {source} has none"
+        )
+    if not int8_available():
+        warnings.warn("clearlm: int8 activations need the AVX-512 VNNI kernel, which is not "
+                      "built here; decode stays exact float32", stacklevel=3)
