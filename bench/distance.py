@@ -12,10 +12,12 @@ windows; printed as the README's Markdown table "Compact weights: distance from 
 
 With ``--matmul-precision medium`` the compact model computes its prefill with bfloat16
 products (clearlm.precision); the float32 reference stays exact ("highest"). The decode path
-(4 rows: the kernel) is not touched by it.
+(4 rows: the kernel) is not touched by it. With ``--int8`` the compact model's decode-sized
+products (the "decode" and "greedy steps" paths) round their inputs to int8 per block of 32
+(clearlm.quant.linear.set_int8_activations); its prefill (more than 16 rows) stays exact.
 
     PYTHONPATH=src python bench/distance.py [--models smollm2-135m-instruct ...] [--threads 2]
-                                            [--matmul-precision highest|medium]
+                                            [--matmul-precision highest|medium] [--int8]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from clearlm.evaluation import perplexity
 from clearlm.precision import set_matmul_precision
 from clearlm.quant.distance import Accumulator, Distance, greedy, window_distances
+from clearlm.quant.linear import set_int8_activations
 from clearlm.quant.weights import load_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,12 +61,15 @@ def row(name: str, path: str, d: Distance, ppl: tuple[float, float], greedy: str
 
 
 def measure(
-    name: str, window: int, stride: int, n_new: int, threads: int, precision: str = "highest"
+    name: str, window: int, stride: int, n_new: int, threads: int, precision: str = "highest",
+    int8: bool = False,
 ) -> list[str]:
     t0 = time.time()
     ref = load_weights(name, "float32", threads=threads)
     small = load_weights(name, "compact", threads=threads)
     set_matmul_precision(small.transformer, precision)
+    if int8:
+        set_int8_activations(small.transformer)
     ids = ref.encode((ROOT / "tests" / "data" / "alice.txt").read_text(encoding="utf-8"))
     a, b = ref.transformer, small.transformer
     d = window_distances(a, b, ids, window, stride, chunks=(None, 4))
@@ -98,12 +104,15 @@ def main() -> None:
         default="highest",
         help="the compact model's matmul precision (clearlm.precision)",
     )
+    ap.add_argument("--int8", action="store_true",
+                    help="the compact model's decode-sized products with int8 activations")
     args = ap.parse_args()
     torch.manual_seed(0)
     rows = []
     for name in args.models:
         rows += measure(
-            name, args.window, args.stride, args.new_tokens, args.threads, args.matmul_precision
+            name, args.window, args.stride, args.new_tokens, args.threads, args.matmul_precision,
+            args.int8,
         )
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -111,7 +120,8 @@ def main() -> None:
     print(
         f"\nclearlm {commit}, {datetime.now(UTC):%Y-%m-%d}, {args.threads} threads, "
         f"tests/data/alice.txt in windows of {args.window} tokens every {args.stride}, "
-        f"compact model's matmul precision {args.matmul_precision}\n"
+        f"compact model's matmul precision {args.matmul_precision}"
+        f"{', int8 activations' if args.int8 else ''}\n"
     )
     print(HEADER)
     print("\n".join(rows))
