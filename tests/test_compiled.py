@@ -7,6 +7,8 @@ the compile costs seconds, not minutes."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -95,6 +97,39 @@ def test_hooks_take_the_eager_path(tiny_compact) -> None:
 def test_bad_mode() -> None:
     with pytest.raises(ValueError, match="mode must be one of"):
         CompiledDecodeStep(torch.nn.Linear(2, 2), mode="fast")
+
+
+def test_compile_cache_goes_to_clearlm_cache_when_unset(tmp_path) -> None:
+    """Without TORCHINDUCTOR_CACHE_DIR, compiled code lands in $CLEARLM_CACHE/inductor, though
+    importing torch._inductor sets that variable to torch's /tmp default (a fresh process, as a
+    user's: a tiny function compiled after CompiledDecodeStep points Inductor there)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, clearlm.compiled as c; c.CompiledDecodeStep(torch.nn.Linear(2, 2)); "
+        "print(c.cache_dir()); torch.compile(lambda x: (x * 2).sin())(torch.ones(8))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["CLEARLM_CACHE"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(tmp_path / "inductor")
+    assert any((tmp_path / "inductor").rglob("*.py")), "no compiled code in the cache folder"
+
+
+def test_stats_line_keeps_the_compile_out_of_the_decode_speed(capsys) -> None:
+    """--compile's stats line: the first decode step's compile time is named, and the decode
+    speed counts the later steps only (5 tokens: prefill's, the compiling step, 3 more)."""
+    from clearlm.cli.output import print_stats
+    from clearlm.generation import GenerationResult
+
+    result = GenerationResult("abc", [1, 2, 3, 4, 5], "length", 3, prefill_s=0.5, decode_s=10.5)
+    print_stats(result, 100)
+    assert "decode 0.4 tok/s" in capsys.readouterr().err  # 4 steps over 10.5 s
+    print_stats(result, 100, compile_s=10.0)
+    assert "compile 10.0 s (first step) · decode 6.0 tok/s after it" in capsys.readouterr().err
 
 
 def test_cli_generate_compile_flag(tmp_path, monkeypatch) -> None:

@@ -8,6 +8,8 @@ Custom op: the same numbers as the eager layer, and torch.compile traces it as o
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -112,6 +114,9 @@ def test_load_with_int8_activations(tmp_path) -> None:
     layers = [m for m in rounded.transformer.modules() if isinstance(m, QuantLinear)]
     assert layers and all(m.int8 for m in layers)
     assert not any(m.int8 for m in exact.transformer.modules() if isinstance(m, QuantLinear))
+    assert exact.activations == "float32"
+    assert rounded.activations == ("int8" if int8_available() else "float32")
+    assert clearlm.load(path, threads=1, activations=None).activations == "float32"
     tokens = torch.tensor([[1, 72, 101, 108]])
     got = []
     for m in (exact, rounded):
@@ -148,7 +153,17 @@ def test_cli_activations_option(tmp_path) -> None:
 
     ok = run("--activations", "int8")
     assert ok.returncode == 0, ok.stderr
-    assert "int8 activations" in ok.stderr  # the loading line
+    if int8_available():
+        assert "· int8 activations" in ok.stderr  # the loading line
+    # without the VNNI kernel: one warning line in the CLI's words, no Python warning, and the
+    # loading line does not claim int8 (forced here by CLEARLM_NO_KERNELS=1)
+    plain = subprocess.run([*base, "--activations", "int8"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "CLEARLM_NO_KERNELS": "1"})
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stderr.strip().splitlines()
+    assert lines[0] == ("warning: --activations int8 needs the AVX-512 VNNI kernel, which is "
+                        "not built here; decode stays exact float32")
+    assert "UserWarning" not in plain.stderr and "int8 activations" not in plain.stderr
     bad = run("--activations", "int4")
     assert bad.returncode == 2 and "'int4' is not one of float32, int8" in bad.stderr
     f32 = run("--activations", "int8", "--weights", "float32")
@@ -156,3 +171,7 @@ def test_cli_activations_option(tmp_path) -> None:
     assert f32.stderr.strip().splitlines() == [
         "error: int8 activations are a compact-weight mode; use weights compact (the default "
         "for a quantized GGUF in float32 on the CPU)"]
+    half = run("--activations", "int8", "--dtype", "bfloat16")  # the dtype is what to change
+    assert half.returncode == 7 and half.stderr.strip().splitlines() == [
+        "error: int8 activations are a compact-weight mode; use dtype float32 (compact weights "
+        "compute in float32)"]

@@ -64,6 +64,7 @@ class Model(InterpretMixin):
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     weights: str = "float32"  # "compact": a GGUF's block-quantized matrices stay packed
     weight_bytes: int = 0  # bytes the loaded weights hold in memory
+    activations: str = "float32"  # "int8": compact layers' decode products take int8 inputs
 
     def sampling_params(
         self,
@@ -232,7 +233,7 @@ def load(
     pipeline_parallel: int = 1,
     weights: str | None = None,
     matmul_precision: str = "highest",
-    activations: str = "float32",
+    activations: str | None = "float32",
 ) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
@@ -264,7 +265,8 @@ def load(
             decode-sized products (≤ 16 rows) to int8 per block of 32 values and multiply
             them with the codes in integers (AVX-512 VNNI), as llama.cpp does: faster decode,
             not exact (clearlm.quant.linear.set_int8_activations). Where that kernel is not
-            built (no VNNI) a warning says so and the products stay exact.
+            built (no VNNI) a warning says so and the products stay exact. None: "float32".
+            ``Model.activations`` says which took effect.
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
@@ -275,7 +277,7 @@ def load(
     dtype, where = parse_dtype(dtype), resolve_device(device)
     weights = parse_weights(weights, dtype, where, max(tensor_parallel, pipeline_parallel))
     precision = parse_matmul_precision(matmul_precision)
-    activations = parse_activations(activations, weights)
+    activations = parse_activations(activations, weights, dtype)
     set_threads(threads)
     path = resolve_model(model)
     ckpt = open_checkpoint(path)
@@ -287,6 +289,7 @@ def load(
     loaded = load_placed(ckpt, dtype, where, tensor_parallel, pipeline_parallel, weights)
     set_matmul_precision(loaded.model, precision)  # "medium": prefill scoped (precision.py)
     if activations == "int8":
-        use_int8_activations(loaded.model, str(path))
+        activations = use_int8_activations(loaded.model, str(path))  # "float32": no kernel
     return Model(loaded.model, tokenizer, loaded.config, loaded.metadata, loaded.tensor_types,
-                 str(path), ckpt.generation_config.values, loaded.weights, loaded.weight_bytes)
+                 str(path), ckpt.generation_config.values, loaded.weights, loaded.weight_bytes,
+                 activations)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch._inductor
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from clearlm.kv_cache import KVCache
 from clearlm.model.hooks import HookPoint
@@ -42,16 +43,20 @@ MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
 def cache_dir() -> Path:
-    """Where Inductor keeps compiled graphs (TORCHINDUCTOR_CACHE_DIR if set)."""
+    """Where Inductor keeps compiled graphs: TORCHINDUCTOR_CACHE_DIR where the user set it, else
+    ``$CLEARLM_CACHE/inductor`` (default ``~/.cache/clearlm/inductor``).
+
+    Importing torch._inductor sets TORCHINDUCTOR_CACHE_DIR to torch's default (a folder under
+    /tmp) when it is unset, so that value counts as unset here."""
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if env:
+    if env and os.path.abspath(env) != os.path.abspath(default_cache_dir()):
         return Path(env)
     root = Path(os.environ.get("CLEARLM_CACHE", Path.home() / ".cache" / "clearlm"))
     return root / "inductor"
 
 
 def _use_cache_dir() -> None:
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir()))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir())  # read by Inductor at each use
 
 
 def _forward(model: torch.nn.Module, token: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -71,28 +71,37 @@ def parse_weights(
 ACTIVATIONS = ("float32", "int8")
 
 
-def parse_activations(activations: str, weights: str) -> str:
+def parse_activations(
+    activations: str | None, weights: str, dtype: torch.dtype = torch.float32
+) -> str:
     """How compact layers take their inputs in decode-sized products: "float32" (exact, the
     default) or "int8" (rounded per block of 32 values, as llama.cpp's Q8 activations:
     clearlm.quant.linear.set_int8_activations; faster decode, not exact, bounded in
-    tests/test_quant_i8.py).
+    tests/test_quant_i8.py). ``weights`` is the mode parse_weights chose, ``dtype`` the
+    parameter dtype (named in the error when it is what ruled compact weights out).
 
-    Raises SamplingParamsError for another value, or "int8" with float32 weights."""
+    None is "float32". Raises SamplingParamsError for another value, or "int8" with float32
+    weights."""
+    if activations is None:
+        return "float32"
     if not isinstance(activations, str) or activations not in ACTIVATIONS:
         raise SamplingParamsError(f"unknown activations {activations!r}; use float32 or int8")
     if activations == "int8" and weights != "compact":
-        raise SamplingParamsError(
-            "int8 activations are a compact-weight mode; use weights compact (the default "
-            "for a quantized GGUF in float32 on the CPU)"
+        fix = (
+            "use dtype float32 (compact weights compute in float32)"
+            if dtype != torch.float32
+            else "use weights compact (the default for a quantized GGUF in float32 on the CPU)"
         )
+        raise SamplingParamsError(f"int8 activations are a compact-weight mode; {fix}")
     return activations
 
 
-def use_int8_activations(model: torch.nn.Module, source: str) -> None:
-    """Switch the compact layers to int8 activations (see :func:`load`).
+def use_int8_activations(model: torch.nn.Module, source: str) -> str:
+    """Switch the compact layers to int8 activations (see :func:`load`); returns the mode that
+    took effect: "int8", or "float32" where the int8 kernel is not built (with a warning).
 
     Raises SamplingParamsError when the model has no compact layer (a Hugging Face folder,
-    F32/F16 tensors); warns where the int8 kernel is not built (the products stay exact)."""
+    F32/F16 tensors)."""
     from clearlm.quant.linear import set_int8_activations
     from clearlm.quant.ops import int8_available
 
@@ -103,3 +112,5 @@ def use_int8_activations(model: torch.nn.Module, source: str) -> None:
     if not int8_available():
         warnings.warn("clearlm: int8 activations need the AVX-512 VNNI kernel, which is not "
                       "built here; decode stays exact float32", stacklevel=3)
+        return "float32"
+    return "int8"

@@ -32,7 +32,7 @@ from clearlm.cli.gen_options import (
 )  # fmt: skip
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
-from clearlm.cli.runtime import QuietOpt, ThreadsOpt, compile_step, load_model
+from clearlm.cli.runtime import QuietOpt, ThreadsOpt, compile_seconds, compile_step, load_model
 from clearlm.text import clean_arg
 
 
@@ -83,7 +83,7 @@ def _run(
         weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
     if compile_decode:
-        compile_step(model)
+        compile_step(model, quiet)
     params = model.sampling_params(None, fallback, **given)
     if placement.parallel:  # every rank must draw the same token from the same logits
         params = replace(params, seed=shared_seed(params.seed))
@@ -117,7 +117,7 @@ def _run(
         return
     write_out("\n")
     if not quiet:
-        print_stats(result, model.config.context_length)
+        print_stats(result, model.config.context_length, compile_seconds(model))
 
 
 @app.command()

@@ -37,17 +37,26 @@ def write_out(text: str) -> None:
         pipe_closed()
 
 
-def print_stats(result: GenerationResult, context_length: int) -> None:
-    """One dim line on stderr: token counts, speeds, finish reason (and a context warning)."""
+def print_stats(
+    result: GenerationResult, context_length: int, compile_s: float | None = None
+) -> None:
+    """One dim line on stderr: token counts, speeds, finish reason (and a context warning).
+
+    ``compile_s``: seconds the first decode step took because it compiled (``--compile``); the
+    decode speed then counts the later steps only and the line names the compile time."""
     if result.finish_reason == "context_length":
         err.print(
             f"[yellow]stopped: prompt + generated tokens reached the context length "
             f"({context_length} tokens)[/]"
         )
+    decode = f"decode {result.decode_tokens_per_s:.1f} tok/s"
+    if compile_s is not None:
+        steps, seconds = len(result.tokens) - 2, result.decode_s - compile_s
+        rate = f"{steps / seconds:.1f} tok/s" if steps > 0 and seconds > 0 else "-"
+        decode = f"compile {compile_s:.1f} s (first step) · decode {rate} after it"
     err.print(
         f"[dim]prompt {result.prompt_tokens} tokens · generated {len(result.tokens)} tokens · "
-        f"prefill {result.prefill_tokens_per_s:.1f} tok/s · "
-        f"decode {result.decode_tokens_per_s:.1f} tok/s · "
+        f"prefill {result.prefill_tokens_per_s:.1f} tok/s · {decode} · "
         f"finish: {result.finish_reason}[/]",
         soft_wrap=True,
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -140,7 +141,7 @@ def load_model(
     device = resolve_device(where.get("device", "cpu"))
     # refused now, before the header is read: compact with a half dtype, a GPU or ranks
     weights = parse_weights(weights, torch_dtype, device, ranks)
-    parse_activations(activations, weights)
+    parse_activations(activations, weights, torch_dtype)
     path = resolve_model(name)
     ckpt = open_checkpoint(path)
     if chat and ckpt.has_chat_template() is False:
@@ -160,12 +161,17 @@ def load_model(
     if scoped and not cpu_has_bf16_units():  # allowed, said honestly
         err.print("[yellow]warning: this CPU lists no bfloat16 units (AMX, AVX512-BF16): "
                   "--matmul-precision medium may be slower than highest here[/]", soft_wrap=True)
+    int8 = activations == "int8" and int8_kernel_built()
+    if activations == "int8" and not int8:  # allowed, said once in the CLI's own words
+        err.print("[yellow]warning: --activations int8 needs the AVX-512 VNNI kernel, which is "
+                  "not built here; decode stays exact float32[/]", soft_wrap=True)
     alias = name or DEFAULT_MODEL
     shown = alias if alias in ALIASES else path.name
     label = f"loading {shown} ({human_size(ckpt.size_bytes)})"
     start = time.perf_counter()
     try:
-        with spinner(label + "…", enabled=not quiet and err.is_terminal):
+        with spinner(label + "…", enabled=not quiet and err.is_terminal), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "clearlm: int8 activations")  # said above
             model = load(
                 path, torch_dtype, check=check, threads=n_threads, weights=weights,
                 matmul_precision=matmul_precision, activations=activations, **where,
@@ -179,7 +185,7 @@ def load_model(
             f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
             f" · {model.weights} weights {human_size(model.weight_bytes)}"
             + precision_note(matmul_precision, scoped, dtype)
-            + (" · int8 activations" if activations == "int8" else "") + "[/]",
+            + (" · int8 activations" if int8 else "") + "[/]",
             soft_wrap=True,
         )
     return model
@@ -195,9 +201,26 @@ def precision_note(matmul_precision: str, scoped: bool, dtype: str) -> str:
     return f" · --matmul-precision {matmul_precision} has no effect in {dtype}"
 
 
-def compile_step(model: Any) -> None:
+def compile_step(model: Any, quiet: bool = False) -> None:
     """Decode through a torch.compile'd step (clearlm.compiled; imported only when asked, as
-    it pulls in torch._dynamo)."""
-    from clearlm.compiled import compile_decode
+    it pulls in torch._dynamo); unless quiet, one line says the first step compiles."""
+    from clearlm.compiled import cache_dir, compile_decode
 
     compile_decode(model.transformer)
+    if not quiet:
+        err.print(f"[dim]--compile: the first decode step compiles (seconds to minutes; "
+                  f"cached in {cache_dir()})[/]", soft_wrap=True)
+
+
+def compile_seconds(model: Any) -> float | None:
+    """Wall seconds the compiled step's first call took in this process (None: no compiled
+    step, or one that compiled nothing yet)."""
+    step = getattr(model.transformer, "decode_fn", None)
+    return getattr(step, "compile_s", None)
+
+
+def int8_kernel_built() -> bool:
+    """Whether --activations int8 can take effect (clearlm.quant.ops.int8_available)."""
+    from clearlm.quant.ops import int8_available
+
+    return int8_available()
