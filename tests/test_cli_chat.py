@@ -7,6 +7,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -146,6 +147,9 @@ def test_chat_in_a_pseudo_terminal_ctrl_c_stops_an_answer_and_ctrl_d_leaves(tiny
     argv = [sys.executable, "-m", "clearlm", "chat", "-m", str(tiny_path), "-n", "200"]
     pid, fd = pty.fork()
     if pid == 0:  # the child: its controlling terminal is the pty, so ^C is SIGINT
+        # a test run started in the background inherits SIGINT ignored, and Python then sets
+        # no KeyboardInterrupt handler: give the child the default a terminal user has
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execv(sys.executable, argv)
     buf = bytearray()
     _read_until(fd, b">>> ", buf)

@@ -239,6 +239,9 @@ def test_ctrl_c_keeps_output_and_says_so(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a test run started in the background inherits SIGINT ignored, and Python then sets no
+        # KeyboardInterrupt handler: give the child the default a user's shell gives
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first = proc.stdout.read(1)  # blocks until text streams: generation is under way
     proc.send_signal(signal.SIGINT)
