@@ -175,3 +175,30 @@ def test_cli_activations_option(tmp_path) -> None:
     assert half.returncode == 7 and half.stderr.strip().splitlines() == [
         "error: int8 activations are a compact-weight mode; use dtype float32 (compact weights "
         "compute in float32)"]
+
+
+def test_logprobs_are_those_the_tokens_were_drawn_from(tmp_path) -> None:
+    """With int8 activations a decode step's logits differ from a forward over the whole
+    sequence (more than 16 rows: exact float32); --logprobs (cli.output.token_logprobs)
+    reports the decode steps', so greedy's token is the top of what it reports, every step."""
+    from tiny_gguf import write_tiny_llama
+
+    import clearlm
+    from clearlm.cli.output import token_logprobs
+
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=3, context_length=64)
+    model = clearlm.load(path, threads=1, activations="int8")
+    prompt = model.encode("hello world, once again")  # > 16 tokens: the forward is exact float32
+    assert len(prompt) > 16
+    result = model.generate(prompt, max_new_tokens=8, temperature=0)
+    steps = token_logprobs(model, prompt, result.tokens, 3, 8)
+    assert [s["id"] for s in steps] == result.tokens
+    for s in steps:
+        assert s["top"][0]["id"] == s["id"] and s["top"][0]["logprob"] == s["logprob"]
+    full = torch.log_softmax(model.logits(prompt + result.tokens[:-1])[len(prompt) - 1 :], -1)
+    gap = max(abs(t["logprob"] - float(full[n, t["id"]])) for n, s in enumerate(steps)
+              for t in s["top"])  # over the reported top 3 of every step
+    print(f"\nlargest |Δ logprob| decode steps vs one forward: {gap:.3g}")
+    if int8_available():
+        assert gap > 1e-5  # the two computations do differ under int8 activations
+    assert gap < 0.05  # by int8 rounding only

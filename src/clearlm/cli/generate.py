@@ -71,8 +71,7 @@ def _run(
     given = {k: v for k, v in sampling.items() if v is not None}
     SamplingParams(**{**fallback, **given})  # validate the user's values before the slow load
     stop = check_stop(stop)  # '' would match at once: refused before the load too
-    # The prompt is built on the header first: no chat template, or too long, fails before the
-    # weights are read.
+    # The prompt is built on the header first: no chat template or too long fails before weights
     placement = placement or pl.Placement()
     prints = placement.prints
     quiet = quiet or not prints
@@ -113,7 +112,8 @@ def _run(
     if not prints:
         return
     if as_json:
-        write_out(json.dumps(result_json(model, ids, result, logprobs), ensure_ascii=False) + "\n")
+        out = result_json(model, ids, result, logprobs, max_new_tokens)
+        write_out(json.dumps(out, ensure_ascii=False) + "\n")
         return
     write_out("\n")
     if not quiet:

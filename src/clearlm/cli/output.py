@@ -64,21 +64,29 @@ def print_stats(
 
 @torch.inference_mode()
 def token_logprobs(
-    model: Model, prompt: list[int], tokens: list[int], n_top: int
+    model: Model, prompt: list[int], tokens: list[int], n_top: int, max_new_tokens: int = 0
 ) -> list[dict[str, Any]]:
     """Per generated token: {token, id, logprob, top: [{token, id, logprob} × n_top]}.
 
     The log-probabilities are log-softmax of the model's raw logits at that step, before
     temperature, repetition penalty and top-k/top-p/min-p (as OpenAI's ``logprobs`` and
     llama.cpp's ``n_probs`` report them): what the model thinks, not what the sampler kept.
-    They come from one forward pass over prompt + generated tokens (no cache), so they match
-    ``model.logits`` directly.
+    The logits are recomputed as generation computed them: the prompt's prefill, then one eager
+    decode step per token, in a cache of the generation's size (``max_new_tokens``: the run's;
+    0: as many as ``tokens``), so they are the logits each token was drawn from under every
+    mode (int8 activations and --matmul-precision medium make a decode step differ from a
+    forward over the whole sequence; a compiled step's differ from eager's by float32 rounding).
     """
+    from clearlm.generation import decode_step, new_cache, prefill
+
     if not tokens:
         return []
-    seq = prompt + tokens
-    logits = model.logits(seq[:-1])[len(prompt) - 1 :]  # (n, V): position t predicts token t+1
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (n, V) float32
+    tf = model.transformer
+    room = model.config.context_length - len(prompt)
+    cache = new_cache(tf, 1, len(prompt) + min(max(max_new_tokens, len(tokens)), room))
+    steps = [prefill(tf, torch.tensor([prompt], device=tf.device), cache)]  # (1, V) each
+    steps += [decode_step(tf, torch.tensor([[i]], device=tf.device), cache) for i in tokens[:-1]]
+    logp = torch.log_softmax(torch.cat(steps).float(), dim=-1).cpu()  # (n, V) float32
     k = min(n_top, logp.shape[-1])
     top_v, top_i = logp.topk(k, dim=-1)  # (n, k) each
     chosen = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]  # (n,)
@@ -99,10 +107,14 @@ def token_logprobs(
 
 
 def result_json(
-    model: Model, prompt: list[int], result: GenerationResult, n_top: int | None
+    model: Model,
+    prompt: list[int],
+    result: GenerationResult,
+    n_top: int | None,
+    max_new_tokens: int = 0,
 ) -> dict[str, Any]:
     """The object ``--json`` prints: text, token ids, finish reason, timings (seconds and
-    tokens/s), and ``logprobs`` when n_top is not None."""
+    tokens/s), and ``logprobs`` when n_top is not None (see :func:`token_logprobs`)."""
     out: dict[str, Any] = {
         "text": result.text,
         "prompt_token_ids": prompt,
@@ -116,5 +128,5 @@ def result_json(
         },
     }
     if n_top is not None:
-        out["logprobs"] = token_logprobs(model, prompt, result.tokens, n_top)
+        out["logprobs"] = token_logprobs(model, prompt, result.tokens, n_top, max_new_tokens)
     return out
