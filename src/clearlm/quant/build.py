@@ -12,7 +12,7 @@ from clearlm.quant.kernels import build_dir, load_kernels
 
 def main() -> int:
     mod = load_kernels(verbose="-v" in sys.argv)
-    print(f"kernel: {'built in ' + str(build_dir()) if mod else 'unavailable (torch fallback)'}")
+    print(f"kernel: {'ready in ' + str(build_dir()) if mod else 'unavailable (torch fallback)'}")
     return 0 if mod else 1
 
 
