@@ -202,3 +202,12 @@ def test_logprobs_are_those_the_tokens_were_drawn_from(tmp_path) -> None:
     if int8_available():
         assert gap > 1e-5  # the two computations do differ under int8 activations
     assert gap < 0.05  # by int8 rounding only
+
+
+def test_cli_option_names_are_the_api_s() -> None:
+    """cli/app.py spells the --weights and --activations choices itself (it must not import
+    torch at start-up); they are the values clearlm.load_options accepts."""
+    from clearlm.cli.app import ACTIVATION_NAMES, WEIGHT_NAMES
+    from clearlm.load_options import ACTIVATIONS, WEIGHTS
+
+    assert ACTIVATION_NAMES == ACTIVATIONS and WEIGHT_NAMES == WEIGHTS

@@ -161,17 +161,13 @@ def load_model(
     if scoped and not cpu_has_bf16_units():  # allowed, said honestly
         err.print("[yellow]warning: this CPU lists no bfloat16 units (AMX, AVX512-BF16): "
                   "--matmul-precision medium may be slower than highest here[/]", soft_wrap=True)
-    int8 = activations == "int8" and int8_kernel_built()
-    if activations == "int8" and not int8:  # allowed, said once in the CLI's own words
-        err.print("[yellow]warning: --activations int8 needs the AVX-512 VNNI kernel, which is "
-                  "not built here; decode stays exact float32[/]", soft_wrap=True)
     alias = name or DEFAULT_MODEL
     shown = alias if alias in ALIASES else path.name
     label = f"loading {shown} ({human_size(ckpt.size_bytes)})"
     start = time.perf_counter()
     try:
         with spinner(label + "…", enabled=not quiet and err.is_terminal), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "clearlm: int8 activations")  # said above
+            warnings.filterwarnings("ignore", "clearlm: int8 activations")  # said below
             model = load(
                 path, torch_dtype, check=check, threads=n_threads, weights=weights,
                 matmul_precision=matmul_precision, activations=activations, **where,
@@ -179,13 +175,16 @@ def load_model(
     except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
         err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
         raise typer.Exit(130) from None
+    if model.activations != activations:  # int8 asked, no VNNI kernel: allowed, said once
+        err.print("[yellow]warning: --activations int8 needs the AVX-512 VNNI kernel, which is "
+                  "not built here; decode stays exact float32[/]", soft_wrap=True)
     if not quiet:
         s = "" if n_threads == 1 else "s"
         err.print(
             f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
             f" · {model.weights} weights {human_size(model.weight_bytes)}"
             + precision_note(matmul_precision, scoped, dtype)
-            + (" · int8 activations" if int8 else "") + "[/]",
+            + (" · int8 activations" if model.activations == "int8" else "") + "[/]",
             soft_wrap=True,
         )
     return model
@@ -217,10 +216,3 @@ def compile_seconds(model: Any) -> float | None:
     step, or one that compiled nothing yet)."""
     step = getattr(model.transformer, "decode_fn", None)
     return getattr(step, "compile_s", None)
-
-
-def int8_kernel_built() -> bool:
-    """Whether --activations int8 can take effect (clearlm.quant.ops.int8_available)."""
-    from clearlm.quant.ops import int8_available
-
-    return int8_available()
