@@ -74,3 +74,22 @@ def test_bad_merge_is_named(tmp_path):
             assert str(e) == f"t.gguf: BPE merge {bad!r} leaves the vocabulary"
         else:
             raise AssertionError(f"{bad!r} accepted")
+
+
+def test_loaded_model_drops_the_vocabulary_arrays(tmp_path):
+    """The Model keeps the file's metadata less the per-token arrays its tokenizer was built
+    from (memory), and the tokenizer still gives every token the file lists."""
+    import clearlm
+    from clearlm.loading.checkpoint import GGUFCheckpoint
+    from clearlm.tokenizer.gguf import VOCAB_ARRAYS
+
+    path = write_tiny_llama(tmp_path / "t.gguf")
+    full = GGUFCheckpoint(path).metadata
+    model = clearlm.load(path)
+    assert not set(VOCAB_ARRAYS) & set(model.metadata)
+    assert set(full) - set(model.metadata) == set(VOCAB_ARRAYS) & set(full)
+    assert "tokenizer.ggml.tokens" in full and "tokenizer.ggml.merges" in full
+    assert [model.tokenizer.id_to_token(i) for i in range(model.tokenizer.vocab_size)] == list(
+        full["tokenizer.ggml.tokens"]
+    )
+    assert model.metadata["general.architecture"] == full["general.architecture"]

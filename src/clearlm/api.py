@@ -38,14 +38,15 @@ from clearlm.precision import parse_matmul_precision, set_matmul_precision
 from clearlm.sampling import SamplingParams, softmax
 from clearlm.text import decode_utf8
 from clearlm.threads import set_threads
-from clearlm.tokenizer import Tokenizer
+from clearlm.tokenizer import Tokenizer, drop_vocab_arrays
 
 Messages = Sequence[dict[str, str]]
 
 
 @dataclass
 class Model(InterpretMixin):
-    """A loaded model: the Transformer, its tokenizer, config and the file's metadata.
+    """A loaded model: the Transformer, its tokenizer, config and the file's metadata (less
+    a GGUF's per-token vocabulary arrays, which ``tokenizer`` holds: tokenizer.gguf.VOCAB_ARRAYS).
 
     Build one with :func:`load`. Every method takes text (or token ids) and runs on the weights'
     device in their dtype. ``generation_defaults`` holds the sampling values of the folder's
@@ -290,6 +291,7 @@ def load(
     set_matmul_precision(loaded.model, precision)  # "medium": prefill scoped (precision.py)
     if activations == "int8":
         activations = use_int8_activations(loaded.model, str(path))  # "float32": no kernel
-    return Model(loaded.model, tokenizer, loaded.config, loaded.metadata, loaded.tensor_types,
+    metadata = drop_vocab_arrays(loaded.metadata)  # the tokenizer holds the vocabulary
+    return Model(loaded.model, tokenizer, loaded.config, metadata, loaded.tensor_types,
                  str(path), ckpt.generation_config.values, loaded.weights, loaded.weight_bytes,
                  activations)

@@ -63,7 +63,7 @@ class GatedFFN(nn.Module):
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         pre = self.hook_pre_act(gate)  # (B, T, F): the gate
-        a = self.hook_act(self.act(pre) * up)  # (B, T, F)
+        a = self.hook_act(self.act(pre).mul_(up))  # (B, T, F); in place: one (B, T, F) less
         return self.hook_out(self.down_proj(a))  # (B, T, D)
 
 

@@ -13,7 +13,7 @@ a streaming detokenizer and the chat template.
 
 from clearlm.errors import ChatTemplateError
 from clearlm.tokenizer.core import StreamingDetokenizer, Tokenizer
-from clearlm.tokenizer.gguf import tokenizer_from_gguf
+from clearlm.tokenizer.gguf import drop_vocab_arrays, tokenizer_from_gguf
 from clearlm.tokenizer.gguf_vocab import CONTROL, NORMAL, PRE_TOKENIZERS, USER_DEFINED
 from clearlm.tokenizer.hf import tokenizer_from_hf_folder
 from clearlm.tokenizer.stream import bytes_to_unicode as _bytes_to_unicode
@@ -27,6 +27,7 @@ __all__ = [
     "StreamingDetokenizer",
     "Tokenizer",
     "_bytes_to_unicode",
+    "drop_vocab_arrays",
     "tokenizer_from_gguf",
     "tokenizer_from_hf_folder",
 ]

@@ -28,6 +28,20 @@ EOG_TEXTS = frozenset(
     }
 )  # fmt: skip
 
+# The per-token arrays a GGUF stores its vocabulary in (one Python object per token once read).
+VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                "tokenizer.ggml.merges")
+
+
+def drop_vocab_arrays(metadata: dict[str, Any]) -> dict[str, Any]:
+    """``metadata`` with :data:`VOCAB_ARRAYS` removed (in place, and returned), for a model
+    whose Tokenizer is already built from them: it keeps the vocabulary (``id_to_token``,
+    ``vocab_size``), and the lists cost memory for as long as the model lives (Gemma 3's 262,144
+    tokens, scores and types: 13 MiB of peak RSS, measured in a 512-token prefill)."""
+    for key in VOCAB_ARRAYS:
+        metadata.pop(key, None)
+    return metadata
+
 
 def _token_ids(metadata: Mapping[str, Any], name: str, vocab_size: int, source: str) -> list[int]:
     key = f"tokenizer.ggml.{name}_token_id"  # an int, or (eos/eot/eom) a list of end ids
