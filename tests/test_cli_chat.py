@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
 from tiny_gguf import write_tiny_llama
 
 import clearlm
@@ -71,6 +72,9 @@ def test_json_output_and_logprobs_match_a_direct_computation(tiny, tiny_path):
     assert out["text"] == ref.text and out["token_ids"] == ref.tokens
     assert out["finish_reason"] == ref.finish_reason
     assert out["prompt_token_ids"] == tiny.encode("hello world")
+    assert out["model"] == str(tiny_path)
+    assert out["settings"] == {"weights": "float32", "activations": "float32",  # F32 tensors
+                               "matmul_precision": "highest", "decode": "eager"}
     assert set(out["timings"]) == {
         "prefill_s", "decode_s", "prefill_tokens_per_s", "decode_tokens_per_s"
     }  # fmt: skip
@@ -85,6 +89,16 @@ def test_json_output_and_logprobs_match_a_direct_computation(tiny, tiny_path):
         assert [t["logprob"] for t in step["top"]] == pytest.approx(top.values.tolist(), abs=1e-4)
         assert step["top"][0]["id"] == tok  # greedy picks the argmax
         prefix = prefix + [tok]
+
+
+def test_json_settings_are_the_modes_that_took_effect(tmp_path):
+    path = write_tiny_llama(tmp_path / "q8.gguf", matrix_type=Q.Q8_0)  # packed: compact
+    proc = cli("generate", "hi", "-m", str(path), "-n", "2", "--json", "--matmul-precision",
+               "medium", "--temperature", "0")
+    assert proc.returncode == 0, proc.stderr
+    settings = json.loads(proc.stdout)["settings"]
+    assert settings == {"weights": "compact", "activations": "float32",
+                        "matmul_precision": "medium", "decode": "eager"}
 
 
 def test_chat_message_from_stdin_with_json(tiny, tiny_path):

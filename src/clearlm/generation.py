@@ -32,6 +32,15 @@ def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
     return model.new_cache(batch_size, max_seq_len)
 
 
+def generation_cache(model: Transformer, n_prompt: int, max_new_tokens: int) -> KVCache:
+    """The KV cache one generation runs in: the prompt's n_prompt tokens plus max_new_tokens,
+    capped at the context length. Its size is part of what a step computes (a compiled step
+    reads the whole cache; see clearlm.compiled), so whatever recomputes a generation's logits
+    (the CLI's --logprobs) sizes its cache here too."""
+    n_new = min(max_new_tokens, model.config.context_length - n_prompt)
+    return new_cache(model, 1, n_prompt + n_new)
+
+
 @torch.inference_mode()
 def prefill(model: Transformer, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run the whole prompt in one forward pass: tokens (B, T) int64 → last logits (B, V)."""
@@ -81,7 +90,7 @@ def generate_step(
     check_max_new_tokens(max_new_tokens)
     check_fits(len(prompt), ctx)
     n_new = min(max_new_tokens, ctx - len(prompt))
-    cache = new_cache(model, 1, len(prompt) + n_new)
+    cache = generation_cache(model, len(prompt), max_new_tokens)
     seq = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)  # (1, P): history
     step = getattr(model, "decode_fn", None) or decode_step  # clearlm.compiled.compile_decode
     logits = prefill(model, seq, cache)  # (1, V)

@@ -68,7 +68,8 @@ PromptOpt = Annotated[
 CompileOpt = Annotated[
     bool,
     typer.Option("--compile", help="Decode with a torch.compile'd step (clearlm.compiled): "
-                 "the first step compiles (cached in ~/.cache/clearlm/inductor)."),
+                 "the first step compiles (minutes; cached for the next run in the "
+                 "inductor folder of ~/.cache/clearlm, or $CLEARLM_CACHE)."),
 ]
 
 def sampling_options(

@@ -77,13 +77,12 @@ def token_logprobs(
     mode (int8 activations and --matmul-precision medium make a decode step differ from a
     forward over the whole sequence; a compiled step's differ from eager's by float32 rounding).
     """
-    from clearlm.generation import decode_step, new_cache, prefill
+    from clearlm.generation import decode_step, generation_cache, prefill
 
     if not tokens:
         return []
     tf = model.transformer
-    room = model.config.context_length - len(prompt)
-    cache = new_cache(tf, 1, len(prompt) + min(max(max_new_tokens, len(tokens)), room))
+    cache = generation_cache(tf, len(prompt), max(max_new_tokens, len(tokens)))
     steps = [prefill(tf, torch.tensor([prompt], device=tf.device), cache)]  # (1, V) each
     steps += [decode_step(tf, torch.tensor([[i]], device=tf.device), cache) for i in tokens[:-1]]
     logp = torch.log_softmax(torch.cat(steps).float(), dim=-1).cpu()  # (n, V) float32
@@ -113,13 +112,23 @@ def result_json(
     n_top: int | None,
     max_new_tokens: int = 0,
 ) -> dict[str, Any]:
-    """The object ``--json`` prints: text, token ids, finish reason, timings (seconds and
-    tokens/s), and ``logprobs`` when n_top is not None (see :func:`token_logprobs`)."""
+    """The object ``--json`` prints: text, token ids, finish reason, the model and the modes it
+    ran in (``settings``: weights, activations, matmul precision, eager or compiled decode, as
+    they took effect), timings (seconds and tokens/s), and ``logprobs`` when n_top is not None
+    (see :func:`token_logprobs`)."""
+    tf = model.transformer
     out: dict[str, Any] = {
         "text": result.text,
         "prompt_token_ids": prompt,
         "token_ids": result.tokens,
         "finish_reason": result.finish_reason,
+        "model": model.path,
+        "settings": {
+            "weights": model.weights,
+            "activations": model.activations,
+            "matmul_precision": getattr(tf, "matmul_precision", "highest"),
+            "decode": "compiled" if getattr(tf, "decode_fn", None) is not None else "eager",
+        },
         "timings": {
             "prefill_s": result.prefill_s,
             "decode_s": result.decode_s,
