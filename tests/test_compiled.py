@@ -132,32 +132,40 @@ def test_stats_line_keeps_the_compile_out_of_the_decode_speed(capsys) -> None:
     assert "compile 10.0 s (first step) · decode 6.0 tok/s after it" in capsys.readouterr().err
 
 
-def test_cli_generate_compile_flag(tmp_path, monkeypatch) -> None:
-    """--compile hands the loaded model to compile_decode, whose step then decodes (recorded
-    here in place of the compiled step, so the test compiles nothing)."""
+@pytest.mark.parametrize("backend", ["aot", "jit"])
+def test_cli_generate_compile_flag(tmp_path, monkeypatch, backend) -> None:
+    """--compile hands the loaded model to clearlm.aot.compile_decode_aot (CLEARLM_COMPILE=jit:
+    clearlm.compiled.compile_decode), whose step then decodes (recorded here in place of the
+    compiled step, so the test compiles nothing)."""
     from typer.testing import CliRunner
 
+    import clearlm.aot
     import clearlm.compiled
     from clearlm.cli import app
 
     calls = []
 
-    def fake_compile(model):
+    def fake_compile(model, **kwargs):
         def step(m, token, cache):
             calls.append(int(token))
             return decode_step(m, token, cache)
 
+        step.package_path = lambda: tmp_path / "p.pt2"
         model.decode_fn = step
         return step
 
+    monkeypatch.setattr(clearlm.aot, "compile_decode_aot", fake_compile)
     monkeypatch.setattr(clearlm.compiled, "compile_decode", fake_compile)
+    monkeypatch.setenv("CLEARLM_COMPILE", backend)
     path = write_tiny_llama(tmp_path / "t.gguf", context_length=48)
-    args = ["generate", "hello", "-m", str(path), "-n", "4", "-t", "1", "-q", "--temperature", "0"]
-    want = CliRunner().invoke(app, args)
+    args = ["generate", "hello", "-m", str(path), "-n", "4", "-t", "1", "--temperature", "0"]
+    want = CliRunner().invoke(app, [*args, "-q"])
     assert want.exit_code == 0 and calls == []
-    got = CliRunner().invoke(app, [*args, "--compile"])
+    got = CliRunner().invoke(app, [*args, "-q", "--compile"])
     assert got.exit_code == 0, got.output
     assert got.output == want.output and len(calls) == 3  # 4 tokens: prefill, then 3 steps
+    noted = CliRunner().invoke(app, [*args, "--compile"]).output
+    assert ("builds it" in noted) if backend == "aot" else ("compiles" in noted)
 
 
 def test_compiled_step_writes_the_cache_in_place(tiny_compact, monkeypatch, tmp_path) -> None:

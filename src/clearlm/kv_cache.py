@@ -61,6 +61,18 @@ class KVCache:
         self.max_seq_len = max_seq_len
         self.lengths = torch.zeros(n_slots, dtype=torch.long, device=device)  # filled, per slot
 
+    @classmethod
+    def from_buffers(
+        cls, keys: list[torch.Tensor], values: list[torch.Tensor], lengths: torch.Tensor
+    ) -> KVCache:
+        """A cache over existing buffers (no copy): keys/values per layer, each (n_slots, K,
+        S_max + 1, Hd), and lengths (n_slots,) int64; writes go into those tensors (what an
+        exported decode step, which takes the buffers as inputs, runs on: clearlm.aot)."""
+        cache = cls.__new__(cls)
+        cache.keys, cache.values, cache.lengths = list(keys), list(values), lengths
+        cache.n_slots, cache.max_seq_len = keys[0].shape[0], keys[0].shape[2] - 1
+        return cache
+
     @property
     def offset(self) -> int:
         """Slot 0's filled length (tokens). Reads a tensor: for callers and tests, never called

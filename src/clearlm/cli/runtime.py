@@ -201,14 +201,27 @@ def precision_note(matmul_precision: str, scoped: bool, dtype: str) -> str:
 
 
 def compile_step(model: Any, quiet: bool = False) -> None:
-    """Decode through a torch.compile'd step (clearlm.compiled; imported only when asked, as
-    it pulls in torch._dynamo); unless quiet, one line says the first step compiles."""
-    from clearlm.compiled import cache_dir, compile_decode
+    """Decode through the ahead-of-time compiled step (clearlm.aot), or with CLEARLM_COMPILE=jit
+    through the torch.compile'd one (clearlm.compiled; imported only when asked, as it pulls in
+    torch._dynamo); unless quiet, one line says whether the first step builds or loads it."""
+    if os.environ.get("CLEARLM_COMPILE", "aot") == "jit":
+        from clearlm.compiled import cache_dir, compile_decode
 
-    compile_decode(model.transformer)
+        compile_decode(model.transformer)
+        if not quiet:
+            err.print(f"[dim]--compile: the first decode step compiles (seconds to minutes; "
+                      f"cached in {cache_dir()})[/]", soft_wrap=True)
+        return
+    from clearlm.aot import compile_decode_aot
+
+    def eager(e: Exception) -> None:
+        err.print(f"[yellow]warning: {e}; decoding eagerly[/]", soft_wrap=True)
+
+    path = compile_decode_aot(model.transformer, on_error=eager).package_path()
     if not quiet:
-        err.print(f"[dim]--compile: the first decode step compiles (seconds to minutes; "
-                  f"cached in {cache_dir()})[/]", soft_wrap=True)
+        what = (f"loads {path}" if path.exists() else
+                f"builds it (1.5-3 minutes on 2 cores, once for this model; kept in {path.parent})")
+        err.print(f"[dim]--compile: the first decode step {what}[/]", soft_wrap=True)
 
 
 def compile_seconds(model: Any) -> float | None:

@@ -41,7 +41,7 @@ def attention_mask(
     Returns:
         (B, T, S) bool (or (T, S) when both inputs are 1-D), True where attention is allowed.
     """
-    if isinstance(keys, int):
+    if isinstance(keys, int | torch.SymInt):  # SymInt: a cache size left symbolic (clearlm.aot)
         keys = torch.arange(keys, device=positions.device)
     q, k = positions[..., :, None], keys[..., None, :]  # (B, T, 1), (B, 1, S)
     mask = (k <= q) & (k >= 0)  # (B, T, S)

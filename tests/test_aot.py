@@ -1,0 +1,192 @@
+"""clearlm.aot: the ahead-of-time compiled decode step computes the eager step's logits.
+
+Reference: the eager model's own decode_step on the same cache contents (itself checked against
+transformers elsewhere). Inductor fuses and reorders float32 ops, so logits agree to float32
+rounding (1e-4 on logits of size ~1) and greedy tokens are the same. One package is built for a
+tiny 1-layer compact model (~20 s on 2 cores) and shared by the tests of this module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from tiny_gguf import write_tiny_llama
+
+from clearlm.aot import AOTDecodeStep, AOTError, compile_decode_aot, max_columns, package_key
+from clearlm.generation import decode_step, generate_step, prefill
+from clearlm.loading.checkpoint import load_gguf_model
+from clearlm.loading.gguf import open_gguf
+from clearlm.quant.swap import quantize_model
+
+PROMPT = [1, 72, 101, 108, 108, 111]
+CHILD = """
+import json, sys
+from pathlib import Path
+import torch
+torch.set_num_threads({threads})
+sys.path.insert(0, {tests!r})
+from test_aot import load_compact, run
+from clearlm.aot import AOTDecodeStep, package_key
+model = load_compact({path!r})
+step = AOTDecodeStep(model, Path({packages!r}))
+out, toks, _ = run(model, step, 13, 3)
+print(json.dumps({{"built": step.built, "toks": toks, "key": package_key(model),
+                  "inductor": "torch._inductor" in sys.modules,
+                  "dynamo": "torch._dynamo" in sys.modules, "logits": out[-1][0, :8].tolist()}}))
+"""
+
+
+def load_compact(path):
+    loaded = load_gguf_model(path)
+    quantize_model(loaded.model, open_gguf(path), loaded.config)
+    return loaded.model.eval()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("aot")
+    path = write_tiny_llama(root / "t.gguf", n_layers=1, matrix_type=Q.Q8_0, seed=4)
+    model = load_compact(path)
+    step = AOTDecodeStep(model, root / "packages")
+    return model, step, path, root
+
+
+def run(model, step, n_cache: int, n: int) -> tuple[list[torch.Tensor], list[int], object]:
+    """Greedy: prefill eagerly, then n steps with `step`; every step's logits, tokens, cache."""
+    cache = model.new_cache(1, n_cache)
+    logits = prefill(model, torch.tensor([PROMPT]), cache)  # (1, V)
+    out, toks = [], []
+    for _ in range(n):
+        tok = logits.argmax(-1, keepdim=True)  # (1, 1)
+        toks.append(int(tok))
+        logits = step(model, tok, cache)
+        out.append(logits)
+    return out, toks, cache
+
+
+@pytest.mark.parametrize("n_cache", [13, 40])  # one package, any cache size (dynamic key axis)
+def test_aot_step_matches_eager(tiny, n_cache) -> None:
+    model, step, _, root = tiny
+    want, want_toks, want_cache = run(model, decode_step, n_cache, 6)
+    got, got_toks, got_cache = run(model, step, n_cache, 6)
+    assert step.loader is not None and step.path.parent == root / "packages"
+    assert step.path.exists() and step.compile_s > 0
+    assert got_toks == want_toks
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape == (1, model.config.vocab_size)
+        assert (g - w).abs().max().item() < 1e-4
+    # the package wrote the keys/values and moved the lengths of the caller's own cache
+    assert torch.equal(got_cache.lengths, want_cache.lengths)
+    for k, kw in zip(got_cache.keys + got_cache.values, want_cache.keys + want_cache.values,
+                     strict=True):
+        assert (k - kw).abs().max().item() < 1e-4 and k.abs().sum() > 0
+
+
+def test_calls_it_cannot_serve_run_eagerly(tiny) -> None:
+    model, step, _, _ = tiny
+    run(model, step, 13, 1)  # loaded
+    cache = model.new_cache(2, 13)  # two rows: the package takes one
+    prefill(model, torch.tensor([PROMPT, PROMPT]), cache)
+    tok = torch.tensor([[5], [7]])
+    assert not step.serves(model, tok, cache)
+    ref = model.new_cache(2, 13)
+    prefill(model, torch.tensor([PROMPT, PROMPT]), ref)
+    assert torch.equal(step(model, tok, cache), decode_step(model, tok, ref))
+    too_long = model.new_cache(1, step.max_columns)  # key axis max_columns + 1
+    assert not step.serves(model, tok[:1], too_long)
+    other = load_compact(tiny[2])  # another model object: not the package's tensors
+    assert not step.serves(other, tok[:1], model.new_cache(1, 13))
+
+
+def test_hooks_take_the_eager_path(tiny) -> None:
+    model, step, _, _ = tiny
+    seen = []
+    point = model.layers[0].hook_resid_post
+    point.fns.append(lambda x, name: seen.append(x.shape))
+    try:
+        got, _, _ = run(model, step, 13, 2)
+    finally:
+        point.fns.clear()
+    assert len(seen) == 1 + 2  # the prefill and both steps ran through the hook point
+    want, _, _ = run(model, decode_step, 13, 2)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))  # eager: bit-equal
+
+
+def test_generation_uses_it_and_a_new_process_loads_the_package(tiny) -> None:
+    model, step, path, root = tiny
+    run(model, step, 13, 1)
+    model.decode_fn = step
+    try:
+        greedy = lambda logits, seq: (logits.argmax(-1), torch.zeros(1))  # noqa: E731
+        got = [t for t, _ in generate_step(model, PROMPT, greedy, 5)]
+    finally:
+        model.decode_fn = None
+    want = [t for t, _ in generate_step(model, PROMPT, greedy, 5)]
+    assert got == want
+    # a fresh process: same key (same code, shapes, threads), so it loads without compiling
+    child = root / "child.py"
+    child.write_text(CHILD.format(threads=torch.get_num_threads(), tests=str(Path(__file__).parent),
+                                  path=str(path), packages=str(root / "packages")))
+    proc = subprocess.run([sys.executable, str(child)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["key"] == package_key(model)
+    assert res["built"] is False  # loaded from disk
+    assert not res["inductor"] and not res["dynamo"]  # loading needs neither
+    want_out, want_toks, _ = run(model, decode_step, 13, 3)
+    assert res["toks"] == want_toks
+    assert max(abs(a - b) for a, b in zip(res["logits"], want_out[-1][0, :8].tolist(),
+                                           strict=True)) < 1e-4
+
+
+def test_key_follows_what_the_code_depends_on(tiny) -> None:
+    model, _, _, _ = tiny
+    key = package_key(model)
+    assert key == package_key(model) and len(key) == 24
+    layers = [m for m in model.modules() if type(m).__name__ == "QuantLinear"]
+    layers[0].int8 = True  # int8 switches are compiled in
+    try:
+        assert package_key(model) != key
+    finally:
+        layers[0].int8 = False
+    n = torch.get_num_threads()
+    torch.set_num_threads(n + 1)  # Inductor writes the thread count into the code
+    try:
+        assert package_key(model) != key
+    finally:
+        torch.set_num_threads(n)
+    assert max_columns(model) == model.config.context_length + 1  # tiny: table = context
+
+
+def test_compile_decode_aot_sets_the_generation_step(tiny, tmp_path) -> None:
+    model, _, _, _ = tiny
+    step = compile_decode_aot(model, tmp_path)
+    try:
+        assert model.decode_fn is step and step.loader is None  # built at the first step
+    finally:
+        model.decode_fn = None
+
+
+def test_a_failed_build_warns_once_and_decodes_eagerly(tiny, tmp_path, monkeypatch) -> None:
+    import clearlm.aot
+
+    model = tiny[0]
+
+    def fail(net, path):
+        raise AOTError("cannot compile the decode step ahead of time: boom")
+
+    monkeypatch.setattr(clearlm.aot, "build_package", fail)
+    errors = []
+    step = AOTDecodeStep(model, tmp_path, on_error=errors.append)
+    got, _, _ = run(model, step, 13, 3)
+    want, _, _ = run(model, decode_step, 13, 3)
+    assert [str(e) for e in errors] == ["cannot compile the decode step ahead of time: boom"]
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    with pytest.raises(AOTError, match="boom"):  # without on_error it raises
+        run(model, AOTDecodeStep(model, tmp_path), 13, 1)
