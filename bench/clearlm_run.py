@@ -1,13 +1,15 @@
 """One clearlm measurement in a fresh process, for bench/llamacpp.py (which reads its peak RSS).
 
     python bench/clearlm_run.py MODEL WEIGHTS THREADS [--precision highest|medium]
-                                [--decode eager|compiled] [--int8]   →   one JSON line on stdout
+                                [--decode eager|compiled|aot] [--int8]   →   one JSON line on stdout
 
 --precision: the matmul precision, "highest" (default, exact float32) or "medium" (bfloat16
 products for prefills: clearlm.precision). --decode compiled: the decode steps run
 clearlm.compiled's step (torch.compile, Inductor's C++ wrapper), compiled during the warm-up
-(its time reported apart as compile_s). --int8: compact layers round decode activations to int8
-(clearlm.quant.linear.set_int8_activations; opt-in, not exact).
+(its time reported apart as compile_s). --decode aot: clearlm.aot's ahead-of-time compiled
+step, its package loaded during the warm-up (the load time joins load_s; a package this process
+had to build first reports its build time as compile_s). --int8: compact layers round decode
+activations to int8 (clearlm.quant.linear.set_int8_activations; opt-in, not exact).
 
 Measured as llama-bench measures (llama.cpp tools/llama-bench): after an untimed warm-up,
 - load_s: seconds of ``load_weights(MODEL, WEIGHTS, threads=THREADS)`` (file to usable model);
@@ -53,6 +55,10 @@ def main(model: str, weights: str, threads: int, precision: str = "highest",
         from clearlm.compiled import CompiledDecodeStep
 
         step = CompiledDecodeStep(net)
+    elif decode == "aot":
+        from clearlm.aot import AOTDecodeStep
+
+        step = AOTDecodeStep(net)
     vocab = m.config.vocab_size
     ids = torch.randint(0, vocab, (1, N_PROMPT), generator=torch.Generator().manual_seed(0))
     bos = m.tokenizer.bos_id if m.tokenizer.bos_id is not None else int(ids[0, 0])
@@ -75,6 +81,8 @@ def main(model: str, weights: str, threads: int, precision: str = "highest",
         step(net, token, cache)  # (1, V) logits
     tg = N_GEN / (time.perf_counter() - t)
     compile_s = getattr(step, "compile_s", None)
+    if decode == "aot" and not step.built:  # loaded, not compiled: part of the load
+        load_s, compile_s = load_s + compile_s, None
     return {"load_s": load_s, "pp512": pp, "tg128": tg, "compile_s": compile_s}
 
 
@@ -84,7 +92,7 @@ if __name__ == "__main__":
     ap.add_argument("weights", choices=["compact", "float32"])
     ap.add_argument("threads", type=int)
     ap.add_argument("--precision", choices=["highest", "medium"], default="highest")
-    ap.add_argument("--decode", choices=["eager", "compiled"], default="eager")
+    ap.add_argument("--decode", choices=["eager", "compiled", "aot"], default="eager")
     ap.add_argument("--int8", action="store_true")
     a = ap.parse_args()
     print(json.dumps(main(a.model, a.weights, a.threads, a.precision, a.decode, a.int8)))

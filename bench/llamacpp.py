@@ -12,13 +12,16 @@ of medians with clearlm / llama.cpp ratios, the commit and the date (bench/llama
 
     python bench/llamacpp.py [--models ALIAS_OR_PATH ...] [--weights compact|float32|both]
                              [--matmul-precision highest|medium|both]
-                             [--decode eager|compiled|both] [--int8 off|on|both]
+                             [--decode eager compiled aot | both] [--int8 off|on|both]
                              [--repeats 3] [--threads 2] [--llama-bench PATH]
 
 With ``--matmul-precision medium`` (or both) clearlm also runs with bfloat16 products for its
 prefill (clearlm.precision); its rows say "compact, medium" in the weights column. With
 ``--decode compiled`` (or both) the 128 steps run clearlm.compiled's step, compiled during the
-warm-up (the load cell adds the compile time); ``--int8 on`` rounds the compact layers' decode
+warm-up (the load cell adds the compile time); ``--decode aot``: clearlm.aot's ahead-of-time
+compiled step, whose package is built once before the timed runs (its build time printed on
+stderr), so each timed process only loads it (in the load cell); ``--decode both`` means
+``eager compiled``; ``--int8 on`` rounds the compact layers' decode
 activations to int8 per block of 32 (as llama.cpp does; opt-in and not exact).
 """
 
@@ -101,8 +104,16 @@ class Mode:
         parts = [self.weights]
         parts += [self.precision] if self.precision != "highest" else []
         parts += ["int8 activations"] if self.int8 else []
-        parts += [self.decode] if self.decode != "eager" else []
+        parts += [{"aot": "AOT-compiled"}.get(self.decode, self.decode)] * (self.decode != "eager")
         return ", ".join(parts)
+
+
+def decodes(asked: list[str]) -> list[str]:
+    """--decode's values in order, "both" read as eager + compiled, each once."""
+    out: list[str] = []
+    for d in asked:
+        out += [x for x in (["eager", "compiled"] if d == "both" else [d]) if x not in out]
+    return out
 
 
 def clearlm_run(path: Path, mode: Mode, threads: int) -> Run:
@@ -133,8 +144,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per file (median)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-bench", help="a llama-bench binary (default: build/cache one)")
-    ap.add_argument("--decode", choices=["eager", "compiled", "both"], default="eager",
-                    help="clearlm's decode step: eager, or clearlm.compiled's (torch.compile)")
+    ap.add_argument("--decode", nargs="+", choices=["eager", "compiled", "aot", "both"],
+                    default=["eager"], help="clearlm's decode steps: eager, clearlm.compiled's "
+                    "(torch.compile), clearlm.aot's (AOTInductor); both: eager compiled")
     ap.add_argument("--int8", choices=["off", "on", "both"], default="off",
                     help="compact layers with int8-rounded decode activations (opt-in, inexact)")
     args = ap.parse_args()
@@ -147,9 +159,15 @@ def main() -> None:
              for w in choices(args.weights, ["compact", "float32"])
              for p in choices(args.matmul_precision, ["highest", "medium"])
              for i in choices(args.int8, ["off", "on"])
-             for d in choices(args.decode, ["eager", "compiled"])
+             for d in decodes(args.decode)
              if not (i == "on" and w == "float32")]  # int8 activations are a compact mode
     paths = resolve(args.models)
+    for path in paths:  # build each AOT package once, untimed: the timed runs load it
+        for mode in modes:
+            if mode.decode == "aot":
+                r = clearlm_run(path, mode, args.threads)
+                built = f"built in {r.compile_s:.0f} s" if r.compile_s else "already built"
+                print(f"[aot] {path.name} {mode.label()}: package {built}", file=sys.stderr)
     runs: dict[tuple[Path, Mode | str], list[Run]] = {}
     for rep in range(args.repeats):
         for path in paths:
