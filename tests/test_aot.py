@@ -190,3 +190,32 @@ def test_a_failed_build_warns_once_and_decodes_eagerly(tiny, tmp_path, monkeypat
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     with pytest.raises(AOTError, match="boom"):  # without on_error it raises
         run(model, AOTDecodeStep(model, tmp_path), 13, 1)
+
+
+def test_the_key_reads_the_code_a_step_runs(tmp_path, monkeypatch) -> None:
+    import clearlm.aot
+
+    for name in ("model/attention.py", "quant/csrc/k.cpp", "cli/app.py", "serve/http.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    monkeypatch.setattr(clearlm.aot, "_SOURCE", tmp_path)
+    digest = clearlm.aot._code_digest()
+    for untraced in ("cli/app.py", "serve/http.py"):  # editing the CLI keeps the packages
+        (tmp_path / untraced).write_text("x = 2\n")
+        assert clearlm.aot._code_digest() == digest
+    for traced in ("model/attention.py", "quant/csrc/k.cpp"):
+        (tmp_path / traced).write_text("x = 3\n")
+        assert clearlm.aot._code_digest() != digest
+        digest = clearlm.aot._code_digest()
+
+
+def test_cli_names_an_unknown_compile_backend(tiny, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from clearlm.cli import app
+
+    monkeypatch.setenv("CLEARLM_COMPILE", "fast")
+    got = CliRunner().invoke(app, ["generate", "hi", "-m", str(tiny[2]), "-n", "2", "--compile"],
+                             env={"COLUMNS": "200"})
+    assert got.exit_code == 2
+    assert "CLEARLM_COMPILE must be aot or jit, got 'fast'" in got.output

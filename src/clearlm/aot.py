@@ -49,6 +49,11 @@ from clearlm.quant.linear import QuantLinear
 
 MIN_COLUMNS = 3  # smallest cache key axis (S_max + 1) a package takes
 _SOURCE = Path(__file__).resolve().parent  # the clearlm package: its code is in the key
+# ... except what a decode step never runs (so editing the CLI or the server keeps packages);
+# anything new is in the key until it is named here
+_NOT_TRACED = ("cli/", "serve/", "ui/", "inspect/", "tokenizer/", "engine/", "api.py",
+               "api_checks.py", "pull.py", "install.py", "sampling", "text", "evaluation.py",
+               "interpret.py", "defaults.py", "models.py", "generation.py", "__main__.py")
 
 
 class AOTError(RuntimeError):
@@ -63,8 +68,9 @@ def cache_root() -> Path:
 def _code_digest() -> str:
     h = hashlib.sha256()
     for f in sorted(_SOURCE.rglob("*")):
-        if f.suffix in (".py", ".cpp") and f.is_file():
-            h.update(str(f.relative_to(_SOURCE)).encode() + b"\0" + f.read_bytes())
+        name = f.relative_to(_SOURCE).as_posix()
+        if f.suffix in (".py", ".cpp") and f.is_file() and not name.startswith(_NOT_TRACED):
+            h.update(name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
 

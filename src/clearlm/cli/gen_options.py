@@ -3,6 +3,7 @@ comes from (``-p/--prompt``, the llama.cpp spelling, as well as the positional a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -65,12 +66,24 @@ PromptOpt = Annotated[
     ),
 ]
 
+
+def _compile_backend(on: bool) -> bool:
+    """--compile's check at parse time: CLEARLM_COMPILE, when set, names a known step."""
+    backend = os.environ.get("CLEARLM_COMPILE", "aot")
+    if on and backend not in ("aot", "jit"):
+        raise typer.BadParameter(f"CLEARLM_COMPILE must be aot or jit, got {backend!r}")
+    return on
+
+
 CompileOpt = Annotated[
     bool,
-    typer.Option("--compile", help="Decode with a torch.compile'd step (clearlm.compiled): "
-                 "the first step compiles (minutes; cached for the next run in the "
-                 "inductor folder of ~/.cache/clearlm, or $CLEARLM_CACHE)."),
+    typer.Option("--compile", callback=_compile_backend,
+                 help="Decode with the ahead-of-time compiled step (clearlm.aot): "
+                 "the first run for a model builds it (minutes; kept for the next runs in "
+                 "the aot folder of ~/.cache/clearlm, or $CLEARLM_CACHE). "
+                 "CLEARLM_COMPILE=jit: the torch.compile step."),
 ]
+
 
 def sampling_options(
     temperature: float | None, top_k: int | None, top_p: float | None, min_p: float | None,

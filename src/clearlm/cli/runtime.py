@@ -204,7 +204,7 @@ def compile_step(model: Any, quiet: bool = False) -> None:
     """Decode through the ahead-of-time compiled step (clearlm.aot), or with CLEARLM_COMPILE=jit
     through the torch.compile'd one (clearlm.compiled; imported only when asked, as it pulls in
     torch._dynamo); unless quiet, one line says whether the first step builds or loads it."""
-    if os.environ.get("CLEARLM_COMPILE", "aot") == "jit":
+    if os.environ.get("CLEARLM_COMPILE", "aot") == "jit":  # (checked by --compile's callback)
         from clearlm.compiled import cache_dir, compile_decode
 
         compile_decode(model.transformer)
