@@ -219,3 +219,11 @@ def test_cli_names_an_unknown_compile_backend(tiny, monkeypatch) -> None:
                              env={"COLUMNS": "200"})
     assert got.exit_code == 2
     assert "CLEARLM_COMPILE must be aot or jit, got 'fast'" in got.output
+
+
+def test_a_damaged_package_is_named(tiny, tmp_path) -> None:
+    model = tiny[0]
+    step = AOTDecodeStep(model, tmp_path)
+    step.package_path().write_bytes(b"not a package")  # e.g. a copy cut short
+    with pytest.raises(AOTError, match=r"cannot load .*decode-.*\.pt2 .*delete it to rebuild"):
+        run(model, step, 13, 1)

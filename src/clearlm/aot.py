@@ -211,9 +211,13 @@ class AOTDecodeStep:
         self.built = not self.path.exists()
         if self.built:
             build_package(self.model, self.path)
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", False, 1, -1)
+        try:
+            loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", False, 1, -1)
+            names = loader.get_constant_fqns()
+        except RuntimeError as e:  # a truncated or foreign file
+            raise AOTError(f"cannot load {self.path} ({str(e).strip().splitlines()[0][:200]}); "
+                           "delete it to rebuild") from e
         tensors = _tensors(self.model)
-        names = loader.get_constant_fqns()
         missing = [n for n in names if n not in tensors]
         if missing:
             raise AOTError(f"{self.path} does not fit this model (no tensor {missing[0]}); "
