@@ -165,7 +165,7 @@ def test_cli_generate_compile_flag(tmp_path, monkeypatch, backend) -> None:
     assert got.exit_code == 0, got.output
     assert got.output == want.output and len(calls) == 3  # 4 tokens: prefill, then 3 steps
     noted = CliRunner().invoke(app, [*args, "--compile"]).output
-    assert ("builds it" in noted) if backend == "aot" else ("compiles" in noted)
+    assert ("builds the compiled step" in noted) if backend == "aot" else ("compiles" in noted)
 
 
 def test_compiled_step_writes_the_cache_in_place(tiny_compact, monkeypatch, tmp_path) -> None:

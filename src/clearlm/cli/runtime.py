@@ -219,13 +219,16 @@ def compile_step(model: Any, quiet: bool = False) -> None:
 
     path = compile_decode_aot(model.transformer, on_error=eager).package_path()
     if not quiet:
-        what = (f"loads {path}" if path.exists() else
-                f"builds it (1.5-3 minutes on 2 cores, once for this model; kept in {path.parent})")
+        what = (f"loads the compiled step {path}" if path.exists() else
+                "builds the compiled step (1-3 minutes on 2 cores, once for this model; "
+                f"kept in {path.parent})")
         err.print(f"[dim]--compile: the first decode step {what}[/]", soft_wrap=True)
 
 
 def compile_seconds(model: Any) -> float | None:
     """Wall seconds the compiled step's first call took in this process (None: no compiled
-    step, or one that compiled nothing yet)."""
+    step, one that compiled nothing yet, or an AOT package loaded from disk in milliseconds)."""
     step = getattr(model.transformer, "decode_fn", None)
+    if getattr(step, "built", None) is False:  # an AOT package loaded from disk: nothing compiled
+        return None
     return getattr(step, "compile_s", None)
