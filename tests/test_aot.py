@@ -165,12 +165,19 @@ def test_key_follows_what_the_code_depends_on(tiny) -> None:
 
 
 def test_compile_decode_aot_sets_the_generation_step(tiny, tmp_path) -> None:
-    model, _, _, _ = tiny
+    import clearlm
+    from clearlm.cli.output import decode_kind
+
+    model, _, path, _ = tiny
     step = compile_decode_aot(model, tmp_path)
     try:
         assert model.decode_fn is step and step.loader is None  # built at the first step
+        assert decode_kind(step) == "aot" and decode_kind(None) == "eager"
     finally:
         model.decode_fn = None
+    loaded = clearlm.load(path)  # a clearlm.Model: its Transformer gets the step
+    step = compile_decode_aot(loaded, tmp_path)
+    assert loaded.transformer.decode_fn is step and step.model is loaded.transformer
 
 
 def test_a_failed_build_warns_once_and_decodes_eagerly(tiny, tmp_path, monkeypatch) -> None:

@@ -39,6 +39,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -245,11 +246,13 @@ class AOTDecodeStep:
         return model(token, cache=cache, last_only=True)[:, -1, :]  # eager: the same values
 
 
-def compile_decode_aot(model: torch.nn.Module, directory: Path | None = None,
+def compile_decode_aot(model: Any, directory: Path | None = None,
                        on_error: Callable[[AOTError], None] | None = None) -> AOTDecodeStep:
-    """Make generation decode with the ahead-of-time compiled step: sets ``model.decode_fn``
-    (as clearlm.compiled.compile_decode does). The package is built or loaded at the first
-    decode step."""
-    step = AOTDecodeStep(model, directory, on_error)
-    model.decode_fn = step
+    """Make generation decode with the ahead-of-time compiled step: ``model`` is a
+    ``clearlm.Model`` (from clearlm.load) or its Transformer; sets the Transformer's
+    ``decode_fn`` (as clearlm.compiled.compile_decode does). The package is built or loaded at
+    the first decode step."""
+    net = getattr(model, "transformer", model)
+    step = AOTDecodeStep(net, directory, on_error)
+    net.decode_fn = step
     return step

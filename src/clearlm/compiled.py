@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch._inductor
@@ -141,11 +142,13 @@ class CompiledDecodeStep:
         return out
 
 
-def compile_decode(model: torch.nn.Module, mode: str = "default", fullgraph: bool = True,
+def compile_decode(model: Any, mode: str = "default", fullgraph: bool = True,
                    cpp_wrapper: bool = True) -> CompiledDecodeStep:
-    """Make generation (``generation.generate_step``, hence ``Model.generate`` / ``chat`` and the
-    CLI's ``--compile``) decode with a compiled step: sets ``model.decode_fn``. The compile
+    """Make generation (``generation.generate_step``, hence ``Model.generate`` / ``chat`` and
+    ``CLEARLM_COMPILE=jit clearlm generate --compile``) decode with a compiled step: ``model``
+    is a ``clearlm.Model`` or its Transformer; sets the Transformer's ``decode_fn``. The compile
     happens at the first decode step (seconds to a minute; cached for the next process)."""
-    step = CompiledDecodeStep(model, mode, fullgraph, cpp_wrapper)
-    model.decode_fn = step
+    net = getattr(model, "transformer", model)
+    step = CompiledDecodeStep(net, mode, fullgraph, cpp_wrapper)
+    net.decode_fn = step
     return step

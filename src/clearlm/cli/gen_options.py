@@ -44,7 +44,8 @@ Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this str
 Json = Annotated[
     bool,
     typer.Option(
-        "--json", help="Print one JSON object (text, token ids, finish reason, timings) at the end."
+        "--json", help="Print one JSON object (text, token ids, finish reason, model, settings, "
+        "timings) at the end."
     ),
 ]
 Logprobs = Annotated[

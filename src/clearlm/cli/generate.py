@@ -106,7 +106,8 @@ def _run(
         )
     except KeyboardInterrupt:  # keep what was printed; say so on stderr
         write_out("\n")
-        err.print(f"[yellow]interrupted after {len(''.join(shown))} characters[/]")
+        n = len("".join(shown))  # characters shown
+        err.print(f"[yellow]interrupted after {n} character{'s' * (n != 1)}[/]")
         raise typer.Exit(130) from None
     shutdown()
     if not prints:

@@ -105,6 +105,13 @@ def token_logprobs(
     ]
 
 
+def decode_kind(step: Any) -> str:
+    """--json's settings.decode: "eager", "aot" (clearlm.aot) or "jit" (clearlm.compiled)."""
+    if step is None:
+        return "eager"
+    return "aot" if type(step).__name__ == "AOTDecodeStep" else "jit"
+
+
 def result_json(
     model: Model,
     prompt: list[int],
@@ -127,7 +134,7 @@ def result_json(
             "weights": model.weights,
             "activations": model.activations,
             "matmul_precision": getattr(tf, "matmul_precision", "highest"),
-            "decode": "compiled" if getattr(tf, "decode_fn", None) is not None else "eager",
+            "decode": decode_kind(getattr(tf, "decode_fn", None)),
         },
         "timings": {
             "prefill_s": result.prefill_s,

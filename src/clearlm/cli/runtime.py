@@ -220,8 +220,8 @@ def compile_step(model: Any, quiet: bool = False) -> None:
     path = compile_decode_aot(model.transformer, on_error=eager).package_path()
     if not quiet:
         what = (f"loads the compiled step {path}" if path.exists() else
-                "builds the compiled step (1-3 minutes on 2 cores, once for this model; "
-                f"kept in {path.parent})")
+                "builds the compiled step (1-3 minutes on 2 cores, once for this model and "
+                f"thread count; kept in {path.parent})")
         err.print(f"[dim]--compile: the first decode step {what}[/]", soft_wrap=True)
 
 
