@@ -156,23 +156,30 @@ def test_key_follows_what_the_code_depends_on(tiny) -> None:
     finally:
         layers[0].int8 = False
     n = torch.get_num_threads()
-    torch.set_num_threads(n + 1)  # Inductor writes the thread count into the code
+    torch.set_num_threads(n + 1)  # read when the step runs (cpp.dynamic_threads): one package
     try:
-        assert package_key(model) != key
+        assert package_key(model) == key
     finally:
         torch.set_num_threads(n)
     assert max_columns(model) == model.config.context_length + 1  # tiny: table = context
+    import clearlm.aot
+
+    with pytest.MonkeyPatch.context() as mp:  # a build without the C++ kernel: another key
+        mp.setattr(clearlm.aot, "load_kernels", lambda: None)
+        assert package_key(model) != key
 
 
 def test_compile_decode_aot_sets_the_generation_step(tiny, tmp_path) -> None:
     import clearlm
     from clearlm.cli.output import decode_kind
 
-    model, _, path, _ = tiny
-    step = compile_decode_aot(model, tmp_path)
+    model, _, path, root = tiny
+    step = compile_decode_aot(model, root / "packages")  # the module's package: no new build
     try:
         assert model.decode_fn is step and step.loader is None  # built at the first step
-        assert decode_kind(step) == "aot" and decode_kind(None) == "eager"
+        assert decode_kind(step) == "eager" and decode_kind(None) == "eager"  # no step ran
+        run(model, step, 13, 1)
+        assert decode_kind(step) == "aot"
     finally:
         model.decode_fn = None
     loaded = clearlm.load(path)  # a clearlm.Model: its Transformer gets the step
@@ -229,8 +236,40 @@ def test_cli_names_an_unknown_compile_backend(tiny, monkeypatch) -> None:
 
 
 def test_a_damaged_package_is_named(tiny, tmp_path) -> None:
-    model = tiny[0]
+    import shutil
+
+    model, built, _, _ = tiny
+    run(model, built, 13, 1)  # the module's package, built
     step = AOTDecodeStep(model, tmp_path)
-    step.package_path().write_bytes(b"not a package")  # e.g. a copy cut short
+    step.package_path().write_bytes(b"not a package")  # no checksum beside it
     with pytest.raises(AOTError, match=r"cannot load .*decode-.*\.pt2 .*delete it to rebuild"):
         run(model, step, 13, 1)
+    # a whole package with one byte changed (a copy cut short would crash the loader: SIGBUS)
+    shutil.copy(str(built.path) + ".sha256", str(step.package_path()) + ".sha256")
+    data = bytearray(built.path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    step.package_path().write_bytes(bytes(data))
+    with pytest.raises(AOTError, match="checksum does not match"):
+        run(model, AOTDecodeStep(model, tmp_path), 13, 1)
+
+
+def test_what_the_package_cannot_serve_is_refused_before_building(tiny, tmp_path,
+                                                                  monkeypatch) -> None:
+    import clearlm.aot
+    from clearlm.cli.output import decode_kind
+
+    model = tiny[0]
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    step = AOTDecodeStep(model, a_file / "aot")  # a cache folder that cannot be made
+    with pytest.raises(AOTError, match="cannot compile the decode step"):
+        run(model, step, 13, 1)
+    assert decode_kind(step) == "eager"  # what --json reports: the steps ran eagerly
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # torchrun ranks
+    with pytest.raises(AOTError, match="runs in one process"):
+        run(model, AOTDecodeStep(model, tmp_path), 13, 1)
+    stage = model.new_cache(1, 13)
+    stage.keys, stage.values = [], []  # a pipeline stage's cache holds other layers
+    assert not step.serves(model, torch.tensor([[1]]), stage)
+    monkeypatch.setenv("CLEARLM_CACHE", "~/somewhere")
+    assert clearlm.aot.cache_root() == Path.home() / "somewhere" / "aot"

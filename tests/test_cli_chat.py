@@ -73,8 +73,8 @@ def test_json_output_and_logprobs_match_a_direct_computation(tiny, tiny_path):
     assert out["finish_reason"] == ref.finish_reason
     assert out["prompt_token_ids"] == tiny.encode("hello world")
     assert out["model"] == str(tiny_path)
-    assert out["settings"] == {"weights": "float32", "activations": "float32",  # F32 tensors
-                               "matmul_precision": "highest", "decode": "eager"}
+    assert out["settings"] == {"weights": "float32", "dtype": "float32", "activations": "float32",
+                               "matmul_precision": "highest", "decode": "eager"}  # F32 tensors
     assert set(out["timings"]) == {
         "prefill_s", "decode_s", "prefill_tokens_per_s", "decode_tokens_per_s"
     }  # fmt: skip
@@ -97,7 +97,7 @@ def test_json_settings_are_the_modes_that_took_effect(tmp_path):
                "medium", "--temperature", "0")
     assert proc.returncode == 0, proc.stderr
     settings = json.loads(proc.stdout)["settings"]
-    assert settings == {"weights": "compact", "activations": "float32",
+    assert settings == {"weights": "compact", "dtype": "float32", "activations": "float32",
                         "matmul_precision": "medium", "decode": "eager"}
 
 

@@ -22,9 +22,11 @@ building the package ~1.5–2.5 min on 2 cores (export ~6 s, the rest Inductor a
 compiler); loading it 4–9 ms and +1 MiB of RSS. Logits within 3.2e-5 of the eager step's.
 
 Packages live in ``$CLEARLM_CACHE/aot`` (default ``~/.cache/clearlm/aot``), named by a digest of
-what the compiled code depends on (:func:`package_key`): clearlm's own source, torch's version,
-the CPU's vector ISA and torch's thread count (Inductor writes it into the code), the model's
-config and the names, shapes and dtypes of its tensors, the compact layers' int8 switches.
+what the compiled code depends on (:func:`package_key`): the clearlm source a step runs, torch's
+version, the CPU's vector ISA, the model's config, device and the names, shapes, dtypes and
+strides of its tensors, whether the C++ kernel is there, the compact layers' int8 switches. The
+thread count is read when the step runs (Inductor's ``cpp.dynamic_threads``), so one package
+serves every ``--threads``. A checksum written beside each package is checked before loading.
 
 Calls the package cannot serve run the eager step instead (same values): hooks active, another
 model, a batch of more than one row, a cache size outside the package's range, another dtype
@@ -63,7 +65,7 @@ class AOTError(RuntimeError):
 
 def cache_root() -> Path:
     """``$CLEARLM_CACHE/aot`` (default ``~/.cache/clearlm/aot``): where packages are kept."""
-    return Path(os.environ.get("CLEARLM_CACHE", Path.home() / ".cache" / "clearlm")) / "aot"
+    return Path(os.environ.get("CLEARLM_CACHE") or "~/.cache/clearlm").expanduser() / "aot"
 
 
 def _code_digest() -> str:
@@ -76,12 +78,14 @@ def _code_digest() -> str:
 
 
 def package_key(net: torch.nn.Module) -> str:
-    """Digest naming a model's package: code, torch, CPU ISA, threads, config, tensor layout
-    (names, shapes, dtypes, strides) and int8 switches; 24 hex characters."""
+    """Digest naming a model's package: code, torch, CPU ISA, config, device, whether
+    the C++ kernel is there, tensor layout (names, shapes, dtypes, strides) and int8 switches;
+    24 hex characters."""
     h = hashlib.sha256()
     parts = [_code_digest(), torch.__version__, torch.backends.cpu.get_cpu_capability(),
-             str(torch.get_num_threads()), repr(net.config),
-             str(getattr(net, "matmul_precision", "highest"))]
+             repr(net.config), str(net.device),
+             str(getattr(net, "matmul_precision", "highest")),
+             str(load_kernels() is not None)]  # without the kernel: torch's (slow) fallback ops
     for name, t in _tensors(net).items():
         parts.append(f"{name}:{tuple(t.shape)}:{t.stride()}:{t.dtype}")
     parts += [str(m.int8) for m in net.modules() if isinstance(m, QuantLinear)]
@@ -149,13 +153,29 @@ def build_package(net: torch.nn.Module, path: Path) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             torch._inductor.aoti_compile_and_package(
                 program, package_path=str(tmp),
-                inductor_configs={"aot_inductor.package_constants_in_so": False},
+                # the weights stay out; loops read the thread count when they run (not one
+                # package per --threads: 0-3 % slower per step than a fixed count, measured)
+                inductor_configs={"aot_inductor.package_constants_in_so": False,
+                                  "cpp.dynamic_threads": True},
             )
+        _checksum_path(path).write_text(_digest_of(tmp))  # read back before every load
+        os.replace(tmp, path)
     except Exception as e:  # torch's export and compile errors have no common base class
-        tmp.unlink(missing_ok=True)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise AOTError(f"cannot compile the decode step ahead of time: {first}") from e
-    os.replace(tmp, path)
+    finally:  # also on Ctrl-C: no half-written file left behind
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def _checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _digest_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class AOTDecodeStep:
@@ -193,6 +213,8 @@ class AOTDecodeStep:
 
     def serves(self, model: torch.nn.Module, token: torch.Tensor, cache: KVCache) -> bool:
         """Whether the package can run this call (else it runs eagerly)."""
+        if len(cache.keys) != self.model.config.n_layers or cache.keys[0].dim() != 4:
+            return False  # a pipeline stage's cache: other layers, placeholders
         k0 = cache.keys[0]
         return (model is self.model and not any(p.active for p in self.points)
                 and tuple(token.shape) == (1, 1) and token.dtype == torch.long
@@ -206,6 +228,9 @@ class AOTDecodeStep:
 
     def _load(self) -> None:
         t = time.perf_counter()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            raise AOTError("the ahead-of-time step runs in one process; under tensor or pipeline "
+                           "parallel each rank holds other tensors")
         load_kernels()  # the package calls the kernel's ops by name: registered first
         # the key and the range now, not at __init__: the RoPE tables may have grown since
         self.path, self.max_columns = self.package_path(), max_columns(self.model)
@@ -213,19 +238,21 @@ class AOTDecodeStep:
         if self.built:
             build_package(self.model, self.path)
         try:
+            # a package cut short would crash the process in the loader (SIGBUS): check first
+            if _checksum_path(self.path).read_text().strip() != _digest_of(self.path):
+                raise RuntimeError("its checksum does not match")
             loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", False, 1, -1)
             names = loader.get_constant_fqns()
-        except RuntimeError as e:  # a truncated or foreign file
+            tensors = _tensors(self.model)
+            missing = [n for n in names if n not in tensors]
+            if missing:
+                raise RuntimeError(f"it does not fit this model: no tensor {missing[0]}")
+            # the model's own tensors, not copies (user_managed): the weights are held once
+            self.constants = {n: tensors[n] for n in names}
+            loader.load_constants(self.constants, False, True, True)
+        except (OSError, RuntimeError) as e:  # missing checksum, truncated or foreign file
             raise AOTError(f"cannot load {self.path} ({str(e).strip().splitlines()[0][:200]}); "
                            "delete it to rebuild") from e
-        tensors = _tensors(self.model)
-        missing = [n for n in names if n not in tensors]
-        if missing:
-            raise AOTError(f"{self.path} does not fit this model (no tensor {missing[0]}); "
-                           "delete it to rebuild")
-        # the model's own tensors, not copies (user_managed): the weights are held once
-        self.constants = {n: tensors[n] for n in names}
-        loader.load_constants(self.constants, False, True, True)
         self.loader = loader
         self.compile_s = time.perf_counter() - t
 

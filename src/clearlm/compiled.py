@@ -52,7 +52,7 @@ def cache_dir() -> Path:
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if env and os.path.abspath(env) != os.path.abspath(default_cache_dir()):
         return Path(env)
-    root = Path(os.environ.get("CLEARLM_CACHE", Path.home() / ".cache" / "clearlm"))
+    root = Path(os.environ.get("CLEARLM_CACHE") or "~/.cache/clearlm").expanduser()
     return root / "inductor"
 
 

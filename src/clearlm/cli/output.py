@@ -106,10 +106,12 @@ def token_logprobs(
 
 
 def decode_kind(step: Any) -> str:
-    """--json's settings.decode: "eager", "aot" (clearlm.aot) or "jit" (clearlm.compiled)."""
-    if step is None:
-        return "eager"
-    return "aot" if type(step).__name__ == "AOTDecodeStep" else "jit"
+    """--json's settings.decode, as it ran: "aot" (clearlm.aot's package served the steps),
+    "jit" (clearlm.compiled's step compiled), else "eager" (no compiled step, one that failed
+    and fell back, or no decode step at all)."""
+    if type(step).__name__ == "AOTDecodeStep":
+        return "aot" if step.loader is not None else "eager"
+    return "jit" if getattr(step, "compile_s", None) is not None else "eager"
 
 
 def result_json(
@@ -132,6 +134,8 @@ def result_json(
         "model": model.path,
         "settings": {
             "weights": model.weights,
+            "dtype": str(next(p.dtype for p in tf.parameters() if p.is_floating_point()))
+            .removeprefix("torch."),  # the compute dtype: the first float parameter's
             "activations": model.activations,
             "matmul_precision": getattr(tf, "matmul_precision", "highest"),
             "decode": decode_kind(getattr(tf, "decode_fn", None)),

@@ -204,6 +204,12 @@ def compile_step(model: Any, quiet: bool = False) -> None:
     """Decode through the ahead-of-time compiled step (clearlm.aot), or with CLEARLM_COMPILE=jit
     through the torch.compile'd one (clearlm.compiled; imported only when asked, as it pulls in
     torch._dynamo); unless quiet, one line says whether the first step builds or loads it."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        err.print("[yellow]warning: --compile runs in one process; a tensor- or pipeline-"
+                  "parallel run decodes eagerly[/]", soft_wrap=True)
+        return
     if os.environ.get("CLEARLM_COMPILE", "aot") == "jit":  # (checked by --compile's callback)
         from clearlm.compiled import cache_dir, compile_decode
 
@@ -220,8 +226,8 @@ def compile_step(model: Any, quiet: bool = False) -> None:
     path = compile_decode_aot(model.transformer, on_error=eager).package_path()
     if not quiet:
         what = (f"loads the compiled step {path}" if path.exists() else
-                "builds the compiled step (1-3 minutes on 2 cores, once for this model and "
-                f"thread count; kept in {path.parent})")
+                "builds the compiled step (1-3 minutes on 2 cores, once for this model; "
+                f"kept in {path.parent})")
         err.print(f"[dim]--compile: the first decode step {what}[/]", soft_wrap=True)
 
 

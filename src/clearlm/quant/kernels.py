@@ -36,7 +36,7 @@ def build_dir() -> Path:
     everything it depends on)."""
     import torch
 
-    root = Path(os.environ.get("CLEARLM_CACHE", Path.home() / ".cache" / "clearlm"))
+    root = Path(os.environ.get("CLEARLM_CACHE") or "~/.cache/clearlm").expanduser()
     text = b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()
     text += " ".join([*CFLAGS, *LDFLAGS, *importlib.machinery.EXTENSION_SUFFIXES]).encode()
     key = hashlib.sha256(text).hexdigest()[:12]
