@@ -90,6 +90,9 @@ def llama_bench(binary: str, path: Path, threads: int) -> Run:
     return Run(pp, tg, rss)
 
 
+DECODE_LABELS = {"aot": "AOT-compiled"}  # the table's name of a --decode value, where not its own
+
+
 @dataclass(frozen=True)
 class Mode:
     """How clearlm runs: weights, matmul precision, decode step, int8 activations."""
@@ -104,7 +107,7 @@ class Mode:
         parts = [self.weights]
         parts += [self.precision] if self.precision != "highest" else []
         parts += ["int8 activations"] if self.int8 else []
-        parts += [{"aot": "AOT-compiled"}.get(self.decode, self.decode)] * (self.decode != "eager")
+        parts += [DECODE_LABELS.get(self.decode, self.decode)] if self.decode != "eager" else []
         return ", ".join(parts)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from greedy_steps import greedy_steps
 from tiny_gguf import write_tiny_llama
 
 from clearlm.aot import AOTDecodeStep, AOTError, compile_decode_aot, max_columns, package_key
@@ -59,13 +60,7 @@ def tiny(tmp_path_factory):
 def run(model, step, n_cache: int, n: int) -> tuple[list[torch.Tensor], list[int], object]:
     """Greedy: prefill eagerly, then n steps with `step`; every step's logits, tokens, cache."""
     cache = model.new_cache(1, n_cache)
-    logits = prefill(model, torch.tensor([PROMPT]), cache)  # (1, V)
-    out, toks = [], []
-    for _ in range(n):
-        tok = logits.argmax(-1, keepdim=True)  # (1, 1)
-        toks.append(int(tok))
-        logits = step(model, tok, cache)
-        out.append(logits)
+    out, toks = greedy_steps(model, step, torch.tensor([PROMPT]), cache, n)
     return out, toks, cache
 
 

@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from greedy_steps import greedy_steps
 from tiny_gguf import write_tiny_llama
 
 from clearlm.compiled import CompiledDecodeStep, cache_dir, compile_decode
@@ -38,15 +39,7 @@ def new_cache(model, n: int) -> KVCache:
 
 def run(model, step, prompt: torch.Tensor, n: int) -> tuple[list[torch.Tensor], list[int]]:
     """Greedy: prefill eagerly, then n steps with `step`; every step's logits and token."""
-    cache = new_cache(model, prompt.shape[1] + n + 1)
-    logits = prefill(model, prompt, cache)  # (1, V)
-    out, toks = [], []
-    for _ in range(n):
-        tok = logits.argmax(-1, keepdim=True)  # (1, 1)
-        toks.append(int(tok))
-        logits = step(model, tok, cache)
-        out.append(logits)
-    return out, toks
+    return greedy_steps(model, step, prompt, new_cache(model, prompt.shape[1] + n + 1), n)
 
 
 def test_compiled_step_matches_eager(tiny_compact, monkeypatch, tmp_path) -> None:

@@ -47,6 +47,7 @@ import torch
 
 from clearlm.kv_cache import KVCache
 from clearlm.model.hooks import HookPoint
+from clearlm.models import default_cache_dir
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 
@@ -65,7 +66,7 @@ class AOTError(RuntimeError):
 
 def cache_root() -> Path:
     """``$CLEARLM_CACHE/aot`` (default ``~/.cache/clearlm/aot``): where packages are kept."""
-    return Path(os.environ.get("CLEARLM_CACHE") or "~/.cache/clearlm").expanduser() / "aot"
+    return default_cache_dir() / "aot"
 
 
 def _code_digest() -> str:

@@ -32,6 +32,7 @@ from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 from clearlm.kv_cache import KVCache
 from clearlm.model.hooks import HookPoint
+from clearlm.models import default_cache_dir as clearlm_cache_dir
 from clearlm.quant.linear import QuantLinear
 
 DYNAMO_CONFIG = {"recompile_limit": 16}  # a few cache sizes per process before falling back
@@ -52,8 +53,7 @@ def cache_dir() -> Path:
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if env and os.path.abspath(env) != os.path.abspath(default_cache_dir()):
         return Path(env)
-    root = Path(os.environ.get("CLEARLM_CACHE") or "~/.cache/clearlm").expanduser()
-    return root / "inductor"
+    return clearlm_cache_dir() / "inductor"
 
 
 def _use_cache_dir() -> None:

@@ -133,7 +133,9 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def default_cache_dir() -> Path:
-    """The folder for assembled GGUF files: ``$CLEARLM_CACHE``, else ``~/.cache/clearlm``."""
+    """clearlm's cache folder: ``$CLEARLM_CACHE`` (``~`` expanded), else ``~/.cache/clearlm``.
+    Assembled GGUF files sit in it; the kernel build, Inductor's cache and the AOT packages in
+    its ``kernels``, ``inductor`` and ``aot`` folders."""
     env = os.environ.get("CLEARLM_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "clearlm"
 

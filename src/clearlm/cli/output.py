@@ -109,7 +109,11 @@ def decode_kind(step: Any) -> str:
     """--json's settings.decode, as it ran: "aot" (clearlm.aot's package served the steps),
     "jit" (clearlm.compiled's step compiled), else "eager" (no compiled step, one that failed
     and fell back, or no decode step at all)."""
-    if type(step).__name__ == "AOTDecodeStep":
+    if step is None:
+        return "eager"
+    from clearlm.aot import AOTDecodeStep  # (only when a compiled step was asked for)
+
+    if isinstance(step, AOTDecodeStep):
         return "aot" if step.loader is not None else "eager"
     return "jit" if getattr(step, "compile_s", None) is not None else "eager"
 

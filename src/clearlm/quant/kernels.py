@@ -21,6 +21,8 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
+from clearlm.models import default_cache_dir
+
 SOURCE = Path(__file__).with_name("csrc") / "qgemv.cpp"
 SOURCES = (  # exact kernel; int8-activation variant; argument checks and bindings
     SOURCE, SOURCE.with_name("qgemv_i8.cpp"), SOURCE.with_name("qgemv_ops.cpp"))
@@ -36,7 +38,7 @@ def build_dir() -> Path:
     everything it depends on)."""
     import torch
 
-    root = Path(os.environ.get("CLEARLM_CACHE") or "~/.cache/clearlm").expanduser()
+    root = default_cache_dir()
     text = b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()
     text += " ".join([*CFLAGS, *LDFLAGS, *importlib.machinery.EXTENSION_SUFFIXES]).encode()
     key = hashlib.sha256(text).hexdigest()[:12]
