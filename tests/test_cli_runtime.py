@@ -75,10 +75,25 @@ def test_busy_cpus_reads_proc_stat(tmp_path, monkeypatch):
     )
     stat = tmp_path / "stat"
     stat.write_text(before)
+    own = [0.0]  # this process's CPU seconds, as os.times() gives them
+    monkeypatch.setattr(threads.os, "times", lambda: os.times_result((own[0], 0, 0, 0, 0)))
     monkeypatch.setattr(threads.time, "sleep", lambda s: stat.write_text(after))
     # idle 150 of 200 jiffies over 2 CPUs: 2 × (1 − 150/200) = 0.5 busy CPUs
     assert threads.busy_cpus({0, 1}, stat_path=str(stat)) == pytest.approx(0.5)
     assert threads.busy_cpus({0}, stat_path=str(tmp_path / "missing")) == 0.0
+    # a look taken earlier (at import) spans the work: this process's own CPU time is not
+    # "other processes"; 0.2 s of it = 0.2 × SC_CLK_TCK jiffies, of the 50 busy ones
+    stat.write_text(before)
+    first = threads._look(str(stat))
+    first = (first[0] - 1.0, *first[1:])  # a second ago: no new 0.1 s wait
+    stat.write_text(after)
+    own[0] = 0.2
+    monkeypatch.setattr(threads.time, "sleep", lambda s: pytest.fail("waited"))
+    tick = os.sysconf("SC_CLK_TCK")
+    want = 2 * max(0.0, 50 - 0.2 * tick) / 200
+    assert threads.busy_cpus({0, 1}, stat_path=str(stat), since=first) == pytest.approx(want)
+    own[0] = 10.0  # more than the span: clamped at 0, never negative
+    assert threads.busy_cpus({0, 1}, stat_path=str(stat), since=first) == 0.0
 
 
 def test_set_threads(monkeypatch):
@@ -88,7 +103,7 @@ def test_set_threads(monkeypatch):
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         assert threads.set_threads(None) == torch.get_num_threads()  # left as torch read it
         monkeypatch.delenv("OMP_NUM_THREADS")
-        monkeypatch.setattr(threads, "busy_cpus", lambda cpus: float(len(cpus)))  # all busy
+        monkeypatch.setattr(threads, "busy_cpus", lambda cpus, **kw: float(len(cpus)))  # all busy
         assert threads.set_threads(None) == 1
         for bad in (0, -2, 1.5, True):
             with pytest.raises(SamplingParamsError, match="threads must be an integer"):

@@ -249,7 +249,7 @@ def load(
             too-long prompt this way).
         threads: torch's intra-op thread count, set for the whole process
             (``torch.set_num_threads``); None applies the CLI's rule: ``$OMP_NUM_THREADS`` when
-            set, else the free cores (:func:`clearlm.threads.set_threads`, a 0.1 s look).
+            set, else the free cores (:func:`clearlm.threads.set_threads`).
         device: "cpu", "cuda", "cuda:N", "mps" or "auto" (CUDA when present); the cache,
             masks, RoPE tables and sampling follow the weights there (clearlm.devices).
         tensor_parallel, pipeline_parallel: N > 1 splits the model over the N ranks of a

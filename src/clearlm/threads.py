@@ -9,8 +9,10 @@ The rule (:func:`choose_threads`, a pure function):
     usable = min(physical cores, CPUs this process may run on (sched_getaffinity))
     threads = clamp(usable − round(busy), 1, usable)
 
-where ``busy`` is how many of those CPUs other processes kept busy during a 0.1 s look at
-``/proc/stat`` just before loading (:func:`busy_cpus`). An explicit choice wins: ``--threads N``
+where ``busy`` is how many of those CPUs other processes kept busy (:func:`busy_cpus`): from
+``/proc/stat`` read when clearlm is imported and again when the count is chosen, less this
+process's own CPU time over that span (the look covers torch's import, so it costs no wait),
+or a 0.1 s look when that span was shorter than 0.1 s. An explicit choice wins: ``--threads N``
 (or :func:`set_threads`), then ``$OMP_NUM_THREADS`` (torch honours it itself), then the rule.
 """
 
@@ -22,7 +24,8 @@ from pathlib import Path
 
 from clearlm.errors import SamplingParamsError
 
-SAMPLE_S = 0.1  # seconds over which busy_cpus watches the CPUs
+SAMPLE_S = 0.1  # seconds over which busy_cpus watches the CPUs (at least)
+STAT_PATH = "/proc/stat"
 
 
 def choose_threads(physical: int, allowed: int, busy: float) -> int:
@@ -53,29 +56,67 @@ def _cpu_times(stat: str, cpus: set[int]) -> tuple[int, int]:
     return idle, total
 
 
-def busy_cpus(cpus: set[int], seconds: float = SAMPLE_S, stat_path: str = "/proc/stat") -> float:
-    """How many of ``cpus`` were busy (0.0 … len(cpus)) over ``seconds``; 0.0 without /proc."""
-    path = Path(stat_path)
+def _look(stat_path: str = STAT_PATH) -> tuple[float, str, float] | None:
+    """(monotonic seconds, the text of /proc/stat, this process's CPU seconds) now, or None
+    without /proc."""
     try:
-        idle0, total0 = _cpu_times(path.read_text(), cpus)
+        stat = Path(stat_path).read_text()
+    except OSError:
+        return None
+    own = os.times()
+    return time.monotonic(), stat, own.user + own.system
+
+
+def others_busy(cpus: set[int], before: tuple[float, str, float],
+                after: tuple[float, str, float]) -> float:
+    """How many of ``cpus`` other processes kept busy between two :func:`_look` results: busy
+    jiffies less this process's own CPU time (in jiffies, ``SC_CLK_TCK`` a second), over the
+    jiffies that passed; 0.0 … len(cpus)."""
+    try:
+        idle0, total0 = _cpu_times(before[1], cpus)
+        idle1, total1 = _cpu_times(after[1], cpus)
+    except ValueError:
+        return 0.0
+    total = total1 - total0
+    if total <= 0:
+        return 0.0
+    own = (after[2] - before[2]) * os.sysconf("SC_CLK_TCK")
+    busy = total - (idle1 - idle0) - own
+    return min(float(len(cpus)), max(0.0, len(cpus) * busy / total))
+
+
+def busy_cpus(cpus: set[int], seconds: float = SAMPLE_S, stat_path: str = STAT_PATH,
+              since: tuple[float, str, float] | None = None) -> float:
+    """How many of ``cpus`` other processes kept busy (0.0 … len(cpus)): since the look
+    ``since`` when it is at least ``seconds`` old, else over ``seconds`` from now; 0.0 without
+    /proc."""
+    before = since if since is not None and time.monotonic() - since[0] >= seconds else None
+    if before is None:
+        before = _look(stat_path)
+        if before is None:
+            return 0.0
         time.sleep(seconds)
-        idle1, total1 = _cpu_times(path.read_text(), cpus)
-    except (OSError, ValueError):
-        return 0.0
-    if total1 <= total0:
-        return 0.0
-    return len(cpus) * (1.0 - (idle1 - idle0) / (total1 - total0))
+    after = _look(stat_path)
+    return 0.0 if after is None else others_busy(cpus, before, after)
+
+
+# The first look, when clearlm is imported (clearlm/__init__ imports this module before torch):
+# the span up to default_threads() covers torch's import and the file's header.
+_FIRST_LOOK = _look()
 
 
 def default_threads() -> int:
-    """The rule of the module docstring applied to this machine, now (takes SAMPLE_S seconds)."""
+    """The rule of the module docstring applied to this machine, now (waits up to SAMPLE_S
+    seconds: none when clearlm was imported at least that long ago)."""
+    global _FIRST_LOOK
     import torch
 
     try:
         cpus = os.sched_getaffinity(0)
     except AttributeError:  # not on Linux
         cpus = set(range(os.cpu_count() or 1))
-    return choose_threads(torch.get_num_threads(), len(cpus), busy_cpus(cpus))
+    since, _FIRST_LOOK = _FIRST_LOOK, None  # once: a later call looks afresh
+    return choose_threads(torch.get_num_threads(), len(cpus), busy_cpus(cpus, since=since))
 
 
 # More threads than this only slows torch down; far more crashes its OpenMP runtime
