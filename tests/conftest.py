@@ -3,9 +3,14 @@ loading SmolLM2's GGUF into transformers takes about a minute on 2 cores."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Loads pack every file instead of keeping a packed copy in the user's cache
+# (quant/pack_cache.py); tests/test_pack_cache.py turns the copy on in a folder of its own.
+os.environ["CLEARLM_PACK_CACHE"] = "0"
 
 from clearlm.models import resolve_model
 

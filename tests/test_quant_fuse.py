@@ -8,6 +8,8 @@ torch's float32 matmul on a larger N: equal up to float32 summation order."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -145,3 +147,27 @@ def test_compact_load_fuses_without_a_copy(tmp_path, monkeypatch, qtype: Q) -> N
     n_layers = len(model.layers)
     per = 3 if qtype == Q.Q4_1 else 2  # codes, scale (and min for Q4_1)
     assert len(views) == 2 * n_layers * per and all(views)
+
+
+QWEN = Path.home() / ".cache" / "clearlm" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+@pytest.mark.skipif(not QWEN.is_file(), reason="run `clearlm pull qwen2.5-coder-0.5b-instruct`")
+def test_pack_group_shares_the_leading_members_that_agree() -> None:
+    """Qwen2.5's layer 0 has Q5_0 Q and K and a Q8_0 V: Q and K are packed into one buffer
+    (fuse.py fuses exactly those two), V apart, each with the bytes pack_tensor gives alone."""
+    from clearlm.loading.gguf_file import GGUFFile
+    from clearlm.quant.from_file import pack_group, pack_tensor
+
+    f = GGUFFile(QWEN)
+    by_name = {t.name: t for t in f.tensors}
+    members = [(by_name[f"blk.0.attn_{x}.weight"], None) for x in ("q", "k", "v")]
+    assert [t.tensor_type.name for t, _ in members] == ["Q5_0", "Q5_0", "Q8_0"]
+    q, k, v = pack_group(f, members)
+    assert k.codes.untyped_storage().data_ptr() == q.codes.untyped_storage().data_ptr()
+    assert k.codes.storage_offset() == q.codes.numel()
+    assert v.codes.untyped_storage().data_ptr() != q.codes.untyped_storage().data_ptr()
+    for got, (t, _) in zip((q, k, v), members, strict=True):
+        want = pack_tensor(f, t)
+        assert torch.equal(got.codes, want.codes) and torch.equal(got.scale, want.scale)
+        assert torch.equal(got.min, want.min) if want.min is not None else got.min is None

@@ -1,14 +1,16 @@
 """The cache folder of assembled models: how much it holds, and removing one alias's file.
 
 ``clearlm pull`` writes ``<file>.gguf`` and its ``<file>.gguf.sha256`` sidecar (see
-:mod:`clearlm.pull`); ``clearlm rm ALIAS`` deletes both. The part packages pip installed stay
-where pip put them; :func:`packages_size` says how much they hold, and the CLI prints the
-``pip uninstall`` that removes them.
+:mod:`clearlm.pull`); a compact load may keep a packed copy in ``packed/``
+(:mod:`clearlm.quant.pack_cache`); ``clearlm rm ALIAS`` deletes all three. The part packages
+pip installed stay where pip put them; :func:`packages_size` says how much they hold, and the
+CLI prints the ``pip uninstall`` that removes them.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from clearlm.errors import ModelNotFoundError
@@ -65,8 +67,24 @@ def remove(alias_name: str, cache_dir: str | os.PathLike[str] | None = None) -> 
     if not path.is_file():
         raise ModelNotFoundError(f"{alias.name} is not in the cache ({path.parent}); nothing to do")
     freed = 0
-    for f in (path, path.with_name(path.name + ".sha256")):
+    for f in (path, path.with_name(path.name + ".sha256"), *packed_copies(path.stem, cache_dir)):
         if f.is_file():
             freed += f.stat().st_size
             f.unlink()
     return path, freed
+
+
+def packed_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where compact loads keep packed copies of GGUF files (clearlm.quant.pack_cache): the
+    cache folder's ``packed`` folder (None: ``$CLEARLM_CACHE`` or ``~/.cache/clearlm``)."""
+    return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "packed"
+
+
+def packed_copies(stem: str, cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The packed copies of GGUF files called ``<stem>.gguf`` (from any folder):
+    ``<stem>-<16 hex>.safetensors`` in :func:`packed_dir`."""
+    folder = packed_dir(cache_dir)
+    if not folder.is_dir():
+        return []
+    name = re.compile(re.escape(stem) + r"-[0-9a-f]{16}\.safetensors")
+    return sorted(f for f in folder.iterdir() if name.fullmatch(f.name))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import NoReturn
 
 import typer
@@ -29,9 +30,24 @@ def _stdout_closed() -> NoReturn:
     sys.exit(0)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    """clearlm's own warnings (``clearlm: ...``) as one ``warning:`` line, like the CLI's;
+    anyone else's as Python prints them."""
+    text = str(message)
+    if text.startswith("clearlm: "):
+        err.print(f"[yellow]warning: {escape(printable(text.removeprefix('clearlm: ')))}[/]",
+                  soft_wrap=True)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main() -> None:
     """Entry point: run the app; every failure becomes one line on stderr and an exit code;
     a closed stdout pipe, for any command, ends with status 0 and nothing on stderr."""
+    warnings.showwarning = _show_warning
     try:
         code = app(standalone_mode=False)
         sys.stdout.flush()  # what is still buffered: a closed pipe shows here, not at exit

@@ -52,7 +52,7 @@ def source(a: ModelAlias) -> str:
 def models(cache_dir: CacheDirOpt = None) -> None:
     """List the model aliases: family, size, whether present, where each comes from, and how
     much the cache folder holds."""
-    from clearlm.cache import cache_usage
+    from clearlm.cache import cache_usage, packed_dir
     from clearlm.models import ALIASES, DEFAULT_MODEL, default_cache_dir, locate
 
     out = Console(highlight=False)
@@ -75,6 +75,12 @@ def models(cache_dir: CacheDirOpt = None) -> None:
     size, n_files = cache_usage(folder)
     s = "" if n_files == 1 else "s"
     out.print(f"Cache {folder}: {human_size(size)} in {n_files} model file{s}", soft_wrap=True)
+    copies = [f for f in packed_dir(folder).glob("*.safetensors") if f.is_file()]
+    if copies:
+        held = human_size(sum(f.stat().st_size for f in copies))
+        s = "" if len(copies) == 1 else "s"
+        out.print(f"Packed copies {packed_dir(folder)}: {held} in {len(copies)} file{s} (faster "
+                  "loads; CLEARLM_PACK_CACHE=0 turns them off)", soft_wrap=True)
 
 
 @app.command()

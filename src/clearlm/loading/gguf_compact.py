@@ -7,7 +7,9 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K) is packed straight from the
    mapped bytes, a band of rows at a time (quant/from_file.py), and its module replaced by a
    QuantLinear / QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
-   these matrices ever exists, and their file pages are dropped from the process once packed;
+   these matrices ever exists, and their file pages are dropped from the process once packed.
+   The first such load keeps what it packed on disk and later loads of the unchanged file map
+   that copy instead of packing (quant/pack_cache.py; ``CLEARLM_PACK_CACHE=0``: off);
 3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
    fused projections the family splits) goes through the float32 loader's own steps
    (dequantize → un-permute → un-shift → the family's convert) and is assigned in place;
@@ -21,7 +23,7 @@ summation order of the products differs from ``weights="float32"``.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +36,7 @@ from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.load import check_shapes, skeleton
 from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
+from clearlm.quant import pack_cache
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.from_file import pack_group, packed_nbytes
 from clearlm.quant.fuse import fuse_projections
@@ -94,37 +97,32 @@ def load_compact(
     arch = gguf_arch(config.architecture, source)
     model = skeleton(config)
     plan = compact_plan(file, config, model, dtype, source)
+    jobs = pack_jobs(file, plan, arch, config, source)
+    names = [[t.name for t, _, _ in members] for members in jobs]
+    done = pack_cache.read(file.path, names)  # a packed copy of this file: mapped, not packed
     state: dict[str, torch.Tensor] = {}
     # Packing is numpy copies that release the GIL: torch's thread count packs tensors side by
     # side while this thread dequantizes the float ones (same bytes, same results).
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
-        jobs: list[tuple[Future, list[list[str]]]] = []  # packed tensors, their module paths
-        groups: dict[str, list] = {}  # a block's Q/K/V or gate/up: packed together
+        futures = [] if done is not None else [
+            pool.submit(pack_group, file, [(t, heads) for t, heads, _ in members])
+            for members in jobs
+        ]
         for t in file.tensors:
             ours = our_name(t, arch, config, source)
-            if ours is None:
-                continue
-            if t.name in plan.packed:
-                paths = plan.packed[t.name]
-                heads = _rope_heads(paths[0], config) if arch.unpermute_qk else None
-                group = _fuse_group_of(paths)
-                if group is None:
-                    jobs.append(_submit_group(pool, file, [(t, heads, paths)]))
-                    continue
-                members = groups.setdefault(group, [])
-                members.append((t, heads, paths))
-                if len(members) == FUSE_GROUPS[group.rpartition(".")[2]]:
-                    jobs.append(_submit_group(pool, file, groups.pop(group)))
+            if ours is None or t.name in plan.packed:
                 continue
             w = dequantize_tensor(t, source)  # (out, in) float32, as loading/gguf.py
             if arch.unpermute_qk:
                 w = unpermute_qk(ours, w, config)
             state[ours] = to_torch(unshift_norm(ours, w, arch.norm_shift), dtype)
             file.release(t.data_offset, t.n_bytes)
-        jobs += [_submit_group(pool, file, members) for members in groups.values()]  # partial
-        for job, paths_each in jobs:
-            for packed, paths in zip(job.result(), paths_each, strict=True):
-                _swap(model, packed, paths)
+        if done is None:
+            done = [job.result() for job in futures]
+            pack_cache.write(file.path, names, done)
+    for members, packed_each in zip(jobs, done, strict=True):
+        for (_, _, paths), packed in zip(members, packed_each, strict=True):
+            _swap(model, packed, paths)
     state = arch.convert(state, config)
     tied_float = config.tie_word_embeddings and "embed_tokens.weight" in state
     if tied_float:
@@ -154,11 +152,27 @@ def _fuse_group_of(paths: list[str]) -> str | None:
     return parent if kind is not None and parent.endswith("." + kind) else None
 
 
-def _submit_group(pool: ThreadPoolExecutor, file: GGUFFile, members: list) -> tuple:
-    """One packing job (quant/from_file.pack_group) for (tensor, rope heads, paths) members:
-    the future of their Packed list, and each one's module paths."""
-    job = pool.submit(pack_group, file, [(t, heads) for t, heads, _ in members])
-    return job, [paths for _, _, paths in members]
+def pack_jobs(file: GGUFFile, plan: CompactPlan, arch, config: ModelConfig,
+              source: str = "") -> list[list[tuple]]:
+    """The packing jobs of a compact load, in file order: each a list of (tensor, rope heads,
+    module paths) members packed together (a block's Q/K/V or gate/up: quant/from_file.
+    pack_group), or one tensor alone."""
+    jobs: list[list[tuple]] = []
+    groups: dict[str, list] = {}  # a block's Q/K/V or gate/up, until all its members are seen
+    for t in file.tensors:
+        if t.name not in plan.packed or our_name(t, arch, config, source) is None:
+            continue
+        paths = plan.packed[t.name]
+        heads = _rope_heads(paths[0], config) if arch.unpermute_qk else None
+        group = _fuse_group_of(paths)
+        if group is None:
+            jobs.append([(t, heads, paths)])
+            continue
+        members = groups.setdefault(group, [])
+        members.append((t, heads, paths))
+        if len(members) == FUSE_GROUPS[group.rpartition(".")[2]]:
+            jobs.append(groups.pop(group))
+    return jobs + list(groups.values())  # incomplete groups last, as they are
 
 
 def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:

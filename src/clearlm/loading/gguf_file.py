@@ -64,7 +64,7 @@ class GGUFTensor:
 
 class GGUFFile:
     """An open GGUF file: ``metadata`` (key → str / int / float / bool / list, the ``GGUF.*``
-    header fields left out), ``value_types`` (key → type id), ``tensors``, ``version``.
+    header fields left out), ``value_types`` (key → type id), ``tensors``, ``version``, ``path``.
 
     Raises:
         GGUFFormatError: bad magic or version, truncated header or data, unknown value or
@@ -72,6 +72,7 @@ class GGUFFile:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:

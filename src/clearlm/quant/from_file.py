@@ -58,22 +58,27 @@ def pack_group(file: GGUFFile, members: list[tuple[GGUFTensor, int | None]]) -> 
     being packed, each group's separate buffers are freed before the next is allocated; joining
     every group only after the whole load (as fuse.py does on its own) kept all the originals
     alive beside their copies or left them as holes too small to reuse: +36 MiB of peak RSS on
-    SmolLM2, +27 MiB on Gemma 3 270M.
+    SmolLM2, +27 MiB on Gemma 3 270M. Where only the leading members agree (Qwen2.5's and
+    Gemma 3's Q/K with a V of another format), those share buffers, as fuse.py fuses them.
 
     members: (tensor, rope_heads) pairs as pack_tensor takes them."""
     packed = [pack_tensor(file, t, heads) for t, heads in members]
-    if len(packed) < 2 or len({_layout_key(p) for p in packed}) != 1:
+    same = 1  # the leading members with the first one's layout, as fuse.py fuses them
+    while same < len(packed) and _layout_key(packed[same]) == _layout_key(packed[0]):
+        same += 1
+    if same < 2:
         return packed
-    codes = torch.cat([p.codes for p in packed])
-    scale = torch.cat([p.scale for p in packed])
-    mn = None if packed[0].min is None else torch.cat([p.min for p in packed])  # type: ignore[misc]
+    lead = packed[:same]
+    codes = torch.cat([p.codes for p in lead])
+    scale = torch.cat([p.scale for p in lead])
+    mn = None if lead[0].min is None else torch.cat([p.min for p in lead])  # type: ignore[misc]
     out, r0 = [], 0
-    for p in packed:
+    for p in lead:
         r1 = r0 + p.shape[0]
         band = None if mn is None else mn[r0:r1]
         out.append(Packed(codes[r0:r1], scale[r0:r1], band, p.bits, p.block, p.qtype))
         r0 = r1
-    return out
+    return out + packed[same:]
 
 
 def _layout_key(p: Packed) -> tuple:

@@ -1,0 +1,183 @@
+"""A packed copy of a GGUF's compact matrices, kept on disk and memory-mapped by later loads.
+
+Packing (quant/from_file.py) rebuilds every block-quantized matrix into the kernel's layout:
+Qwen2.5-Coder-0.5B's 460 MB of Q8_0 / Q5_0 / Q4_K / Q6_K blocks take 0.45-0.7 s of CPU time
+(one thread) on every load. The first compact load of a file writes what it packed to
+``<cache>/packed/<file stem>-<key>.safetensors``; a later load of the same, unchanged file maps
+that copy (``safetensors.safe_open``: tensors are views of the mapped file, pages read on first
+touch, private copy-on-write) instead of packing: the same bytes, no CPU time, no second copy in
+memory. The price is disk: about 1.2× the file's quantized bytes per model (pack.py's table).
+
+The key (16 hex digits of a SHA-256) covers the GGUF's real path, size, modification time and
+inode, and the code that decides the packed bytes (pack.py, from_file.py, this file, the rope
+row un-permutation): editing any of them, or replacing the file, makes a new key; the older
+copies of the same file name are deleted when a new one is written. A copy is written to a
+temporary name and renamed, so a crash leaves no partial copy under the real name; a copy that
+does not open, or whose tensor list differs from what the load asks for, is ignored (a one-line
+warning) and the load packs as usual.
+
+``CLEARLM_PACK_CACHE=0`` turns it off (nothing read or written); the test suite does so except
+in tests/test_pack_cache.py. Format: safetensors (huggingface/safetensors docs), written here a
+tensor at a time (``save_file`` first builds the whole file's bytes in memory: +1.2× the weights
+at the load's peak) with every tensor 64-byte aligned by explicit padding tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from clearlm.cache import packed_copies, packed_dir
+from clearlm.quant.pack import Packed
+
+ENV = "CLEARLM_PACK_CACHE"
+ALIGN = 64  # bytes: every tensor starts on a cache line
+_DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.float16: "F16", torch.float32: "F32"}
+_HERE = Path(__file__).resolve().parent
+_KEY_CODE = (_HERE / "pack.py", _HERE / "from_file.py", Path(__file__).resolve(),
+             _HERE.parent / "loading" / "transforms.py")
+
+# a packing job: the Packed of its members, in order (quant/from_file.pack_group)
+Job = list[Packed]
+
+
+def enabled() -> bool:
+    """False when ``$CLEARLM_PACK_CACHE`` is 0, off, no or false (any case)."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+def cache_path(gguf: str | os.PathLike[str]) -> Path:
+    """Where the packed copy of this GGUF file (as it is now) lives.
+
+    Raises OSError when the file cannot be stat'ed."""
+    real = os.path.realpath(gguf)
+    st = os.stat(real)
+    h = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}".encode())
+    for f in _KEY_CODE:
+        h.update(f.read_bytes())
+    return packed_dir() / f"{Path(real).stem}-{h.hexdigest()[:16]}.safetensors"
+
+
+def read(gguf: str | os.PathLike[str], names: list[list[str]]) -> list[Job] | None:
+    """The packed jobs for ``names`` (each job's GGUF tensor names, in order) from the cached
+    copy, or None when there is none, it is off, or it does not match (then a warning)."""
+    if not enabled():
+        return None
+    name = Path(gguf).name
+    try:
+        path = cache_path(gguf)
+        if not path.is_file():
+            return None
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("clearlm.jobs", "null"))
+            if not isinstance(meta, list) or [j["names"] for j in meta] != names:
+                raise ValueError("its tensor list differs from this load's")
+            return [_job(f, i, j) for i, j in enumerate(meta)]
+    except Exception as e:  # noqa: BLE001 - any bad copy: pack as if there were none
+        warnings.warn(f"clearlm: the packed copy of {name} was not used ({e}); packing it",
+                      stacklevel=2)
+        return None
+
+
+def _job(f, i: int, meta: dict) -> Job:
+    """Job i's Packed list: views of one buffer per kind when the job was packed shared."""
+    def get(name: str) -> torch.Tensor | None:
+        return f.get_tensor(f"{i}.{name}") if f"{i}.{name}" in meta["tensors"] else None
+
+    out, kinds, lead = [], meta["kinds"], meta["shared"]  # the first `lead` share buffers
+    if lead:
+        codes, scale, mn, r0 = get("codes"), get("scale"), get("min"), 0
+        for rows, kind in zip(meta["rows"][:lead], kinds, strict=False):
+            band = slice(r0, r0 + rows)
+            out.append(Packed(codes[band], scale[band], None if mn is None else mn[band], *kind))
+            r0 += rows
+    for m in range(lead, len(kinds)):
+        out.append(Packed(get(f"{m}.codes"), get(f"{m}.scale"), get(f"{m}.min"), *kinds[m]))
+    return out
+
+
+def write(gguf: str | os.PathLike[str], names: list[list[str]], jobs: list[Job]) -> None:
+    """Save the packed ``jobs`` (their GGUF tensor ``names``) as this file's cached copy and
+    delete older copies of the same file name. Never raises: a failure is one warning line."""
+    if not enabled():
+        return
+    try:
+        path = cache_path(gguf)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors, meta = {}, []
+        for i, (job, job_names) in enumerate(zip(jobs, names, strict=True)):
+            shared = _leading_shared(job)
+            for kind in ("codes", "scale", "min"):
+                ts = [getattr(p, kind) for p in job]
+                if shared and ts[0] is not None:
+                    tensors[f"{i}.{kind}"] = _whole(ts[:shared])
+                tensors.update({f"{i}.{m}.{kind}": t for m, t in enumerate(ts)
+                                if m >= shared and t is not None})
+            meta.append({"names": job_names, "rows": [p.shape[0] for p in job], "shared": shared,
+                         "kinds": [[p.bits, p.block, p.qtype] for p in job],
+                         "tensors": [k for k in tensors if k.startswith(f"{i}.")]})
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            _save(tensors, {"clearlm.jobs": json.dumps(meta)}, tmp)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        for old in packed_copies(Path(os.path.realpath(gguf)).stem):
+            if old != path:
+                old.unlink(missing_ok=True)
+    except Exception as e:  # noqa: BLE001 - a cache that cannot be written costs only speed
+        warnings.warn(f"clearlm: could not keep a packed copy ({e})", stacklevel=2)
+
+
+def _leading_shared(job: Job) -> int:
+    """How many leading members' codes are consecutive row bands of one buffer (pack_group's
+    shared form); 0 when fewer than two are."""
+    at = job[0].codes
+    end, n = at.storage_offset() + at.numel(), 1
+    for p in job[1:]:
+        same = p.codes.untyped_storage().data_ptr() == at.untyped_storage().data_ptr()
+        if not same or p.codes.storage_offset() != end:
+            break
+        end += p.codes.numel()
+        n += 1
+    return n if n > 1 else 0
+
+
+def _whole(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The consecutive row bands ``parts`` of one buffer as one (rows, ...) view."""
+    first, rows = parts[0], sum(t.shape[0] for t in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+def _save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> None:
+    """Write a safetensors file a tensor at a time: an 8-byte little-endian header length, the
+    JSON header (dtype, shape, data_offsets of each tensor; ``__metadata__``), then the bytes.
+    Padding tensors (``__pad<i>``, uint8) keep every tensor ALIGN-byte aligned, since the format
+    allows no holes between tensors."""
+    header: dict[str, object] = {"__metadata__": metadata}
+    order, at = [], 0
+    for name, t in tensors.items():
+        if at % ALIGN:
+            pad = ALIGN - at % ALIGN
+            header[f"__pad{len(order)}"] = {"dtype": "U8", "shape": [pad],
+                                             "data_offsets": [at, at + pad]}
+            order.append(bytes(pad))
+            at += pad
+        t = t.contiguous()
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [at, at + t.nbytes]}
+        order.append(t)
+        at += t.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % ALIGN)  # the data starts ALIGN-aligned in the file
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(text)) + text)
+        for item in order:
+            out.write(item if isinstance(item, bytes) else item.view(torch.uint8).numpy().data)

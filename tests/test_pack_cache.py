@@ -1,0 +1,182 @@
+"""quant/pack_cache.py: the packed copy a compact load keeps on disk and maps the next time.
+
+A load from the copy must equal a load that packs (every buffer bit for bit, the fused Q/K/V
+and gate/up still views of one buffer, same logits), on tiny files and on SmolLM2; a changed
+file, a damaged or foreign copy, or ``CLEARLM_PACK_CACHE=0`` must fall back to packing."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
+from safetensors import safe_open
+from test_compact_load import TOKENS, assert_same_model
+from tiny_gguf import write_tiny_llama
+
+import clearlm
+from clearlm.quant import pack_cache
+from clearlm.quant.pack import Packed, pack_blocks
+
+
+def random_packed(qtype: Q, n: int = 4, k: int = 256, seed: int = 0):
+    """A Packed (n, k) matrix of random blocks whose float16 scales are all 0.5 (no NaN)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(seed).integers(0, 256, (n * k // block, size), dtype=np.uint8)
+    half = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
+    for at in ((208,) if qtype == Q.Q6_K else (0, 2)):  # d (and Q4_1's m; Q5_0's qh, Q8_0's q)
+        raw[:, at : at + 2] = half
+    return pack_blocks(raw.reshape(n, -1), qtype, (n, k))
+
+
+@pytest.fixture
+def cache_on(tmp_path, monkeypatch):
+    """The copy enabled, in a folder of its own (the suite turns it off: conftest.py)."""
+    monkeypatch.setenv("CLEARLM_PACK_CACHE", "1")
+    monkeypatch.setenv("CLEARLM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "packed"
+
+
+def no_packing(monkeypatch):
+    """Make any packing fail: a load that succeeds then read the copy."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("packed instead of reading the copy")
+
+    monkeypatch.setattr("clearlm.loading.gguf_compact.pack_group", refuse)
+
+
+def fresh(path):
+    """The same file loaded with the copy off: what packing gives."""
+    old = os.environ.get("CLEARLM_PACK_CACHE")
+    os.environ["CLEARLM_PACK_CACHE"] = "0"
+    try:
+        return clearlm.load(path, threads=1)
+    finally:
+        if old is None:
+            os.environ.pop("CLEARLM_PACK_CACHE")
+        else:
+            os.environ["CLEARLM_PACK_CACHE"] = old
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_0], ids=lambda q: q.name)
+def test_second_load_maps_the_copy_and_equals_packing(tmp_path, monkeypatch, cache_on, qtype):
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=qtype, tied=False, seed=3)
+    want = clearlm.load(path, threads=1)  # packs, and writes the copy
+    (copy,) = cache_on.glob("t-*.safetensors")
+    no_packing(monkeypatch)
+    got = clearlm.load(path, threads=1)
+    assert_same_model(got.transformer, want.transformer)
+    attn = got.transformer.layers[0].self_attn
+    assert attn.qkv_split  # still fused, and q_proj's codes are rows of the fused buffer
+    assert attn.q_proj.codes.untyped_storage().data_ptr() == \
+        attn.qkv_proj.codes.untyped_storage().data_ptr()
+    with torch.inference_mode():
+        assert torch.equal(got.transformer(TOKENS), want.transformer(TOKENS))
+    assert got.weight_bytes == want.weight_bytes
+    with safe_open(str(copy), framework="pt") as f:  # the library reads our writer's file
+        jobs = json.loads(f.metadata()["clearlm.jobs"])
+        assert all(f.get_tensor(k).data_ptr() % pack_cache.ALIGN == 0 for j in jobs
+                   for k in j["tensors"])
+
+
+def test_smollm2_from_the_copy_gives_the_same_logits(smollm2_path, monkeypatch, cache_on):
+    want = clearlm.load(smollm2_path, threads=2)  # packs, and writes the copy
+    no_packing(monkeypatch)
+    got = clearlm.load(smollm2_path, threads=2)
+    assert_same_model(got.transformer, want.transformer)
+    ids = torch.tensor([got.tokenizer.encode("The capital of France is")])
+    with torch.inference_mode():
+        assert torch.equal(got.transformer(ids), want.transformer(ids))
+
+
+def test_a_changed_file_is_packed_again_and_the_old_copy_goes(tmp_path, cache_on):
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=1)
+    clearlm.load(path, threads=1)
+    (first,) = cache_on.glob("t-*.safetensors")
+    write_tiny_llama(path, matrix_type=Q.Q8_0, seed=2)  # other weights, same name
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    got = clearlm.load(path, threads=1)
+    (second,) = cache_on.glob("t-*.safetensors")
+    assert second != first
+    with torch.inference_mode():
+        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+
+
+def test_a_damaged_copy_warns_and_packs(tmp_path, monkeypatch, cache_on):
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q4_0, seed=4)
+    clearlm.load(path, threads=1)
+    (copy,) = cache_on.glob("t-*.safetensors")
+    copy.write_bytes(copy.read_bytes()[: copy.stat().st_size // 2])  # cut short
+    with pytest.warns(UserWarning, match="packed copy of t.gguf was not used"):
+        got = clearlm.load(path, threads=1)
+    with torch.inference_mode():
+        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+    no_packing(monkeypatch)  # the load rewrote a whole copy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clearlm.load(path, threads=1)
+
+
+def test_a_copy_for_other_tensors_is_not_used(tmp_path, cache_on):
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=4)
+    pack_cache.write(path, [["x"]], [[random_packed(Q.Q8_0)]])
+    with pytest.warns(UserWarning, match="tensor list differs"):
+        clearlm.load(path, threads=1)
+
+
+def test_off_writes_nothing(tmp_path, monkeypatch, cache_on):
+    monkeypatch.setenv("CLEARLM_PACK_CACHE", "off")
+    clearlm.load(write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0), threads=1)
+    assert not cache_on.exists()
+
+
+def test_round_trip_of_unshared_jobs_of_mixed_formats(tmp_path, cache_on):
+    """A group whose members have different formats (Qwen's Q5_0 Q/K with a Q8_0 V) is kept
+    member by member, each with its own bits, block and scale dtype."""
+    gguf = write_tiny_llama(tmp_path / "m.gguf")
+    q, k = random_packed(Q.Q5_0, seed=1), random_packed(Q.Q5_0, n=2, seed=2)
+    codes, scale, mn = (torch.cat([getattr(q, f), getattr(k, f)])
+                        for f in ("codes", "scale", "min"))
+    lead = [Packed(codes[:4], scale[:4], mn[:4], 5, 32, "Q5_0"),  # Q and K share buffers, as
+            Packed(codes[4:], scale[4:], mn[4:], 5, 32, "Q5_0")]  # from_file.pack_group packs
+    jobs = [[random_packed(Q.Q5_0), random_packed(Q.Q8_0), random_packed(Q.Q6_K)],
+            [random_packed(Q.Q4_1)], [*lead, random_packed(Q.Q8_0, seed=3)]]
+    names = [["a", "b", "c"], ["d"], ["q", "k", "v"]]
+    pack_cache.write(gguf, names, jobs)
+    back = pack_cache.read(gguf, names)
+    assert back is not None
+    q_back, k_back, v_back = back[2]  # Q and K views of one mapped buffer again, V apart
+    assert q_back.codes.untyped_storage().data_ptr() == k_back.codes.untyped_storage().data_ptr()
+    assert k_back.codes.storage_offset() == q_back.codes.numel()
+    assert v_back.codes.untyped_storage().data_ptr() != q_back.codes.untyped_storage().data_ptr()
+    for want_job, got_job in zip(jobs, back, strict=True):
+        for want, got in zip(want_job, got_job, strict=True):
+            assert (got.bits, got.block, got.qtype) == (want.bits, want.block, want.qtype)
+            assert torch.equal(got.codes, want.codes) and torch.equal(got.scale, want.scale)
+            assert (got.min is None) == (want.min is None)
+            assert got.min is None or torch.equal(got.min, want.min)
+
+
+def test_the_cli_says_a_damaged_copy_in_one_warning_line(tmp_path, cache_on):
+    import subprocess
+    import sys
+
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=6)
+    clearlm.load(path, threads=1)
+    (copy,) = cache_on.glob("t-*.safetensors")
+    copy.write_bytes(b"not a safetensors file")
+    proc = subprocess.run(
+        [sys.executable, "-m", "clearlm", "generate", "hi", "-n", "2", "-m", str(path), "-q"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "200", "CLEARLM_NO_KERNELS": "1"},  # no kernel build
+    )
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("warning: the packed copy of t.gguf was not used (")
+    assert line.endswith("); packing it")
