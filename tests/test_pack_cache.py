@@ -180,3 +180,16 @@ def test_the_cli_says_a_damaged_copy_in_one_warning_line(tmp_path, cache_on):
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("warning: the packed copy of t.gguf was not used (")
     assert line.endswith("); packing it")
+
+
+def test_a_cache_that_cannot_be_written_warns_and_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLEARLM_PACK_CACHE", "1")
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("CLEARLM_CACHE", str(blocked))
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=7)
+    with pytest.warns(UserWarning, match=r"could not keep a packed copy of t.gguf .*"
+                                         r"CLEARLM_PACK_CACHE=0 stops trying"):
+        got = clearlm.load(path, threads=1)
+    with torch.inference_mode():
+        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))

@@ -133,7 +133,8 @@ def write(gguf: str | os.PathLike[str], names: list[list[str]], jobs: list[Job])
             if old != path:
                 old.unlink(missing_ok=True)
     except Exception as e:  # noqa: BLE001 - a cache that cannot be written costs only speed
-        warnings.warn(f"clearlm: could not keep a packed copy ({e})", stacklevel=2)
+        warnings.warn(f"clearlm: could not keep a packed copy of {Path(gguf).name} ({e}); "
+                      f"loads pack it each time ({ENV}=0 stops trying)", stacklevel=2)
 
 
 def _leading_shared(job: Job) -> int:
