@@ -20,6 +20,7 @@ from test_compact_load import TOKENS, assert_same_model
 from tiny_gguf import write_tiny_llama
 
 import clearlm
+from clearlm.loading.gguf_file import GGUFTensor
 from clearlm.quant import pack_cache
 from clearlm.quant.pack import Packed, pack_blocks
 
@@ -34,12 +35,20 @@ def random_packed(qtype: Q, n: int = 4, k: int = 256, seed: int = 0):
     return pack_blocks(raw.reshape(n, -1), qtype, (n, k))
 
 
+def fake_tensor(name: str, qtype, n: int = 4, k: int = 256) -> GGUFTensor:
+    """A table entry for an (n, k) matrix (what pack_cache checks a copy against)."""
+    qtype = Q[qtype] if isinstance(qtype, str) else qtype
+    return GGUFTensor(name, qtype, (k, n), n * k, 0, 0, np.zeros(0, np.uint8))
+
+
 @pytest.fixture
 def cache_on(tmp_path, monkeypatch):
-    """The copy enabled, in a folder of its own (the suite turns it off: conftest.py)."""
+    """The copy enabled, in a folder of its own (the suite turns it off: conftest.py). Only
+    the packed folder moves: a new $CLEARLM_CACHE would build the kernel again (~40 s)."""
     monkeypatch.setenv("CLEARLM_PACK_CACHE", "1")
-    monkeypatch.setenv("CLEARLM_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache" / "packed"
+    folder = tmp_path / "cache" / "packed"
+    monkeypatch.setattr(pack_cache, "packed_dir", lambda cache_dir=None: folder)
+    return folder
 
 
 def no_packing(monkeypatch):
@@ -94,13 +103,14 @@ def test_smollm2_from_the_copy_gives_the_same_logits(smollm2_path, monkeypatch, 
         assert torch.equal(got.transformer(ids), want.transformer(ids))
 
 
-def test_a_changed_file_is_packed_again_and_the_old_copy_goes(tmp_path, cache_on):
+def test_a_file_rewritten_in_place_is_packed_again_and_the_old_copy_goes(tmp_path, cache_on):
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=1)
     clearlm.load(path, threads=1)
     (first,) = cache_on.glob("t-*.safetensors")
-    write_tiny_llama(path, matrix_type=Q.Q8_0, seed=2)  # other weights, same name
-    st = os.stat(path)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    before = os.stat(path)
+    write_tiny_llama(path, matrix_type=Q.Q8_0, seed=2)  # other weights, same name and size
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # mtime put back (`touch -r`)
+    assert os.stat(path).st_size == before.st_size and os.stat(path).st_ino == before.st_ino
     got = clearlm.load(path, threads=1)
     (second,) = cache_on.glob("t-*.safetensors")
     assert second != first
@@ -125,7 +135,7 @@ def test_a_damaged_copy_warns_and_packs(tmp_path, monkeypatch, cache_on):
 
 def test_a_copy_for_other_tensors_is_not_used(tmp_path, cache_on):
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=4)
-    pack_cache.write(path, [["x"]], [[random_packed(Q.Q8_0)]])
+    pack_cache.write(path, [[fake_tensor("x", Q.Q8_0)]], [[random_packed(Q.Q8_0)]])
     with pytest.warns(UserWarning, match="tensor list differs"):
         clearlm.load(path, threads=1)
 
@@ -147,9 +157,10 @@ def test_round_trip_of_unshared_jobs_of_mixed_formats(tmp_path, cache_on):
             Packed(codes[4:], scale[4:], mn[4:], 5, 32, "Q5_0")]  # from_file.pack_group packs
     jobs = [[random_packed(Q.Q5_0), random_packed(Q.Q8_0), random_packed(Q.Q6_K)],
             [random_packed(Q.Q4_1)], [*lead, random_packed(Q.Q8_0, seed=3)]]
-    names = [["a", "b", "c"], ["d"], ["q", "k", "v"]]
-    pack_cache.write(gguf, names, jobs)
-    back = pack_cache.read(gguf, names)
+    tensors = [[fake_tensor(name, p.qtype, p.shape[0]) for name, p in zip(names, job, strict=True)]
+               for names, job in zip(["abc", "d", "qkv"], jobs, strict=True)]
+    pack_cache.write(gguf, tensors, jobs)
+    back = pack_cache.read(gguf, tensors)
     assert back is not None
     q_back, k_back, v_back = back[2]  # Q and K views of one mapped buffer again, V apart
     assert q_back.codes.untyped_storage().data_ptr() == k_back.codes.untyped_storage().data_ptr()
@@ -174,7 +185,8 @@ def test_the_cli_says_a_damaged_copy_in_one_warning_line(tmp_path, cache_on):
     proc = subprocess.run(
         [sys.executable, "-m", "clearlm", "generate", "hi", "-n", "2", "-m", str(path), "-q"],
         capture_output=True, text=True, timeout=120,
-        env={**os.environ, "COLUMNS": "200", "CLEARLM_NO_KERNELS": "1"},  # no kernel build
+        env={**os.environ, "COLUMNS": "200", "CLEARLM_NO_KERNELS": "1",  # no kernel build
+             "CLEARLM_CACHE": str(cache_on.parent)},
     )
     assert proc.returncode == 0, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
@@ -186,10 +198,29 @@ def test_a_cache_that_cannot_be_written_warns_and_loads(tmp_path, monkeypatch):
     monkeypatch.setenv("CLEARLM_PACK_CACHE", "1")
     blocked = tmp_path / "file"
     blocked.write_text("a file where the cache folder should be")
-    monkeypatch.setenv("CLEARLM_CACHE", str(blocked))
+    monkeypatch.setattr(pack_cache, "packed_dir", lambda cache_dir=None: blocked / "packed")
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=7)
     with pytest.warns(UserWarning, match=r"could not keep a packed copy of t.gguf .*"
                                          r"CLEARLM_PACK_CACHE=0 stops trying"):
+        got = clearlm.load(path, threads=1)
+    with torch.inference_mode():
+        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+
+
+def test_a_copy_with_a_tampered_layout_is_not_used(tmp_path, cache_on):
+    """A valid safetensors header that says other rows or another format for a tensor (here:
+    the first job's member kinds swapped for Q4_1's) would give wrong weights: refused."""
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=8)
+    clearlm.load(path, threads=1)
+    (copy,) = cache_on.glob("t-*.safetensors")
+    with safe_open(str(copy), framework="pt") as f:
+        meta = json.loads(f.metadata()["clearlm.jobs"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    meta[0]["kinds"] = [[4, 32, "Q4_1"] for _ in meta[0]["kinds"]]
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(copy), {"clearlm.jobs": json.dumps(meta)})
+    with pytest.warns(UserWarning, match="is not laid out as packing lays it out"):
         got = clearlm.load(path, threads=1)
     with torch.inference_mode():
         assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))

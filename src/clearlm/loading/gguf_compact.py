@@ -98,8 +98,8 @@ def load_compact(
     model = skeleton(config)
     plan = compact_plan(file, config, model, dtype, source)
     jobs = pack_jobs(file, plan, arch, config, source)
-    names = [[t.name for t, _, _ in members] for members in jobs]
-    done = pack_cache.read(file.path, names)  # a packed copy of this file: mapped, not packed
+    tensors = [[t for t, _, _ in members] for members in jobs]
+    done = pack_cache.read(file.path, tensors)  # a packed copy of this file: mapped, not packed
     state: dict[str, torch.Tensor] = {}
     # Packing is numpy copies that release the GIL: torch's thread count packs tensors side by
     # side while this thread dequantizes the float ones (same bytes, same results).
@@ -119,7 +119,7 @@ def load_compact(
             file.release(t.data_offset, t.n_bytes)
         if done is None:
             done = [job.result() for job in futures]
-            pack_cache.write(file.path, names, done)
+            pack_cache.write(file.path, tensors, done)
     for members, packed_each in zip(jobs, done, strict=True):
         for (_, _, paths), packed in zip(members, packed_each, strict=True):
             _swap(model, packed, paths)

@@ -87,12 +87,19 @@ def _layout_key(p: Packed) -> tuple:
     return (p.bits, p.block, p.codes.dtype, p.codes.shape[1], p.scale.dtype, p.scale.shape[1], mn)
 
 
+def row_layout(qtype: object, k: int) -> Packed:
+    """One packed all-zero row of K values of this type: pack.py's dtypes and per-row widths
+    (Q4_0/Q5_0 scales may be float32 in a real tensor whose -8d / -16d overflow float16).
+    Raises UnsupportedQuantError as pack_blocks."""
+    block, type_size = GGML_QUANT_SIZES[qtype]  # type: ignore[index]
+    row = np.zeros((1, k // block * type_size), dtype=np.uint8)  # d = 0: a valid block
+    return pack_blocks(row, qtype, (1, k))  # type: ignore[arg-type]
+
+
 def packed_nbytes(qtype: object, shape: tuple[int, int]) -> int:
     """Bytes a (N, K) matrix of this type holds once packed (pack.py's layout, from one row)."""
     n, k = shape
-    block, type_size = GGML_QUANT_SIZES[qtype]  # type: ignore[index]
-    row = np.zeros((1, k // block * type_size), dtype=np.uint8)  # d = 0: a valid block
-    return pack_blocks(row, qtype, (1, k)).nbytes() * n  # type: ignore[arg-type]
+    return row_layout(qtype, k).nbytes() * n
 
 
 def _empty_like(p: Packed, n: int) -> Packed:

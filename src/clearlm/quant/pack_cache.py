@@ -8,13 +8,15 @@ that copy (``safetensors.safe_open``: tensors are views of the mapped file, page
 touch, private copy-on-write) instead of packing: the same bytes, no CPU time, no second copy in
 memory. The price is disk: about 1.2× the file's quantized bytes per model (pack.py's table).
 
-The key (16 hex digits of a SHA-256) covers the GGUF's real path, size, modification time and
-inode, and the code that decides the packed bytes (pack.py, from_file.py, this file, the rope
-row un-permutation): editing any of them, or replacing the file, makes a new key; the older
-copies of the same file name are deleted when a new one is written. A copy is written to a
-temporary name and renamed, so a crash leaves no partial copy under the real name; a copy that
-does not open, or whose tensor list differs from what the load asks for, is ignored (a one-line
-warning) and the load packs as usual.
+The key (16 hex digits of a SHA-256) covers the GGUF's real path, size, modification and
+status-change times, inode and device, and the code that decides the packed bytes (pack.py,
+from_file.py, this file, the rope row un-permutation): editing any of them, or replacing or
+rewriting the file (even with its mtime put back), makes a new key; the older copies of the
+same file name are deleted when a new one is written. A copy is written to a temporary name and
+renamed, so a crash leaves no partial copy under the real name; a copy that does not open, or
+whose tensor list, shapes or dtypes differ from what the load asks for, is ignored (a one-line
+warning) and the load packs as usual. The bytes themselves are not checked (a checksum would
+cost about the time the copy saves): a copy edited by hand under a valid header is trusted.
 
 ``CLEARLM_PACK_CACHE=0`` turns it off (nothing read or written); the test suite does so except
 in tests/test_pack_cache.py. Format: safetensors (huggingface/safetensors docs), written here a
@@ -35,6 +37,8 @@ import torch
 from safetensors import safe_open
 
 from clearlm.cache import packed_copies, packed_dir
+from clearlm.loading.gguf_file import GGUFTensor
+from clearlm.quant.from_file import row_layout
 from clearlm.quant.pack import Packed
 
 ENV = "CLEARLM_PACK_CACHE"
@@ -59,15 +63,18 @@ def cache_path(gguf: str | os.PathLike[str]) -> Path:
     Raises OSError when the file cannot be stat'ed."""
     real = os.path.realpath(gguf)
     st = os.stat(real)
-    h = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}".encode())
+    # ctime too: rewriting a file in place keeps its inode, and `touch -r` can restore mtime
+    ident = (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    h = hashlib.sha256("\0".join(map(str, ident)).encode())
     for f in _KEY_CODE:
         h.update(f.read_bytes())
     return packed_dir() / f"{Path(real).stem}-{h.hexdigest()[:16]}.safetensors"
 
 
-def read(gguf: str | os.PathLike[str], names: list[list[str]]) -> list[Job] | None:
-    """The packed jobs for ``names`` (each job's GGUF tensor names, in order) from the cached
-    copy, or None when there is none, it is off, or it does not match (then a warning)."""
+def read(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]]) -> list[Job] | None:
+    """The packed jobs for ``tensors`` (each job's GGUF tensors, in order) from the cached copy,
+    or None when there is none, it is off, or it does not match them (then a warning): other
+    names, or a member whose format, dtypes or shapes are not what packing gives."""
     if not enabled():
         return None
     name = Path(gguf).name
@@ -77,13 +84,35 @@ def read(gguf: str | os.PathLike[str], names: list[list[str]]) -> list[Job] | No
             return None
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get("clearlm.jobs", "null"))
+            names = [[t.name for t in job] for job in tensors]
             if not isinstance(meta, list) or [j["names"] for j in meta] != names:
                 raise ValueError("its tensor list differs from this load's")
-            return [_job(f, i, j) for i, j in enumerate(meta)]
+            jobs = [_job(f, i, j) for i, j in enumerate(meta)]
+        for job, members in zip(jobs, tensors, strict=True):
+            for p, t in zip(job, members, strict=True):
+                if not _fits(p, t):
+                    raise ValueError(f"{t.name} is not laid out as packing lays it out")
+        return jobs
     except Exception as e:  # noqa: BLE001 - any bad copy: pack as if there were none
         warnings.warn(f"clearlm: the packed copy of {name} was not used ({e}); packing it",
                       stacklevel=2)
         return None
+
+
+def _fits(p: Packed, t: GGUFTensor) -> bool:
+    """Has ``p`` the format, dtypes and shapes that packing the (N, K) tensor ``t`` gives?"""
+    k, n = t.shape  # GGUF order: innermost first
+    want = row_layout(t.tensor_type, k)
+    if (p.bits, p.block, p.qtype) != (want.bits, want.block, want.qtype) or p.shape != (n, k):
+        return False
+    widened = (torch.float32,)  # Q4_0/Q5_0 scales when -8d / -16d overflow float16 (pack.py)
+    pairs = [(p.codes, want.codes, ()), (p.scale, want.scale, widened)]
+    if (p.min is None) != (want.min is None):
+        return False
+    if p.min is not None:
+        pairs.append((p.min, want.min, widened))
+    return all(a.dtype in (b.dtype, *extra) and a.shape == (n, *b.shape[1:])
+               for a, b, extra in pairs)
 
 
 def _job(f, i: int, meta: dict) -> Job:
@@ -103,33 +132,35 @@ def _job(f, i: int, meta: dict) -> Job:
     return out
 
 
-def write(gguf: str | os.PathLike[str], names: list[list[str]], jobs: list[Job]) -> None:
-    """Save the packed ``jobs`` (their GGUF tensor ``names``) as this file's cached copy and
+def write(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]], jobs: list[Job]) -> None:
+    """Save the packed ``jobs`` (of these GGUF ``tensors``) as this file's cached copy and
     delete older copies of the same file name. Never raises: a failure is one warning line."""
     if not enabled():
         return
     try:
         path = cache_path(gguf)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tensors, meta = {}, []
-        for i, (job, job_names) in enumerate(zip(jobs, names, strict=True)):
+        saved: dict[str, torch.Tensor] = {}
+        meta = []
+        for i, (job, members) in enumerate(zip(jobs, tensors, strict=True)):
             shared = _leading_shared(job)
             for kind in ("codes", "scale", "min"):
                 ts = [getattr(p, kind) for p in job]
                 if shared and ts[0] is not None:
-                    tensors[f"{i}.{kind}"] = _whole(ts[:shared])
-                tensors.update({f"{i}.{m}.{kind}": t for m, t in enumerate(ts)
-                                if m >= shared and t is not None})
-            meta.append({"names": job_names, "rows": [p.shape[0] for p in job], "shared": shared,
+                    saved[f"{i}.{kind}"] = _whole(ts[:shared])
+                saved.update({f"{i}.{m}.{kind}": t for m, t in enumerate(ts)
+                              if m >= shared and t is not None})
+            meta.append({"names": [t.name for t in members], "rows": [p.shape[0] for p in job],
+                         "shared": shared,
                          "kinds": [[p.bits, p.block, p.qtype] for p in job],
-                         "tensors": [k for k in tensors if k.startswith(f"{i}.")]})
+                         "tensors": [k for k in saved if k.startswith(f"{i}.")]})
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            _save(tensors, {"clearlm.jobs": json.dumps(meta)}, tmp)
+            _save(saved, {"clearlm.jobs": json.dumps(meta)}, tmp)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-        for old in packed_copies(Path(os.path.realpath(gguf)).stem):
+        for old in packed_copies(Path(os.path.realpath(gguf)).stem, path.parent.parent):
             if old != path:
                 old.unlink(missing_ok=True)
     except Exception as e:  # noqa: BLE001 - a cache that cannot be written costs only speed
