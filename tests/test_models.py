@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import struct
@@ -521,15 +522,29 @@ def test_models_on_80_columns_breaks_no_name_and_names_the_part_packages(tmp_pat
     assert lines[-1] == f"Cache {cache}: 3.2 kB in 1 model file"  # 3000 + 200 bytes
 
 
+def a_file(path: Path) -> Path:
+    """An existing file at ``path`` (a GGUF some other packed copy was made from)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def fake_copy(copy: Path, source: Path, pad: int) -> None:
+    """A file shaped like a packed copy's safetensors header naming ``source``, then pad bytes."""
+    header = json.dumps({"__metadata__": {"clearlm.source": os.path.realpath(source)}}).encode()
+    copy.write_bytes(struct.pack("<Q", len(header)) + header + b"p" * pad)
+
+
 def test_rm_removes_the_file_and_sidecar_and_says_what_it_freed(fake_parts, cache):
     runner = CliRunner()
     path = pull("fake-parts", cache_dir=cache, progress=False)
     (cache / "packed").mkdir()
     copy = cache / "packed" / "fake-0123456789abcdef.safetensors"  # quant/pack_cache.py's name
-    other = cache / "packed" / "fake2-0123456789abcdef.safetensors"  # another file's: kept
-    copy.write_bytes(b"p" * 1000)
-    other.write_bytes(b"q")
-    freed = path.stat().st_size + (cache / "fake.gguf.sha256").stat().st_size + 1000
+    other = cache / "packed" / "fake-fedcba9876543210.safetensors"  # same name, other file's
+    elsewhere = a_file(cache.parent / "elsewhere" / "fake.gguf")
+    fake_copy(copy, path, 1000)
+    fake_copy(other, elsewhere, 10)
+    freed = path.stat().st_size + (cache / "fake.gguf.sha256").stat().st_size + copy.stat().st_size
     res = runner.invoke(app, ["rm", "fake-parts", "--cache-dir", str(cache)])
     assert res.exit_code == 0, res.output
     from clearlm.cli.runtime import human_size

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -20,6 +22,7 @@ from test_compact_load import TOKENS, assert_same_model
 from tiny_gguf import write_tiny_llama
 
 import clearlm
+from clearlm.errors import SamplingParamsError
 from clearlm.loading.gguf_file import GGUFTensor
 from clearlm.quant import pack_cache
 from clearlm.quant.pack import Packed, pack_blocks
@@ -175,9 +178,6 @@ def test_round_trip_of_unshared_jobs_of_mixed_formats(tmp_path, cache_on):
 
 
 def test_the_cli_says_a_damaged_copy_in_one_warning_line(tmp_path, cache_on):
-    import subprocess
-    import sys
-
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=6)
     clearlm.load(path, threads=1)
     (copy,) = cache_on.glob("t-*.safetensors")
@@ -224,3 +224,43 @@ def test_a_copy_with_a_tampered_layout_is_not_used(tmp_path, cache_on):
         got = clearlm.load(path, threads=1)
     with torch.inference_mode():
         assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+
+
+def test_two_files_of_one_name_keep_a_copy_each(tmp_path, monkeypatch, cache_on):
+    for d in ("d1", "d2"):
+        (tmp_path / d).mkdir()
+    one = write_tiny_llama(tmp_path / "d1" / "m.gguf", seed=1, matrix_type=Q.Q8_0)
+    two = write_tiny_llama(tmp_path / "d2" / "m.gguf", seed=2, matrix_type=Q.Q8_0)
+    clearlm.load(one, threads=1)
+    clearlm.load(two, threads=1)
+    assert len(list(cache_on.glob("m-*.safetensors"))) == 2
+    no_packing(monkeypatch)  # both now load from their copies
+    clearlm.load(one, threads=1)
+    clearlm.load(two, threads=1)
+
+
+def test_writing_a_copy_sweeps_what_no_load_will_use(tmp_path, cache_on):
+    """Copies of files that are gone, and the .tmp of a writer that was killed, go when the next
+    copy is written; a running writer's .tmp stays."""
+    gone = write_tiny_llama(tmp_path / "gone.gguf", matrix_type=Q.Q8_0, seed=1)
+    clearlm.load(gone, threads=1)
+    (old_copy,) = cache_on.glob("gone-*.safetensors")
+    gone.unlink()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    killed = cache_on / f"x-0123456789abcdef.safetensors.{dead}.tmp"
+    running = cache_on / f"x-0123456789abcdef.safetensors.{os.getpid()}.tmp"
+    killed.write_bytes(b"partial")
+    running.write_bytes(b"partial")
+    clearlm.load(write_tiny_llama(tmp_path / "new.gguf", matrix_type=Q.Q8_0), threads=1)
+    assert not old_copy.exists() and not killed.exists() and running.exists()
+    assert len(list(cache_on.glob("new-*.safetensors"))) == 1
+
+
+@pytest.mark.parametrize("value", ["banana", "2", "disabled"])
+def test_an_unknown_setting_is_refused_in_one_line(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("CLEARLM_PACK_CACHE", value)
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0)
+    with pytest.raises(SamplingParamsError, match=f"CLEARLM_PACK_CACHE must be 1/on/yes/true "
+                                                  f"or 0/off/no/false, got '{value}'"):
+        clearlm.load(path, threads=1)

@@ -9,8 +9,10 @@ CLI prints the ``pip uninstall`` that removes them.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import struct
 from pathlib import Path
 
 from clearlm.errors import ModelNotFoundError
@@ -64,12 +66,12 @@ def remove(alias_name: str, cache_dir: str | os.PathLike[str] | None = None) -> 
             f"{alias.packages[0]}; remove it with: pip uninstall {alias.packages[0]}"
         )
     path = cached_path(alias, cache_dir)
+    freed = remove_stale_copies(cache_dir)  # those of files already gone, too
     if not path.is_file():
         raise ModelNotFoundError(f"{alias.name} is not in the cache ({path.parent}); nothing to do")
-    freed = 0
-    for f in (path, path.with_name(path.name + ".sha256"), *packed_copies(path.stem, cache_dir)):
-        if f.is_file():
-            freed += f.stat().st_size
+    for f in (*packed_copies(path, cache_dir), path, path.with_name(path.name + ".sha256")):
+        if f.is_file() or f.is_symlink():
+            freed += f.lstat().st_size if f.is_symlink() else f.stat().st_size
             f.unlink()
     return path, freed
 
@@ -80,11 +82,58 @@ def packed_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "packed"
 
 
-def packed_copies(stem: str, cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """The packed copies of GGUF files called ``<stem>.gguf`` (from any folder):
-    ``<stem>-<16 hex>.safetensors`` in :func:`packed_dir`."""
-    folder = packed_dir(cache_dir)
+COPY_NAME = re.compile(r".+-[0-9a-f]{16}\.safetensors")  # <file stem>-<key>.safetensors
+_TMP_NAME = re.compile(r".+-[0-9a-f]{16}\.safetensors\.(\d+)\.tmp")  # ... .<writer's pid>.tmp
+
+
+def copy_source(copy: Path) -> str | None:
+    """The real path of the GGUF file a packed copy was made from (``clearlm.source`` in its
+    safetensors header: an 8-byte little-endian length, then JSON), or None if unreadable."""
+    try:
+        with open(copy, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n)) if n < 1 << 26 else {}
+        source = header["__metadata__"]["clearlm.source"]
+        return source if isinstance(source, str) else None
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+
+
+def packed_copies(source: str | os.PathLike[str],
+                  cache_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The packed copies made from the GGUF file at ``source`` (any version of it)."""
+    folder, real = packed_dir(cache_dir), os.path.realpath(source)
     if not folder.is_dir():
         return []
-    name = re.compile(re.escape(stem) + r"-[0-9a-f]{16}\.safetensors")
-    return sorted(f for f in folder.iterdir() if name.fullmatch(f.name))
+    return sorted(f for f in folder.iterdir()
+                  if COPY_NAME.fullmatch(f.name) and copy_source(f) == real)
+
+
+def remove_stale_copies(cache_dir: str | os.PathLike[str] | None = None) -> int:
+    """Delete what no load will use again: packed copies whose GGUF file is gone (or whose
+    header cannot be read) and the temporary files of writers that are no longer running (a
+    killed load). Returns the bytes freed."""
+    folder, freed = packed_dir(cache_dir), 0
+    if not folder.is_dir():
+        return 0
+    for f in folder.iterdir():
+        tmp = _TMP_NAME.fullmatch(f.name)
+        if COPY_NAME.fullmatch(f.name):
+            source = copy_source(f)
+            stale = source is None or not os.path.isfile(source)
+        else:
+            stale = tmp is not None and not _running(int(tmp.group(1)))
+        if stale and f.is_file():
+            freed += f.stat().st_size
+            f.unlink(missing_ok=True)
+    return freed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process, or not a pid: leave it alone
+    return True

@@ -75,7 +75,7 @@ def models(cache_dir: CacheDirOpt = None) -> None:
     size, n_files = cache_usage(folder)
     s = "" if n_files == 1 else "s"
     out.print(f"Cache {folder}: {human_size(size)} in {n_files} model file{s}", soft_wrap=True)
-    copies = [f for f in packed_dir(folder).glob("*.safetensors") if f.is_file()]
+    copies = [f for f in packed_dir(folder).glob("*") if f.is_file()]  # .tmp ones count too
     if copies:
         held = human_size(sum(f.stat().st_size for f in copies))
         s = "" if len(copies) == 1 else "s"

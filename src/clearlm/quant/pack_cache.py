@@ -10,13 +10,15 @@ memory. The price is disk: about 1.2× the file's quantized bytes per model (pac
 
 The key (16 hex digits of a SHA-256) covers the GGUF's real path, size, modification and
 status-change times, inode and device, and the code that decides the packed bytes (pack.py,
-from_file.py, this file, the rope row un-permutation): editing any of them, or replacing or
-rewriting the file (even with its mtime put back), makes a new key; the older copies of the
-same file name are deleted when a new one is written. A copy is written to a temporary name and
-renamed, so a crash leaves no partial copy under the real name; a copy that does not open, or
-whose tensor list, shapes or dtypes differ from what the load asks for, is ignored (a one-line
-warning) and the load packs as usual. The bytes themselves are not checked (a checksum would
-cost about the time the copy saves): a copy edited by hand under a valid header is trusted.
+from_file.py, this file, loading/*.py, families/*.py): editing any of them, or replacing or
+rewriting the file (even with its mtime put back), makes a new key. Each copy records the real
+path it was made from: writing one deletes the older copies of that file, the copies of files
+that are gone and the temporary files of killed writers (clearlm.cache.remove_stale_copies). A
+copy is written to a temporary name and renamed, so a crash leaves no partial copy under the
+real name; a copy that does not open, or whose tensor list, shapes or dtypes differ from what
+the load asks for, is ignored (a one-line warning) and the load packs as usual. The bytes
+themselves are not checked (a checksum would cost about the time the copy saves): a copy edited
+by hand under a valid header is trusted.
 
 ``CLEARLM_PACK_CACHE=0`` turns it off (nothing read or written); the test suite does so except
 in tests/test_pack_cache.py. Format: safetensors (huggingface/safetensors docs), written here a
@@ -36,7 +38,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from clearlm.cache import packed_copies, packed_dir
+from clearlm.cache import packed_copies, packed_dir, remove_stale_copies
+from clearlm.errors import SamplingParamsError
 from clearlm.loading.gguf_file import GGUFTensor
 from clearlm.quant.from_file import row_layout
 from clearlm.quant.pack import Packed
@@ -45,16 +48,26 @@ ENV = "CLEARLM_PACK_CACHE"
 ALIGN = 64  # bytes: every tensor starts on a cache line
 _DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.float16: "F16", torch.float32: "F32"}
 _HERE = Path(__file__).resolve().parent
+# the code that decides what is packed and how: layouts, row un-permutation, which tensors
+# (the families' tables and flags), how they are grouped
 _KEY_CODE = (_HERE / "pack.py", _HERE / "from_file.py", Path(__file__).resolve(),
-             _HERE.parent / "loading" / "transforms.py")
+             *sorted((_HERE.parent / "loading").glob("*.py")),
+             *sorted((_HERE.parent / "families").glob("*.py")))
+_ON, _OFF = ("1", "on", "yes", "true", ""), ("0", "off", "no", "false")
 
 # a packing job: the Packed of its members, in order (quant/from_file.pack_group)
 Job = list[Packed]
 
 
 def enabled() -> bool:
-    """False when ``$CLEARLM_PACK_CACHE`` is 0, off, no or false (any case)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "no", "false")
+    """``$CLEARLM_PACK_CACHE``: 0, off, no or false (any case) → False; unset, empty, 1, on,
+    yes or true → True. Raises SamplingParamsError for any other value."""
+    value = os.environ.get(ENV, "1").strip().lower()
+    if value not in _ON + _OFF:
+        raise SamplingParamsError(
+            f"{ENV} must be 1/on/yes/true or 0/off/no/false, got {os.environ[ENV]!r}"
+        )
+    return value in _ON
 
 
 def cache_path(gguf: str | os.PathLike[str]) -> Path:
@@ -156,13 +169,15 @@ def write(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]], jobs: l
                          "tensors": [k for k in saved if k.startswith(f"{i}.")]})
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            _save(saved, {"clearlm.jobs": json.dumps(meta)}, tmp)
+            source = {"clearlm.source": os.path.realpath(gguf)}  # whose copy (cache.py)
+            _save(saved, {"clearlm.jobs": json.dumps(meta), **source}, tmp)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-        for old in packed_copies(Path(os.path.realpath(gguf)).stem, path.parent.parent):
+        for old in packed_copies(gguf, path.parent.parent):  # this file's older versions
             if old != path:
                 old.unlink(missing_ok=True)
+        remove_stale_copies(path.parent.parent)  # copies of files gone, killed writers' .tmp
     except Exception as e:  # noqa: BLE001 - a cache that cannot be written costs only speed
         warnings.warn(f"clearlm: could not keep a packed copy of {Path(gguf).name} ({e}); "
                       f"loads pack it each time ({ENV}=0 stops trying)", stacklevel=2)
