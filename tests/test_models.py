@@ -549,7 +549,9 @@ def test_rm_removes_the_file_and_sidecar_and_says_what_it_freed(fake_parts, cach
     assert res.exit_code == 0, res.output
     from clearlm.cli.runtime import human_size
 
-    assert res.stdout.strip() == f"removed {path} ({human_size(freed)} freed)"
+    assert res.stdout.strip() == (
+        f"removed {path} ({human_size(freed)} freed, its packed copy included)"
+    )
     assert list(cache.iterdir()) == [cache / "packed"]
     assert list((cache / "packed").iterdir()) == [other]
     assert "pip uninstall " + " ".join(fake_parts.packages) in res.stderr.replace("\n", " ")

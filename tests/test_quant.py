@@ -156,3 +156,23 @@ def test_quant_embedding_rows_exact(qtype: Q) -> None:
     got = emb(ids)
     assert got.shape == (2, 4, k)
     assert torch.equal(got, F.embedding(ids, table))
+
+
+def test_a_kernel_build_says_so_on_stderr(tmp_path, monkeypatch, capsys) -> None:
+    """A first use that must compile the kernel (~1 minute) prints one line first, rather than
+    leaving the user at a silent prompt (a fresh-user run found that)."""
+    import types
+
+    import torch.utils.cpp_extension as cpp
+
+    from clearlm.quant import kernels
+
+    monkeypatch.setattr(kernels, "_loaded", [])  # as in a fresh process
+    monkeypatch.setattr(kernels, "build_dir", lambda: tmp_path / "qgemv-test")
+    monkeypatch.delenv("CLEARLM_NO_KERNELS", raising=False)
+    built = types.ModuleType("fake_kernel")
+    monkeypatch.setattr(cpp, "load", lambda **kwargs: built)  # the build itself, skipped
+    assert kernels.load_kernels() is built
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"clearlm: building the quantized kernel once into {tmp_path / 'qgemv-test'} "
+                   "(about a minute on 2 cores; `make kernels` does it ahead)"]

@@ -86,11 +86,13 @@ def models(cache_dir: CacheDirOpt = None) -> None:
 @app.command()
 def rm(alias: AliasArg, cache_dir: CacheDirOpt = None) -> None:
     """Remove ALIAS's assembled file from the cache and say how much space that freed."""
-    from clearlm.cache import packages_size, remove
-    from clearlm.models import get_alias
+    from clearlm.cache import packages_size, packed_copies, remove
+    from clearlm.models import cached_path, get_alias
 
+    copies = len(packed_copies(cached_path(get_alias(alias), cache_dir), cache_dir))
     path, freed = remove(alias, cache_dir)
-    print(f"removed {path} ({human_size(freed)} freed)")
+    extra = f", its packed cop{'y' if copies == 1 else 'ies'} included" if copies else ""
+    print(f"removed {path} ({human_size(freed)} freed{extra})")
     a = get_alias(alias)
     held = packages_size(a)
     if held:

@@ -40,6 +40,7 @@ from clearlm.quant import pack_cache
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.from_file import pack_group, packed_nbytes
 from clearlm.quant.fuse import fuse_projections
+from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed
 
@@ -133,6 +134,8 @@ def load_compact(
         model.lm_head.weight = model.embed_tokens.weight
     model.init_derived()
     fuse_projections(model)  # Q/K/V and gate/up as one kernel call each where formats agree
+    if plan.packed:
+        load_kernels()  # built here on first use (a minute, said on stderr), not in the prefill
     return model.eval(), plan
 
 

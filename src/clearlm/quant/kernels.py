@@ -17,6 +17,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -60,6 +61,9 @@ def load_kernels(verbose: bool = False) -> ModuleType | None:
             if module is None:
                 from torch.utils.cpp_extension import load
 
+                print(f"clearlm: building the quantized kernel once into {out} (about a "
+                      "minute on 2 cores; `make kernels` does it ahead)", file=sys.stderr,
+                      flush=True)
                 out.mkdir(parents=True, exist_ok=True)
                 module = load(
                     name=NAME,
