@@ -71,7 +71,7 @@ def remove(alias_name: str, cache_dir: str | os.PathLike[str] | None = None) -> 
         raise ModelNotFoundError(f"{alias.name} is not in the cache ({path.parent}); nothing to do")
     for f in (*packed_copies(path, cache_dir), path, path.with_name(path.name + ".sha256")):
         if f.is_file() or f.is_symlink():
-            freed += f.lstat().st_size if f.is_symlink() else f.stat().st_size
+            freed += f.lstat().st_size  # a symlinked entry frees only the link
             f.unlink()
     return path, freed
 

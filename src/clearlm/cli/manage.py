@@ -89,11 +89,11 @@ def rm(alias: AliasArg, cache_dir: CacheDirOpt = None) -> None:
     from clearlm.cache import packages_size, packed_copies, remove
     from clearlm.models import cached_path, get_alias
 
-    copies = len(packed_copies(cached_path(get_alias(alias), cache_dir), cache_dir))
+    a = get_alias(alias)
+    copies = len(packed_copies(cached_path(a, cache_dir), cache_dir))
     path, freed = remove(alias, cache_dir)
     extra = f", its packed cop{'y' if copies == 1 else 'ies'} included" if copies else ""
     print(f"removed {path} ({human_size(freed)} freed{extra})")
-    a = get_alias(alias)
     held = packages_size(a)
     if held:
         err.print(

@@ -12,6 +12,8 @@ rows); tests/test_compact_load.py checks the buffers are identical.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES
@@ -87,9 +89,12 @@ def _layout_key(p: Packed) -> tuple:
     return (p.bits, p.block, p.codes.dtype, p.codes.shape[1], p.scale.dtype, p.scale.shape[1], mn)
 
 
+@functools.lru_cache(maxsize=64)
 def row_layout(qtype: object, k: int) -> Packed:
     """One packed all-zero row of K values of this type: pack.py's dtypes and per-row widths
     (Q4_0/Q5_0 scales may be float32 in a real tensor whose -8d / -16d overflow float16).
+    Kept per (type, K), since a load asks once per tensor for a handful of pairs (the plan's
+    byte count, then pack_cache's layout check); read it, never write into it.
     Raises UnsupportedQuantError as pack_blocks."""
     block, type_size = GGML_QUANT_SIZES[qtype]  # type: ignore[index]
     row = np.zeros((1, k // block * type_size), dtype=np.uint8)  # d = 0: a valid block

@@ -28,6 +28,7 @@ at the load's peak) with every tensor 64-byte aligned by explicit padding tensor
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -42,6 +43,7 @@ from clearlm.cache import packed_copies, packed_dir, remove_stale_copies
 from clearlm.errors import SamplingParamsError
 from clearlm.loading.gguf_file import GGUFTensor
 from clearlm.quant.from_file import row_layout
+from clearlm.quant.fuse import join_rows
 from clearlm.quant.pack import Packed
 
 ENV = "CLEARLM_PACK_CACHE"
@@ -79,9 +81,17 @@ def cache_path(gguf: str | os.PathLike[str]) -> Path:
     # ctime too: rewriting a file in place keeps its inode, and `touch -r` can restore mtime
     ident = (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     h = hashlib.sha256("\0".join(map(str, ident)).encode())
+    h.update(_code_digest())
+    return packed_dir() / f"{Path(real).stem}-{h.hexdigest()[:16]}.safetensors"
+
+
+@functools.cache
+def _code_digest() -> bytes:
+    """SHA-256 of the _KEY_CODE sources, read once per process (read and write both ask)."""
+    h = hashlib.sha256()
     for f in _KEY_CODE:
         h.update(f.read_bytes())
-    return packed_dir() / f"{Path(real).stem}-{h.hexdigest()[:16]}.safetensors"
+    return h.digest()
 
 
 def read(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]]) -> list[Job] | None:
@@ -160,7 +170,7 @@ def write(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]], jobs: l
             for kind in ("codes", "scale", "min"):
                 ts = [getattr(p, kind) for p in job]
                 if shared and ts[0] is not None:
-                    saved[f"{i}.{kind}"] = _whole(ts[:shared])
+                    saved[f"{i}.{kind}"] = join_rows(ts[:shared])  # a view: bands of one buffer
                 saved.update({f"{i}.{m}.{kind}": t for m, t in enumerate(ts)
                               if m >= shared and t is not None})
             meta.append({"names": [t.name for t in members], "rows": [p.shape[0] for p in job],
@@ -195,12 +205,6 @@ def _leading_shared(job: Job) -> int:
         end += p.codes.numel()
         n += 1
     return n if n > 1 else 0
-
-
-def _whole(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The consecutive row bands ``parts`` of one buffer as one (rows, ...) view."""
-    first, rows = parts[0], sum(t.shape[0] for t in parts)
-    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
 def _save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> None:
