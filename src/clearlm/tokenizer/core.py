@@ -8,7 +8,7 @@ pipeline's own, so they agree with transformers, which runs the same library.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -34,7 +34,7 @@ class Tokenizer:
     """
 
     backend: Backend = field(repr=False)  # the `tokenizers` pipeline, post-processor included
-    tokens: list[str] = field(repr=False)  # id → token as the source spells it
+    tokens: Sequence[str] = field(repr=False)  # id → token as the source spells it (TokenTable)
     special_ids: frozenset[int] = field(repr=False)
     bos_id: int | None
     eos_id: int | None
@@ -57,10 +57,11 @@ class Tokenizer:
         """Number of token ids the tokenizer knows (for a GGUF: the model's embedding rows)."""
         return len(self.tokens)
 
-    @cached_property
-    def pieces(self) -> list[str | None]:
-        """id → the token string the decoder sees (None for an id the pipeline lacks)."""
-        return [self.backend.id_to_token(i) for i in range(self.vocab_size)]
+    def piece(self, i: int) -> str | None:
+        """The token string the decoder sees for id ``i`` (None for an id the pipeline lacks: out
+        of range, or a GGUF vocabulary's duplicate spelling). Asked of the pipeline each time
+        (~0.2 µs) rather than kept as a second list of every token (~23 MiB for Gemma 3)."""
+        return self.backend.id_to_token(i) if 0 <= i < self.vocab_size else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``. Special-token text ('<|im_start|>') always maps to its one id;
@@ -93,7 +94,7 @@ class Tokenizer:
         """The raw bytes token ``i`` stands for (b' hello'); a token may hold part of a character
         (byte-level BPE pieces, SentencePiece's '<0xE4>'). Not at the start of a text: there a
         SentencePiece decoder may drop the leading space."""
-        piece = self.pieces[i] if 0 <= i < self.vocab_size else None
+        piece = self.piece(i)
         return b"" if piece is None else self.decode_rule.piece_bytes(piece)
 
     def apply_chat_template(
@@ -183,8 +184,7 @@ class StreamingDetokenizer:
         """Feed one id; returns the text it completes (possibly '')."""
         if self.skip_special_tokens and token_id in self.tokenizer.special_ids:
             return ""
-        pieces = self.tokenizer.pieces
-        piece = pieces[token_id] if 0 <= token_id < len(pieces) else None
+        piece = self.tokenizer.piece(token_id)
         return "" if piece is None else self._text.push(piece)  # decode skips unknown ids too
 
     def flush(self) -> str:

@@ -18,6 +18,7 @@ from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 from clearlm.tokenizer.core import Tokenizer
 from clearlm.tokenizer.end_ids import id_list
 from clearlm.tokenizer.gguf_vocab import CONTROL, NORMAL, TOKENIZER_MODELS, USER_DEFINED, require
+from clearlm.tokenizer.token_table import TokenTable
 
 # Texts llama.cpp treats as end of generation whatever the metadata says (llama-vocab.cpp,
 # "auto-detect special tokens by text"): Gemma's GGUF, for one, names no end-of-turn id.
@@ -122,7 +123,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any], source: str = "GGUF file") 
     }
     return Tokenizer(
         backend=backend,
-        tokens=list(tokens),
+        tokens=TokenTable.of(tokens),
         special_ids=special,
         bos_id=bos,
         eos_id=eos,

@@ -31,6 +31,7 @@ from clearlm.errors import InvalidModelFileError, ModelNotFoundError, Unsupporte
 from clearlm.tokenizer.core import Tokenizer
 from clearlm.tokenizer.end_ids import id_list
 from clearlm.tokenizer.gguf import bos_eos_processor
+from clearlm.tokenizer.token_table import TokenTable
 
 _ADDED_TOKEN_FLAGS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 
@@ -212,7 +213,7 @@ def tokenizer_from_hf_folder(folder: str | Path) -> Tokenizer:
     templates = _chat_templates(folder, config)
     return Tokenizer(
         backend=backend,
-        tokens=[backend.id_to_token(i) or "" for i in range(size)],
+        tokens=TokenTable.of(backend.id_to_token(i) or "" for i in range(size)),
         special_ids=frozenset(special),
         bos_id=bos,
         eos_id=eos,
