@@ -93,6 +93,34 @@ def test_rope_table_grows_with_identical_rows(monkeypatch):
     assert torch.equal(cos, full.cos[pos]) and torch.equal(sin, full.sin_rot[pos])
 
 
+def test_new_cache_builds_the_tables_its_steps_read(tmp_path, monkeypatch):
+    """The tables start small and a cache's creation grows them to its length, so prefill and
+    decode steps against it never rebuild a buffer (a compiled step could not); the logits equal
+    those of a model built with whole tables. The ahead-of-time step fixes its tables at
+    AOT_POSITIONS (capped at the context), so that one package serves every shorter cache."""
+    from clearlm.aot import AOT_POSITIONS, AOTDecodeStep
+    from clearlm.generation import decode_step, prefill
+    from clearlm.model.positions import RotaryEmbedding
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf")  # context 64
+    whole = clearlm.load(path).transformer
+    monkeypatch.setattr(RotaryEmbedding, "TABLE_START", 8)
+    lazy = clearlm.load(path).transformer
+    assert len(whole.rope.cos) == 64 and len(lazy.rope.cos) == 8
+    caches = [net.new_cache(1, 20) for net in (whole, lazy)]
+    assert len(lazy.rope.cos) == 32  # 8 → 16 → 32, the first size ≥ 20
+    table = lazy.rope.cos
+    ids = torch.tensor([[104, 101, 108, 108, 111]])
+    outs = [[prefill(net, ids, cache)] for net, cache in zip((whole, lazy), caches, strict=True)]
+    for t in range(12):
+        for net, cache, out in zip((whole, lazy), caches, outs, strict=True):
+            out.append(decode_step(net, torch.tensor([[t + 3]]), cache))
+    assert lazy.rope.cos is table  # no step rebuilt it
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+    AOTDecodeStep(lazy)  # builds nothing until its first call
+    assert len(lazy.rope.cos) == min(AOT_POSITIONS, 64)
+
+
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("hf-bad")

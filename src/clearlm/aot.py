@@ -52,6 +52,10 @@ from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 
 MIN_COLUMNS = 3  # smallest cache key axis (S_max + 1) a package takes
+# positions the RoPE tables are built for before a package is keyed and built (capped at the
+# context length): the package serves caches up to this long (a longer one decodes eagerly),
+# and one package does for every shorter generation
+AOT_POSITIONS = 4096
 _SOURCE = Path(__file__).resolve().parent  # the clearlm package: its code is in the key
 # ... except what a decode step never runs (so editing the CLI or the server keeps packages);
 # anything new is in the key until it is named here
@@ -206,6 +210,7 @@ class AOTDecodeStep:
         self.points = [m for m in model.modules() if isinstance(m, HookPoint)]
         self.cache_dtype = model.new_cache(1, 1).keys[0].dtype  # the keys' dtype it is built for
         self.path: Path | None = None
+        model.reserve_positions(AOT_POSITIONS)  # tables of a fixed length: one package key
         self.max_columns = max_columns(model)
         self.loader = None
         self.constants: dict[str, torch.Tensor] = {}  # the tensors the package reads, kept alive

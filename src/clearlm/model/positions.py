@@ -121,9 +121,10 @@ class RotaryEmbedding(nn.Module):
     "dynamic" depends on the sequence length, so it computes them per call.
     """
 
-    # positions: 1 MiB per table at d = 64 (Gemma 3's d = 256: 4 MiB, four tables); 32768 held
-    # 128 MiB of tables for Gemma 3 270M, half its packed weights, before a token was seen
-    TABLE_START = 4096
+    # positions: 0.25 MiB per table at d = 64 (Gemma 3's d = 256: 1 MiB, four tables); 32768
+    # held 128 MiB of tables for Gemma 3 270M, half its packed weights, before a token was seen
+    # (4096: 16 MiB). new_cache reserves what its cache needs, so a step never grows them.
+    TABLE_START = 1024
 
     def __init__(
         self, rope_dim: int, base: float, max_positions: int, scaling: RopeScaling | None = None
@@ -160,6 +161,13 @@ class RotaryEmbedding(nn.Module):
         n = min(max(n, need), self.max_positions)
         device = self.cos.device
         self.cos, self.sin_rot = self._tables(torch.arange(n, device=device), self.max_positions)
+
+    def reserve(self, n: int) -> None:
+        """Grow the tables now to cover positions < n (capped at max_positions; nothing for
+        "dynamic", which has none): a cache's creation calls it, so that a compiled step never
+        rebuilds a buffer."""
+        if not self.dynamic and n > len(self.cos) < self.max_positions:
+            self._grow(n)
 
     def forward(
         self, positions: torch.Tensor, bound: int | None = None

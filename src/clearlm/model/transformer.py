@@ -78,11 +78,19 @@ class Transformer(nn.Module):
                 return p.device
         return torch.device("cpu")
 
+    def reserve_positions(self, n: int) -> None:
+        """Build the RoPE tables for positions < n now, eagerly (each cache's creation calls it),
+        so that no decode step, compiled or exported, rebuilds a table buffer."""
+        for rope in (self.rope, self.rope_local):
+            if rope is not None:
+                rope.reserve(n)
+
     def new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
         """A KV cache of ``batch_size`` slots for ``max_seq_len`` positions, on the weights'
         device, in their dtype (the first floating-point parameter's: compact weight modules
-        hold packed codes)."""
+        hold packed codes). Grows the RoPE tables to its positions first (reserve_positions)."""
         c = self.config
+        self.reserve_positions(max_seq_len)
         dtype = next(p.dtype for p in self.parameters() if p.is_floating_point() and not p.is_meta)
         return KVCache(
             c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_seq_len, dtype, self.device

@@ -82,6 +82,7 @@ class PipelineStage(Transformer):
     def new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
         """A cache whose buffers exist only for this rank's blocks (others: empty tensors)."""
         c = self.config
+        self.reserve_positions(max_seq_len)
         cache = KVCache(
             self.stop - self.start, batch_size, c.n_kv_heads, c.head_dim, max_seq_len,
             self.dtype, self.device,

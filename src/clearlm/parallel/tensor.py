@@ -171,6 +171,7 @@ class TensorParallelModel(Transformer):
     def new_cache(self, batch_size: int, max_seq_len: int) -> KVCache:
         """Keys/values of this rank's key/value heads only: (B, K_r, S_max, Hd) per layer."""
         c, p = self.config, self.embed_tokens.weight
+        self.reserve_positions(max_seq_len)
         return KVCache(
             c.n_layers, batch_size, self.n_kv_local, c.head_dim, max_seq_len, p.dtype, self.device
         )
