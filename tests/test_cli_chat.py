@@ -44,14 +44,17 @@ def test_generate_reads_stdin_and_file_bytes_as_utf8_without_newline_translation
     raw = b"hello\r\nw\xffrld -\n"  # CRLF kept, an invalid byte becomes U+FFFD
     expected = tiny.encode("hello\r\nw\ufffdrld -\n")
     args = ("-m", str(tiny_path), "-n", "3", "--temperature", "0", "--json")
+    replaced = "is not UTF-8 text (invalid byte 0xff at offset 8); its invalid bytes became U+FFFD"
     proc = cli("generate", "-", *args, stdin=raw)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["prompt_token_ids"] == expected
+    assert f"warning: standard input {replaced}" in proc.stderr.decode()  # said, not silent
     f = tmp_path / "prompt.txt"
     f.write_bytes(raw)
     proc = cli("generate", "-f", str(f), *args)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["prompt_token_ids"] == expected
+    assert f"prompt.txt {replaced}" in proc.stderr.decode()
     proc = cli("generate", "-", "-f", str(f), *args)  # both: a usage error
     assert proc.returncode == 2 and b"not both" in proc.stderr
     proc = cli("generate", "-f", str(tmp_path / "missing.txt"), *args)

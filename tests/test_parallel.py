@@ -255,6 +255,15 @@ def test_bad_parallel_options_are_one_typed_line(tiny_gguf, monkeypatch, sizes, 
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("sizes", [dict(tensor_parallel="2"), dict(pipeline_parallel=1.5)])
+def test_load_refuses_parallel_sizes_of_the_wrong_type(tiny_gguf, sizes):
+    """clearlm.load checks the sizes first: a str used to reach max() as a TypeError."""
+    (name, value), = sizes.items()
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(DistributedError, match=f"^{flag} must be an integer ≥ 1, got {value!r}$"):
+        clearlm.load(tiny_gguf, **sizes)
+
+
 def test_more_ranks_than_heads_or_blocks(tiny_gguf):
     c = open_checkpoint(tiny_gguf).config  # 4 heads, 2 blocks
     with pytest.raises(DistributedError, match="--tensor-parallel 5 is more than the 4 heads"):

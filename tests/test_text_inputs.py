@@ -117,7 +117,9 @@ def test_ui_lone_surrogate(tiny: Path) -> None:
 def test_read_text_file(tmp_path: Path) -> None:
     path = tmp_path / "t.txt"
     path.write_bytes(b"\xef\xbb\xbfa\r\nb\rc\xff\n")
-    assert read_text_file(path) == "\ufeffa\r\nb\rc\ufffd\n"  # exactly, BOM and CR kept
+    warned = r"t.txt is not UTF-8 text \(invalid byte 0xff at offset 9\)"
+    with pytest.warns(UserWarning, match=warned):
+        assert read_text_file(path) == "\ufeffa\r\nb\rc\ufffd\n"  # exactly, BOM and CR kept
     with pytest.raises(ClearLMError, match=r"t.txt is not UTF-8 text \(invalid byte 0xff at"):
         read_text_file(path, strict=True)
     with pytest.raises(ClearLMError, match="text file not found"):
@@ -130,6 +132,8 @@ def test_read_stdin_text() -> None:
         [sys.executable, "-c", code], input=b"a\r\nb\xffc", capture_output=True, timeout=60
     )
     assert proc.stdout.decode().strip() == ascii("a\r\nb\ufffdc")
+    warned = "standard input is not UTF-8 text (invalid byte 0xff at offset 4)"
+    assert warned in proc.stderr.decode()
 
 
 def test_cli_perplexity_non_utf8_file(tiny: Path, tmp_path: Path) -> None:
@@ -206,7 +210,9 @@ def test_crlf_model_files_read_as_transformers_reads_them(tmp_path: Path) -> Non
 
 def test_api_bytes_and_non_text_prompts(tiny: Path) -> None:
     model = clearlm.load(tiny)
-    assert model.encode(b"caf\xe9 \xff ok") == model.encode("caf\ufffd \ufffd ok")
+    warned = r"prompt is not UTF-8 text \(invalid byte 0xe9 at offset 3"
+    with pytest.warns(UserWarning, match=warned):
+        assert model.encode(b"caf\xe9 \xff ok") == model.encode("caf\ufffd \ufffd ok")
     assert model.encode("café".encode()) == model.encode("café")
     with pytest.raises(ClearLMError, match="a prompt is text or a list of token ids, not None"):
         model.encode(None)  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ from clearlm.load_options import (
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
-from clearlm.parallel.place import load_placed
+from clearlm.parallel.place import check_sizes, load_placed
 from clearlm.precision import parse_matmul_precision, set_matmul_precision
 from clearlm.sampling import SamplingParams, softmax
 from clearlm.text import decode_utf8
@@ -276,6 +276,7 @@ def load(
         DeviceError, DistributedError, and what ``check`` raises.
     """
     dtype, where = parse_dtype(dtype), resolve_device(device)
+    check_sizes(tensor_parallel, pipeline_parallel)  # before max(): "2" is an error, not a crash
     weights = parse_weights(weights, dtype, where, max(tensor_parallel, pipeline_parallel))
     precision = parse_matmul_precision(matmul_precision)
     activations = parse_activations(activations, weights, dtype)

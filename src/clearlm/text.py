@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from clearlm.errors import ClearLMError
@@ -52,21 +53,23 @@ def clean_arg(arg: str) -> str:
 
 
 def decode_utf8(data: bytes, source: str, strict: bool = False) -> str:
-    """``data`` decoded as UTF-8 (invalid bytes → U+FFFD, or an error if ``strict``).
+    """``data`` decoded as UTF-8: invalid bytes → U+FFFD with one ``clearlm:`` warning (the CLI
+    prints it as a ``warning:`` line) naming ``source`` and the first bad byte, or an error if
+    ``strict``.
 
     Raises:
         ClearLMError: ``strict`` and ``data`` is not valid UTF-8 (names ``source`` and the
             first bad byte's offset).
     """
-    if not strict:
-        return data.decode("utf-8", "replace")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ClearLMError(
-            f"{source} is not UTF-8 text (invalid byte 0x{data[e.start]:02x} at offset "
-            f"{e.start}); convert it to UTF-8, e.g. iconv -t utf-8"
-        ) from None
+        bad = f"invalid byte 0x{data[e.start]:02x} at offset {e.start}"
+        where = f"{source} is not UTF-8 text ({bad})"
+        if strict:
+            raise ClearLMError(f"{where}; convert it to UTF-8, e.g. iconv -t utf-8") from None
+    warnings.warn(f"clearlm: {where}; its invalid bytes became U+FFFD", stacklevel=2)
+    return data.decode("utf-8", "replace")
 
 
 def read_text_file(

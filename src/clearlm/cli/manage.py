@@ -20,7 +20,9 @@ CacheDirOpt = Annotated[
         help="Folder for assembled models (default $CLEARLM_CACHE or ~/.cache/clearlm).",
     ),
 ]
-AliasArg = Annotated[str, typer.Argument(help="A model alias (see `clearlm models`).")]
+AliasArg = Annotated[
+    str, typer.Argument(metavar="ALIAS", help="A model alias (see `clearlm models`).")
+]
 
 
 @app.command()

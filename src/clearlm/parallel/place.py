@@ -25,7 +25,8 @@ from clearlm.parallel.slicing import Plan, read_gguf_part, read_hf_part
 from clearlm.parallel.tensor import TensorParallelModel, shard_plan
 
 
-def _check_sizes(tensor_parallel: int, pipeline_parallel: int) -> None:
+def check_sizes(tensor_parallel: int, pipeline_parallel: int) -> None:
+    """Raise DistributedError unless both sizes are integers ≥ 1 and at most one is > 1."""
     for name, n in (("tensor", tensor_parallel), ("pipeline", pipeline_parallel)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise DistributedError(f"--{name}-parallel must be an integer ≥ 1, got {n!r}")
@@ -50,7 +51,7 @@ def load_placed(
         DistributedError: bad sizes, a launch whose world size differs from the asked
             parallelism, a rendezvous not reached; and what loading raises.
     """
-    _check_sizes(tensor_parallel, pipeline_parallel)
+    check_sizes(tensor_parallel, pipeline_parallel)
     n = max(tensor_parallel, pipeline_parallel)
     if n == 1:
         loaded = ckpt.load(dtype, weights)  # weights: "compact" only on the CPU (load_options)
