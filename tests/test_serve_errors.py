@@ -125,6 +125,9 @@ CASES = [  # (path, body, param, code, a piece of the message)
     ("chat/completions", with_(CHAT, max_tokens=None, max_completion_tokens=127), "messages",
      "context_length_exceeded", "for the completion, max_completion_tokens); shorten the prompt "
      "or lower max_completion_tokens"),
+    # several fields wrong: the first is the one reported, the others are named after it
+    ("chat/completions", b'{"messages": [], "max_tokens": -1}', "model",
+     "missing_required_parameter", "model: Field required (also invalid: max_tokens, messages)"),
 ]  # fmt: skip
 
 

@@ -150,6 +150,10 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
         msg = first.get("msg", "invalid")
         if first.get("type") == "extra_forbidden":
             msg = "unknown field; see the API reference in README.md for the supported ones"
-        extra = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        # the other fields at fault, named (a missing "model" used to hide the real mistake)
+        others = dict.fromkeys(_where(x.get("loc", ())) or "body" for x in e.errors()[1:])
+        others.pop(where or "body", None)
+        names = ", ".join(list(others)[:4]) + (", …" if len(others) > 4 else "")
+        extra = f" (also invalid: {names})" if others else ""
         code = error_code(first.get("type", ""))
         raise APIError(400, f"{where or 'body'}: {msg}{extra}", where or None, code) from None
