@@ -60,7 +60,7 @@ class Tokenizer:
     def piece(self, i: int) -> str | None:
         """The token string the decoder sees for id ``i`` (None for an id the pipeline lacks: out
         of range, or a GGUF vocabulary's duplicate spelling). Asked of the pipeline each time
-        (~0.2 µs) rather than kept as a second list of every token (~23 MiB for Gemma 3)."""
+        (~0.2 µs) rather than kept as a second list of every token (~22 MiB for Gemma 3)."""
         return self.backend.id_to_token(i) if 0 <= i < self.vocab_size else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

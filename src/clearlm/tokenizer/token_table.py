@@ -1,8 +1,8 @@
 """TokenTable: a vocabulary's token strings (id → token) kept as one UTF-8 buffer and offsets.
 
-A Python list of 262,144 ``str`` (Gemma 3's vocabulary) costs ~23 MiB for as long as the model
+A Python list of 262,144 ``str`` (Gemma 3's vocabulary) costs ~22 MiB for as long as the model
 lives (~60 bytes per object and pointer, for tokens of ~6 bytes); the same strings as one bytes
-object and an int64 offset array take ~4 MiB. ``Tokenizer.tokens`` is read one id at a time
+object and an int64 offset array take 4.2 MiB. ``Tokenizer.tokens`` is read one id at a time
 (``id_to_token``, the inspection views), so decoding a token on each read costs nothing that
 shows.
 """
@@ -32,7 +32,7 @@ class TokenTable(Sequence[str]):
 
     def __init__(self, blob: bytes, ends: np.ndarray) -> None:
         self._blob = blob  # every token's UTF-8 bytes, back to back
-        self._ends = ends  # (V,) int64: token i is blob[ends[i - 1]:ends[i]] (ends[-1] = 0)
+        self._ends = ends  # (V,) int64: token i is blob[ends[i - 1]:ends[i]] (token 0 from 0)
 
     @classmethod
     def of(cls, tokens: Iterable[str]) -> TokenTable:
