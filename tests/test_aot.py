@@ -20,6 +20,7 @@ from tiny_gguf import write_tiny_llama
 
 from clearlm.aot import AOTDecodeStep, AOTError, compile_decode_aot, max_columns, package_key
 from clearlm.generation import decode_step, generate_step, prefill
+from clearlm.kv_cache import KVCache
 from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.gguf import open_gguf
 from clearlm.quant.swap import quantize_model
@@ -96,6 +97,31 @@ def test_calls_it_cannot_serve_run_eagerly(tiny) -> None:
     assert not step.serves(model, tok[:1], too_long)
     other = load_compact(tiny[2])  # another model object: not the package's tensors
     assert not step.serves(other, tok[:1], model.new_cache(1, 13))
+
+
+def test_rope_tables_are_inputs_of_any_length(tiny, monkeypatch) -> None:
+    """The tables are not in the package: a model whose tables start at 8 positions and grow
+    with each cache has the package's key, loads it, and every cache size decodes through it
+    with the eager step's logits."""
+    from clearlm.model.positions import RotaryEmbedding
+
+    model, step, path, root = tiny
+    run(model, step, 13, 1)  # the module's package, loaded
+    assert not any("rope" in name for name in step.constants)  # no table among its constants
+    monkeypatch.setattr(RotaryEmbedding, "TABLE_START", 8)
+    lazy = load_compact(path)
+    assert len(lazy.rope.cos) == 8 and package_key(lazy) == package_key(model)
+    lazy_step = AOTDecodeStep(lazy, root / "packages")
+    # a cache whose positions the tables do not reach (made without new_cache) runs eagerly
+    unreserved = KVCache(1, 1, lazy.config.n_kv_heads, lazy.config.head_dim, 13, torch.float32)
+    assert not lazy_step.serves(lazy, torch.tensor([[5]]), unreserved)
+    for n_cache, rows in ((13, 16), (40, 64)):  # new_cache grows the tables: 8 → 16 → 64
+        want, want_toks, _ = run(lazy, decode_step, n_cache, 4)
+        got, got_toks, cache = run(lazy, lazy_step, n_cache, 4)
+        assert len(lazy.rope.cos) == rows and lazy_step.serves(lazy, torch.tensor([[5]]), cache)
+        assert got_toks == want_toks
+        assert max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) < 1e-4
+    assert lazy_step.built is False and lazy_step.path == step.path  # loaded, not rebuilt
 
 
 def test_hooks_take_the_eager_path(tiny) -> None:

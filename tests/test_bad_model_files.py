@@ -96,9 +96,9 @@ def test_rope_table_grows_with_identical_rows(monkeypatch):
 def test_new_cache_builds_the_tables_its_steps_read(tmp_path, monkeypatch):
     """The tables start small and a cache's creation grows them to its length, so prefill and
     decode steps against it never rebuild a buffer (a compiled step could not); the logits equal
-    those of a model built with whole tables. The ahead-of-time step fixes its tables at
-    AOT_POSITIONS (capped at the context), so that one package serves every shorter cache."""
-    from clearlm.aot import AOT_POSITIONS, AOTDecodeStep
+    those of a model built with whole tables. The ahead-of-time step takes the tables as
+    inputs and leaves them as they are (tests/test_aot.py)."""
+    from clearlm.aot import AOTDecodeStep
     from clearlm.generation import decode_step, prefill
     from clearlm.model.positions import RotaryEmbedding
 
@@ -118,7 +118,7 @@ def test_new_cache_builds_the_tables_its_steps_read(tmp_path, monkeypatch):
     assert lazy.rope.cos is table  # no step rebuilt it
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
     AOTDecodeStep(lazy)  # builds nothing until its first call
-    assert len(lazy.rope.cos) == min(AOT_POSITIONS, 64)
+    assert lazy.rope.cos is table
 
 
 @pytest.fixture(scope="module")

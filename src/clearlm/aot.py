@@ -14,7 +14,11 @@ file, and ``torch._C._aoti.AOTIModelPackageLoader`` runs it. Against the torch.c
   and reads the model's own parameters and buffers (``load_constants(..., user_managed=True)``),
   so they are held once, and one package serves every model file of the same shapes;
 - one package serves every cache size: the cache's key axis is a dynamic dimension
-  (``torch.export.Dim``) from MIN_COLUMNS to the RoPE table's length + 1.
+  (``torch.export.Dim``) from MIN_COLUMNS to the context length + 1, and the RoPE tables are
+  inputs of the step, not constants (their length a dynamic dimension too): the step reads the
+  tables eager decode reads, which each cache's creation sizes to its length, so a short
+  generation holds short tables (Gemma 3 at head_dim 256: 4 MiB for 1,024 positions, where
+  tables fixed at 4,096 positions held 16 MiB).
 
 Measured (SmolLM2-135M compact, 2 threads, same process, alternating, medians of 200 steps,
 128-position cache): eager 16.8 ms, torch.compile step 10.3 ms, this step 8.1 ms per token;
@@ -36,36 +40,35 @@ or device. The context-length check is the caller's (generation.check_fits sizes
 from __future__ import annotations
 
 import hashlib
-import os
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from clearlm.aot_build import (
+    MIN_COLUMNS,
+    AOTError,
+    build_package,
+    checksum_path,
+    digest_of,
+    max_columns,
+    named_tensors,
+    rope_tables,
+)
 from clearlm.kv_cache import KVCache
 from clearlm.model.hooks import HookPoint
 from clearlm.models import default_cache_dir
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 
-MIN_COLUMNS = 3  # smallest cache key axis (S_max + 1) a package takes
-# positions the RoPE tables are built for before a package is keyed and built (capped at the
-# context length): the package serves caches up to this long (a longer one decodes eagerly),
-# and one package does for every shorter generation
-AOT_POSITIONS = 4096
 _SOURCE = Path(__file__).resolve().parent  # the clearlm package: its code is in the key
 # ... except what a decode step never runs (so editing the CLI or the server keeps packages);
 # anything new is in the key until it is named here
 _NOT_TRACED = ("cli/", "serve/", "ui/", "inspect/", "tokenizer/", "engine/", "api.py",
                "api_checks.py", "pull.py", "install.py", "sampling", "text", "evaluation.py",
                "interpret.py", "defaults.py", "models.py", "generation.py", "__main__.py")
-
-
-class AOTError(RuntimeError):
-    """The decode step could not be exported or compiled for this model (the message says why)."""
 
 
 def cache_root() -> Path:
@@ -91,96 +94,12 @@ def package_key(net: torch.nn.Module) -> str:
              repr(net.config), str(net.device),
              str(getattr(net, "matmul_precision", "highest")),
              str(load_kernels() is not None)]  # without the kernel: torch's (slow) fallback ops
-    for name, t in _tensors(net).items():
+    for name, t in named_tensors(net).items():  # not the RoPE tables: inputs of any length
         parts.append(f"{name}:{tuple(t.shape)}:{t.stride()}:{t.dtype}")
     parts += [str(m.int8) for m in net.modules() if isinstance(m, QuantLinear)]
     for p in parts:
         h.update(p.encode() + b"\0")
     return h.hexdigest()[:24]
-
-
-def _tensors(net: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer under the names the exported program gives them ("net." +
-    the module path; tied tensors under each of their names)."""
-    out = {f"net.{k}": v for k, v in net.named_parameters(remove_duplicate=False)}
-    out.update({f"net.{k}": v for k, v in net.named_buffers(remove_duplicate=False)})
-    return out
-
-
-class _Step(torch.nn.Module):
-    """What is exported: forward(token (1, 1) int64, lengths (1,) int64, *keys, *values) →
-    logits (1, V); keys/values (1, K, S_max + 1, Hd) per layer, written in place."""
-
-    def __init__(self, net: torch.nn.Module) -> None:
-        super().__init__()
-        self.net, self.n_layers = net, len(net.layers)
-
-    def forward(self, token: torch.Tensor, lengths: torch.Tensor, *kv: torch.Tensor
-                ) -> torch.Tensor:
-        n = self.n_layers
-        cache = KVCache.from_buffers(list(kv[:n]), list(kv[n:]), lengths)
-        return self.net(token, cache=cache, last_only=True)[:, -1, :]
-
-
-def max_columns(net: torch.nn.Module) -> int:
-    """Largest cache key axis (S_max + 1) a package takes: the RoPE tables' length + 1 (a longer
-    cache would grow them inside the step), else the context length + 1."""
-    n = net.config.context_length
-    for rope in (getattr(net, "rope", None), getattr(net, "rope_local", None)):
-        if rope is not None:
-            n = min(n, len(rope.cos))
-    return n + 1
-
-
-def build_package(net: torch.nn.Module, path: Path) -> None:
-    """Export the decode step of ``net`` and compile it into the package ``path`` (written to a
-    temporary name, then renamed: a package on disk is always whole). Raises AOTError."""
-    import torch._inductor  # the build needs Inductor; loading a package does not
-
-    from clearlm.compiled import _use_cache_dir
-
-    _use_cache_dir()  # Inductor's intermediate files in clearlm's cache too
-    c = net.config
-    if getattr(getattr(net, "rope", None), "dynamic", False):
-        raise AOTError("dynamic RoPE scaling reads positions back to the host in every step")
-    cols = max(MIN_COLUMNS, min(16, max_columns(net)))
-    cache = net.new_cache(1, cols - 1)  # an example input; the key axis stays symbolic
-    token = torch.zeros(1, 1, dtype=torch.long, device=net.device)
-    args = (token, cache.lengths, *cache.keys, *cache.values)
-    s = torch.export.Dim("cache_columns", min=MIN_COLUMNS, max=max_columns(net))
-    dynamic = (None, None, tuple({2: s} for _ in range(2 * c.n_layers)))
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, not ours
-            program = torch.export.export(_Step(net).eval(), args, dynamic_shapes=dynamic,
-                                          strict=False)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch._inductor.aoti_compile_and_package(
-                program, package_path=str(tmp),
-                # the weights stay out; loops read the thread count when they run (not one
-                # package per --threads: 0-3 % slower per step than a fixed count, measured)
-                inductor_configs={"aot_inductor.package_constants_in_so": False,
-                                  "cpp.dynamic_threads": True},
-            )
-        _checksum_path(path).write_text(_digest_of(tmp))  # read back before every load
-        os.replace(tmp, path)
-    except Exception as e:  # torch's export and compile errors have no common base class
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AOTError(f"cannot compile the decode step ahead of time: {first}") from e
-    finally:  # also on Ctrl-C: no half-written file left behind
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-
-
-def _checksum_path(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def _digest_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class AOTDecodeStep:
@@ -210,7 +129,6 @@ class AOTDecodeStep:
         self.points = [m for m in model.modules() if isinstance(m, HookPoint)]
         self.cache_dtype = model.new_cache(1, 1).keys[0].dtype  # the keys' dtype it is built for
         self.path: Path | None = None
-        model.reserve_positions(AOT_POSITIONS)  # tables of a fixed length: one package key
         self.max_columns = max_columns(model)
         self.loader = None
         self.constants: dict[str, torch.Tensor] = {}  # the tensors the package reads, kept alive
@@ -222,7 +140,10 @@ class AOTDecodeStep:
         if len(cache.keys) != self.model.config.n_layers or cache.keys[0].dim() != 4:
             return False  # a pipeline stage's cache: other layers, placeholders
         k0 = cache.keys[0]
-        return (model is self.model and not any(p.active for p in self.points)
+        # positions < S_max read the tables: a cache made without reserving them runs eagerly,
+        # which grows them (new_cache reserves)
+        short = any(len(t) < k0.shape[2] - 1 for t in rope_tables(self.model))
+        return (model is self.model and not any(p.active for p in self.points) and not short
                 and tuple(token.shape) == (1, 1) and token.dtype == torch.long
                 and token.is_contiguous() and cache.n_slots == 1
                 and MIN_COLUMNS <= k0.shape[2] <= self.max_columns
@@ -238,18 +159,17 @@ class AOTDecodeStep:
             raise AOTError("the ahead-of-time step runs in one process; under tensor or pipeline "
                            "parallel each rank holds other tensors")
         load_kernels()  # the package calls the kernel's ops by name: registered first
-        # the key and the range now, not at __init__: the RoPE tables may have grown since
-        self.path, self.max_columns = self.package_path(), max_columns(self.model)
+        self.path = self.package_path()
         self.built = not self.path.exists()
         if self.built:
             build_package(self.model, self.path)
         try:
             # a package cut short would crash the process in the loader (SIGBUS): check first
-            if _checksum_path(self.path).read_text().strip() != _digest_of(self.path):
+            if checksum_path(self.path).read_text().strip() != digest_of(self.path):
                 raise RuntimeError("its checksum does not match")
             loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", False, 1, -1)
             names = loader.get_constant_fqns()
-            tensors = _tensors(self.model)
+            tensors = named_tensors(self.model)
             missing = [n for n in names if n not in tensors]
             if missing:
                 raise RuntimeError(f"it does not fit this model: no tensor {missing[0]}")
@@ -275,7 +195,9 @@ class AOTDecodeStep:
                     self.on_error(e)
             # (the range is fixed at the load: a cache past it runs eagerly)
             if self.loader is not None and cache.keys[0].shape[2] <= self.max_columns:
-                return self.loader.run([token, cache.lengths, *cache.keys, *cache.values])[0]
+                tables = rope_tables(self.model)  # (P, d) each, as long as the cache needs
+                return self.loader.run([token, cache.lengths, *tables, *cache.keys,
+                                        *cache.values])[0]
         return model(token, cache=cache, last_only=True)[:, -1, :]  # eager: the same values
 
 
