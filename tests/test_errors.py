@@ -209,6 +209,7 @@ def test_dtype_by_name_and_unknown_dtype(tiny):
         (("generate", "hi", "--bogus"), "No such option: --bogus"),
         (("generate", "hi", "-n", "-5"), "--max-new-tokens"),
         (("generate", "hi", "--seed", "abc"), "--seed"),
+        (("generate", "hi", "--logprobs", "999999"), "Input should be less than or equal to 20"),
         (("nonsense",), "No such command"),
     ],
 )

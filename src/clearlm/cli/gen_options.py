@@ -53,8 +53,9 @@ Logprobs = Annotated[
     typer.Option(
         "--logprobs",
         min=0,
+        max=20,  # the server's (and OpenAI's) limit for top_logprobs
         help="With --json (implied): per generated token its log-probability and the N most "
-        "likely alternatives (log-softmax of the raw logits).",
+        "likely alternatives, N at most 20 (log-softmax of the raw logits).",
     ),
 ]
 File = Annotated[
