@@ -73,16 +73,23 @@ class Session:
     ) -> AsyncIterator[tuple[Choice, TokenEvent, str]]:
         """Yield (choice, event, new text) until every choice has finished.
 
-        Raises APIError (500) if the engine failed. ``gone`` (checked every POLL_S while
-        waiting) says whether the client disconnected; then the choices are aborted and the
-        iteration ends."""
+        Raises APIError (500) if the engine failed. ``gone`` (asked every POLL_S seconds,
+        whether tokens are arriving or not) says whether the client disconnected; then the
+        choices are aborted and the iteration ends."""
+        next_check = time.monotonic() + POLL_S
         try:
             while self.running():
                 try:
                     item = await asyncio.wait_for(self.sink.get(), POLL_S)
                 except TimeoutError:
-                    if gone is not None and await gone():
+                    item = None
+                # on the clock, not only when the queue is idle: a busy engine fills it faster
+                # than POLL_S, and a request whose client left kept its slot to max_tokens
+                if gone is not None and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + POLL_S
+                    if await gone():
                         return
+                if item is None:
                     continue
                 if isinstance(item, EngineFailed):
                     raise APIError(item.status, item.message, code=item.code, type="server_error")
