@@ -102,6 +102,20 @@ def test_busy_port_is_one_line_error(gguf):
     assert f"error: cannot serve on 127.0.0.1:{port}" in err and "Traceback" not in err
 
 
+
+def test_max_seq_len_past_the_context_is_capped_and_said(gguf):
+    port = free_port()
+    proc = start([str(gguf), "--port", str(port), "--max-seq-len", "100000", "--max-batch", "1"])
+    try:
+        wait_up(proc, f"http://127.0.0.1:{port}/health")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        err = proc.stderr.read()
+        assert ("warning: --max-seq-len 100000 is past the model's context length; each "
+                "sequence holds 256 tokens") in err
+    finally:
+        proc.kill()
+
 def test_is_loopback():
     assert all(map(is_loopback, ["127.0.0.1", "127.5.0.1", "::1", "localhost"]))
     assert not any(map(is_loopback, ["0.0.0.0", "192.168.1.2", "::", "example.com"]))

@@ -119,8 +119,12 @@ def serve(
     m = load_model(chosen, dtype, threads, quiet, matmul_precision=matmul_precision,
                    activations=activations)
     model_id = name or Path(chosen or DEFAULT_MODEL).name  # an alias, or the file's name
+    engine = build_engine(m, max_batch, max_seq_len)
+    if engine.max_seq_len < max_seq_len:  # the engine caps it: say so, not silently
+        err.print(f"[yellow]warning: --max-seq-len {max_seq_len} is past the model's context "
+                  f"length; each sequence holds {engine.max_seq_len} tokens[/]", soft_wrap=True)
     app_ = create_app(
-        m, build_engine(m, max_batch, max_seq_len), model_id=model_id, api_key=api_key or None,
+        m, engine, model_id=model_id, api_key=api_key or None,
         max_body=max_body, limits=Limits(max_n=max_n),
     )  # fmt: skip
     log = logging.getLogger("clearlm.serve")
