@@ -283,8 +283,10 @@ def test_what_the_package_cannot_serve_is_refused_before_building(tiny, tmp_path
     a_file = tmp_path / "file"
     a_file.write_text("")
     step = AOTDecodeStep(model, a_file / "aot")  # a cache folder that cannot be made
-    with pytest.raises(AOTError, match="cannot compile the decode step"):
-        run(model, step, 13, 1)
+    with monkeypatch.context() as mp:  # refused before the (seconds-long) export
+        mp.setattr(torch.export, "export", lambda *a, **k: pytest.fail("exported first"))
+        with pytest.raises(AOTError, match="cannot compile the decode step"):
+            run(model, step, 13, 1)
     assert decode_kind(step) == "eager"  # what --json reports: the steps ran eagerly
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # torchrun ranks
     with pytest.raises(AOTError, match="runs in one process"):

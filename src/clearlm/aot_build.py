@@ -135,11 +135,11 @@ def build_package(net: torch.nn.Module, path: Path) -> None:
                + tuple({2: s} for _ in range(2 * c.n_layers)))
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # before the export: fail in ms, not 10 s
         with torch.no_grad(), warnings.catch_warnings(), _tables_as_inputs(net) as rows:
             warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, not ours
             program = torch.export.export(_Step(net, rows).eval(), args,
                                           dynamic_shapes=dynamic, strict=False)
-            path.parent.mkdir(parents=True, exist_ok=True)
             torch._inductor.aoti_compile_and_package(
                 program, package_path=str(tmp),
                 # the weights stay out; loops read the thread count when they run (not one
