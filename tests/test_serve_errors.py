@@ -102,6 +102,7 @@ CASES = [  # (path, body, param, code, a piece of the message)
      "no room for a new token"),
     ("completions", with_(GOOD, prompt=[5, 10**6]), "prompt", "invalid_value",
      "outside the vocabulary"),
+    ("completions", with_(GOOD, prompt=[]), "prompt", "invalid_value", "the prompt is empty"),
     ("completions", with_(GOOD, stop=["ok", ""]), "stop", "invalid_value", "must not be empty"),
     ("completions", with_(GOOD, echo=True, logprobs=1), "echo", "unsupported", "not supported"),
     ("completions", with_(GOOD, logit_bias={"5": 1}), "logit_bias", "unsupported",

@@ -104,6 +104,9 @@ def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, 
             "token; shorten the prompt (or start the server with a larger --max-seq-len)",
             where, "context_length_exceeded",
         )  # fmt: skip
+    if not prompt:  # an empty prompt is a bad value, not a long one
+        raise APIError(400, "the prompt is empty (0 tokens); give at least one token", where,
+                       "invalid_value")
     try:
         check_fits(len(prompt), ctx)
     except ClearLMError as e:
