@@ -14,7 +14,14 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from clearlm.serve.errors import APIError
 from clearlm.text import clean_text
@@ -58,6 +65,15 @@ class CompletionBody(Sampling):
     prompt: Text | list[int]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        """OpenAI also takes a list of prompts (a batch): said plainly, not as a type error."""
+        if isinstance(value, list) and any(isinstance(v, str | list) for v in value):
+            raise ValueError("a list of prompts (a batch) is not supported; send one prompt "
+                             "per request (n asks for several completions of one prompt)")
+        return value
 
 
 class TextPart(Strict):
@@ -147,7 +163,7 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
     except ValidationError as e:
         first = e.errors()[0]
         where = _where(first.get("loc", ()))
-        msg = first.get("msg", "invalid")
+        msg = first.get("msg", "invalid").removeprefix("Value error, ")  # our validators' own
         if first.get("type") == "extra_forbidden":
             msg = "unknown field; see the API reference in README.md for the supported ones"
         # the other fields at fault, named (a missing "model" used to hide the real mistake)
