@@ -116,6 +116,14 @@ def test_max_seq_len_past_the_context_is_capped_and_said(gguf):
     finally:
         proc.kill()
 
+
+def test_an_empty_api_key_is_refused(gguf):
+    """`--api-key "$KEY"` with KEY unset must not serve without a key by accident."""
+    proc = start([str(gguf), "--port", str(free_port()), "--api-key", ""])
+    assert proc.wait(30) == 2
+    err = proc.stderr.read().strip()
+    assert "--api-key" in err and "the key is empty" in err and len(err.splitlines()) == 1
+
 def test_is_loopback():
     assert all(map(is_loopback, ["127.0.0.1", "127.5.0.1", "::1", "localhost"]))
     assert not any(map(is_loopback, ["0.0.0.0", "192.168.1.2", "::", "example.com"]))

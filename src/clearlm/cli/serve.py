@@ -101,6 +101,9 @@ def serve(
     if model_arg is not None and model is not None:
         raise typer.BadParameter("give the model once: as MODEL or as --model")
     chosen = model_arg or model
+    if api_key == "":  # `--api-key "$KEY"` with KEY unset would serve with no key at all
+        raise typer.BadParameter("the key is empty; give one, or leave --api-key out to serve "
+                                 "without a key", param_hint="'--api-key'")
     if not api_key and not is_loopback(host):
         err.print(
             f"[yellow]warning: serving on {host} without an API key: anyone who can reach this "
