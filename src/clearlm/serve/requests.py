@@ -104,13 +104,10 @@ def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, 
             "token; shorten the prompt (or start the server with a larger --max-seq-len)",
             where, "context_length_exceeded",
         )  # fmt: skip
-    if not prompt:  # an empty prompt is a bad value, not a long one
-        raise APIError(400, "the prompt is empty (0 tokens); give at least one token", where,
-                       "invalid_value")
     try:
         check_fits(len(prompt), ctx)
-    except ClearLMError as e:
-        raise from_clearlm(e, where) from None
+    except ClearLMError as e:  # an empty prompt is a bad value, not a long one
+        raise from_clearlm(e, where, "invalid_value" if not prompt else None) from None
     if max_tokens is not None and len(prompt) + max_tokens > ctx:  # OpenAI's 400, not a cut
         inside = "the prompt" if where == "prompt" else "the messages"
         raise APIError(
