@@ -2,12 +2,14 @@
 
 Part 1 (shapes): for each model's matrix shapes (N out, K in) and 8192 x 8192, the time of one
 x (1, K) @ W.T for W held as Q8_0 / Q4_1 / Q4_K / Q5_0 / Q6_K (random blocks, repacked by
-clearlm.quant.pack) through QuantLinear, and for float32 F.linear; ms, GB/s of weight bytes read,
-and the ratio to float32. With ``--candidates``, 8192 x 8192 also times torch's own packed CPU
-kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) and bfloat16.
+clearlm.quant.pack) through QuantLinear, in row tiles of 8 rows as a compact load holds them
+(clearlm.quant.tiles) and row-major ("Q8_0 rows"), and for float32 F.linear; ms, GB/s of weight
+bytes read, and the ratio to float32. With ``--candidates``, 8192 x 8192 also times torch's own
+packed CPU kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) and bfloat16.
 Part 2 (models, ``--models``): every matrix a decode step reads in the real GGUFs (a tied
 embedding counts once, as the head), packed as stored; time of one token's worth of GEMVs, the
-bytes read and the decode ceiling it implies (matmuls only), compact vs float32.
+bytes read and the decode ceiling it implies (matmuls only), compact (tiled as loaded, and
+row-major) vs float32.
 
 How: torch threads = --threads (default 2); engines alternate inside each repeat; each timing is
 the median of --inner calls, each figure the median over --repeats. The machine is shared:
@@ -31,6 +33,8 @@ from gguf import GGMLQuantizationType as Q
 from clearlm.models import resolve_model
 from clearlm.quant import QuantLinear, pack_blocks
 from clearlm.quant.kernels import load_kernels
+from clearlm.quant.pack import Packed
+from clearlm.quant.tiles import can_tile, tile_rows
 
 SHAPES = {  # model: (d_model, d_ff, vocab)
     "SmolLM2-135M": (576, 1536, 49152),
@@ -71,14 +75,21 @@ def alternate(fns: dict[str, Callable[[], object]], repeats: int, inner: int) ->
     return {k: statistics.median(v) for k, v in got.items()}
 
 
-def random_layer(qtype: Q, n: int, k: int, rng: np.random.Generator) -> QuantLinear:
+def random_layer(qtype: Q, n: int, k: int, rng: np.random.Generator) -> Packed:
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(n * k // block, size), dtype=np.uint8)
     off = {Q.Q6_K: [208], Q.Q4_K: [0, 2], Q.Q4_1: [0, 2]}.get(qtype, [0])
     for o in off:  # finite float16 scales
         d = (rng.random(raw.shape[0]) * 0.01).astype(np.float16)
         raw[:, o : o + 2] = d.view(np.uint8).reshape(-1, 2)
-    return QuantLinear(pack_blocks(raw, qtype, (n, k)))
+    return pack_blocks(raw, qtype, (n, k))
+
+
+def layers(p: Packed) -> dict[str, QuantLinear]:
+    """The weight as a compact load holds it (row tiles, quant/tiles.py, where N allows) and
+    row-major (" rows"): the same bytes in the two layouts the kernel reads."""
+    out = {"": QuantLinear(tile_rows(p))} if can_tile(p) else {}
+    return out | {" rows": QuantLinear(p)}
 
 
 def shape_table(args: argparse.Namespace) -> list[str]:
@@ -94,9 +105,9 @@ def shape_table(args: argparse.Namespace) -> list[str]:
         for qt in FORMATS:
             if k % GGML_QUANT_SIZES[qt][0]:
                 continue  # K-quants need rows that are whole 256-value super-blocks
-            layer = random_layer(qt, n, k, rng)
-            fns[qt.name] = lambda layer=layer, x=x: layer(x)
-            nbytes[qt.name] = layer.weight_nbytes()
+            for suffix, layer in layers(random_layer(qt, n, k, rng)).items():
+                fns[qt.name + suffix] = lambda layer=layer, x=x: layer(x)
+                nbytes[qt.name + suffix] = layer.weight_nbytes()
         if args.candidates and n == 8192:
             fns |= candidates(x, n, k, nbytes)
         with torch.inference_mode():
@@ -124,45 +135,48 @@ def candidates(x: torch.Tensor, n: int, k: int, nbytes: dict[str, int]) -> dict:
     }
 
 
-def decode_matrices(path: Path) -> list[tuple[str, QuantLinear, torch.Tensor]]:
-    """(name, compact layer, float32 weight) of every matrix one decode step reads."""
+def decode_matrices(path: Path) -> list[tuple[str, dict[str, QuantLinear], torch.Tensor]]:
+    """(name, compact layers (tiled as loaded, and row-major), float32 weight) of every matrix
+    one decode step reads."""
     reader = GGUFReader(path)
     names = {t.name for t in reader.tensors}
     out = []
     for t in reader.tensors:
         if len(t.shape) != 2 or (t.name == "token_embd.weight" and "output.weight" in names):
             continue  # the embedding is a row lookup unless it doubles as the tied head
-        layer = QuantLinear(pack_blocks(t.data, t.tensor_type, (int(t.shape[1]), int(t.shape[0]))))
-        out.append((t.name, layer, layer.dequantized()))
+        both = layers(pack_blocks(t.data, t.tensor_type, (int(t.shape[1]), int(t.shape[0]))))
+        out.append((t.name, both, both[" rows"].dequantized()))
     return out
 
 
 def model_table(args: argparse.Namespace) -> list[str]:
-    rows = ["| model | weights/token compact | float32 | ms/token compact | float32 | "
-            "GB/s compact | ceiling tok/s compact | float32 | llama.cpp tg128 |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| model | weights/token compact | float32 | ms/token compact | row-major | float32 | "
+            "GB/s compact | ceiling tok/s compact | row-major | float32 | llama.cpp tg128 |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, (path, llama_tg) in REAL.items():
         path = path or resolve_model("smollm2-135m-instruct")
         if not Path(path).exists():
             continue
         mats = decode_matrices(Path(path))
-        xs = [torch.randn(1, 1, lay.in_features) for _, lay, _ in mats]
+        xs = [torch.randn(1, 1, w.shape[1]) for _, _, w in mats]
 
-        def run_q(mats=mats, xs=xs) -> None:
-            for (_, lay, _), x in zip(mats, xs, strict=True):
-                lay(x)
+        def run_q(mats=mats, xs=xs, layout: str = "") -> None:  # tiled where it can be
+            for (_, lays, _), x in zip(mats, xs, strict=True):
+                lays.get(layout, lays[" rows"])(x)
 
         def run_f(mats=mats, xs=xs) -> None:
             for (_, _, w), x in zip(mats, xs, strict=True):
                 F.linear(x, w)
 
         with torch.inference_mode():
-            s = alternate({"q": run_q, "f": run_f}, args.repeats, max(3, args.inner // 2))
-        qb = sum(lay.weight_nbytes() for _, lay, _ in mats)
+            s = alternate({"q": run_q, "r": lambda: run_q(layout=" rows"), "f": run_f},
+                          args.repeats, max(3, args.inner // 2))
+        qb = sum(lays[" rows"].weight_nbytes() for _, lays, _ in mats)
         fb = sum(w.nbytes for _, _, w in mats)
         rows.append(f"| {name} | {qb / 2**20:.0f} MiB | {fb / 2**20:.0f} MiB | "
-                    f"{s['q'] * 1e3:.2f} | {s['f'] * 1e3:.2f} | {qb / s['q'] / 1e9:.1f} | "
-                    f"{1 / s['q']:.0f} | {1 / s['f']:.0f} | {llama_tg} |")
+                    f"{s['q'] * 1e3:.2f} | {s['r'] * 1e3:.2f} | {s['f'] * 1e3:.2f} | "
+                    f"{qb / s['q'] / 1e9:.1f} | {1 / s['q']:.0f} | {1 / s['r']:.0f} | "
+                    f"{1 / s['f']:.0f} | {llama_tg} |")
         del mats
     return rows
 

@@ -155,19 +155,22 @@ QWEN = Path.home() / ".cache" / "clearlm" / "qwen2.5-coder-0.5b-instruct-q4_k_m.
 @pytest.mark.skipif(not QWEN.is_file(), reason="run `clearlm pull qwen2.5-coder-0.5b-instruct`")
 def test_pack_group_shares_the_leading_members_that_agree() -> None:
     """Qwen2.5's layer 0 has Q5_0 Q and K and a Q8_0 V: Q and K are packed into one buffer
-    (fuse.py fuses exactly those two), V apart, each with the bytes pack_tensor gives alone."""
+    (fuse.py fuses exactly those two), V apart, each with the bytes pack_tensor gives alone, in
+    row tiles of 8 as a compact load packs them, or row-major."""
     from clearlm.loading.gguf_file import GGUFFile
     from clearlm.quant.from_file import pack_group, pack_tensor
 
     f = GGUFFile(QWEN)
     by_name = {t.name: t for t in f.tensors}
-    members = [(by_name[f"blk.0.attn_{x}.weight"], None) for x in ("q", "k", "v")]
-    assert [t.tensor_type.name for t, _ in members] == ["Q5_0", "Q5_0", "Q8_0"]
-    q, k, v = pack_group(f, members)
-    assert k.codes.untyped_storage().data_ptr() == q.codes.untyped_storage().data_ptr()
-    assert k.codes.storage_offset() == q.codes.numel()
-    assert v.codes.untyped_storage().data_ptr() != q.codes.untyped_storage().data_ptr()
-    for got, (t, _) in zip((q, k, v), members, strict=True):
-        want = pack_tensor(f, t)
-        assert torch.equal(got.codes, want.codes) and torch.equal(got.scale, want.scale)
-        assert torch.equal(got.min, want.min) if want.min is not None else got.min is None
+    for tile in (8, 1):
+        members = [(by_name[f"blk.0.attn_{x}.weight"], None, tile) for x in ("q", "k", "v")]
+        assert [t.tensor_type.name for t, _, _ in members] == ["Q5_0", "Q5_0", "Q8_0"]
+        q, k, v = pack_group(f, members)
+        assert q.tile == k.tile == v.tile == tile
+        assert k.codes.untyped_storage().data_ptr() == q.codes.untyped_storage().data_ptr()
+        assert k.codes.storage_offset() == q.codes.numel()
+        assert v.codes.untyped_storage().data_ptr() != q.codes.untyped_storage().data_ptr()
+        for got, (t, _, _) in zip((q, k, v), members, strict=True):
+            want = pack_tensor(f, t, tile=tile)
+            assert torch.equal(got.codes, want.codes) and torch.equal(got.scale, want.scale)
+            assert torch.equal(got.min, want.min) if want.min is not None else got.min is None

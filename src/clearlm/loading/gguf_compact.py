@@ -5,8 +5,9 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
 1. the module tree on the meta device (loading/load.py ``skeleton``): no weight memory;
 2. each tensor of the file whose module is a plain ``nn.Linear`` / ``nn.Embedding`` and whose
    type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K) is packed straight from the
-   mapped bytes, a band of rows at a time (quant/from_file.py), and its module replaced by a
-   QuantLinear / QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
+   mapped bytes, a band of rows at a time (quant/from_file.py), in row tiles of 8 rows where a
+   linear layer reads it (quant/tiles.py), and its module replaced by a QuantLinear /
+   QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
    these matrices ever exists, and their file pages are dropped from the process once packed.
    The first such load keeps what it packed on disk and later loads of the unchanged file map
    that copy instead of packing (quant/pack_cache.py; ``CLEARLM_PACK_CACHE=0``: off);
@@ -43,6 +44,7 @@ from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed
+from clearlm.quant.tiles import TILE
 
 TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
 
@@ -53,6 +55,7 @@ class CompactPlan:
     for a tied embedding + head), and the bytes the weights will hold in memory."""
 
     packed: dict[str, list[str]] = field(default_factory=dict)
+    tiles: dict[str, int] = field(default_factory=dict)  # rows per row tile (quant/tiles.py)
     packed_bytes: int = 0
     float_bytes: int = 0  # float tensors, at the load dtype's size
 
@@ -80,6 +83,7 @@ def compact_plan(
         shape = tuple(reversed(t.shape))
         if t.tensor_type in SUPPORTED and paths and all(_plain(model, p, shape) for p in paths):
             plan.packed[t.name] = paths
+            plan.tiles[t.name] = _tile(model, paths, shape)
             plan.packed_bytes += packed_nbytes(t.tensor_type, shape)  # type: ignore[arg-type]
         else:
             plan.float_bytes += t.n_elements * dtype.itemsize
@@ -106,7 +110,8 @@ def load_compact(
     # side while this thread dequantizes the float ones (same bytes, same results).
     with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
         futures = [] if done is not None else [
-            pool.submit(pack_group, file, [(t, heads) for t, heads, _ in members])
+            pool.submit(pack_group, file,
+                        [(t, heads, plan.tiles[t.name]) for t, heads, _ in members])
             for members in jobs
         ]
         for t in file.tensors:
@@ -185,6 +190,14 @@ def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:
     except AttributeError:
         return False
     return type(m) in (nn.Linear, nn.Embedding) and tuple(m.weight.shape) == shape
+
+
+def _tile(model: nn.Module, paths: list[str], shape: tuple[int, ...]) -> int:
+    """Rows per row tile for a packed tensor: tiles (quant/tiles.py) where a decode product
+    reads it (an nn.Linear, a tied head included) and its rows fill whole tiles; row-major for
+    an embedding alone, which is only ever read a row at a time."""
+    linear = any(type(model.get_submodule(p)) is nn.Linear for p in paths)
+    return TILE if linear and shape[0] % TILE == 0 else 1
 
 
 def _rope_heads(path: str, config: ModelConfig) -> int | None:

@@ -21,38 +21,46 @@ from gguf import GGML_QUANT_SIZES
 from clearlm.loading.gguf_file import GGUFFile, GGUFTensor
 from clearlm.loading.transforms import unpermute_rope_rows
 from clearlm.quant.pack import Packed, pack_blocks
+from clearlm.quant.tiles import tile_rows
 
 BAND_BYTES = 4 << 20  # file bytes packed per step
 
 
-def pack_tensor(file: GGUFFile, t: GGUFTensor, rope_heads: int | None = None) -> Packed:
+def pack_tensor(file: GGUFFile, t: GGUFTensor, rope_heads: int | None = None,
+                tile: int = 1) -> Packed:
     """The tensor ``t`` of ``file`` as a Packed (N, K) weight, N = t.shape[1], K = t.shape[0].
 
     rope_heads: undo llama.cpp's Q/K row permutation for this many heads (None: rows as stored).
+    tile: rows per row tile (quant/tiles.py; 1: row-major); N must be a multiple of it.
     Raises UnsupportedQuantError (pack.py) for a type or row length pack_blocks refuses."""
     k, n = t.shape  # GGUF order: innermost first
     raw = t.data.reshape(n, -1)  # (N, bytes per row): a view of the map
     rows = max(1, min(n, BAND_BYTES // raw.shape[1]))
+    if tile > 1:  # bands of whole tiles (N is a multiple of tile)
+        rows = max(tile, rows - rows % tile)
     first = pack_blocks(raw[:rows], t.tensor_type, (rows, k))
-    if rows == n:  # one band: already the whole tensor
+    if rows == n or rope_heads is not None:  # one band, or a permutation of the whole
+        whole = first if rows == n else pack_blocks(raw, t.tensor_type, (n, k))
         file.release(t.data_offset, t.n_bytes)
-        return _permuted(first, rope_heads)
-    out = _empty_like(first, n)
+        return _tiled(_permuted(whole, rope_heads), tile)
+    out = _empty_like(_tiled(first, tile), n // tile)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         band = first if r0 == 0 else pack_blocks(raw[r0:r1], t.tensor_type, (r1 - r0, k))
         if not _same_layout(band, out):  # Q4_0/Q5_0 scales widened to float32 in some band
             file.release(t.data_offset, t.n_bytes)
-            return _permuted(pack_blocks(raw, t.tensor_type, (n, k)), rope_heads)
-        out.codes[r0:r1] = band.codes
-        out.scale[r0:r1] = band.scale
+            return _tiled(pack_blocks(raw, t.tensor_type, (n, k)), tile)
+        band = _tiled(band, tile)
+        out.codes[r0 // tile : r1 // tile] = band.codes
+        out.scale[r0 // tile : r1 // tile] = band.scale
         if out.min is not None:
-            out.min[r0:r1] = band.min
+            out.min[r0 // tile : r1 // tile] = band.min
         file.release(t.data_offset + r0 * raw.shape[1], (r1 - r0) * raw.shape[1])
-    return _permuted(out, rope_heads)
+    return out
 
 
-def pack_group(file: GGUFFile, members: list[tuple[GGUFTensor, int | None]]) -> list[Packed]:
+def pack_group(file: GGUFFile,
+               members: list[tuple[GGUFTensor, int | None, int]]) -> list[Packed]:
     """Pack the tensors a block will fuse (Q/K/V, or gate/up: quant/fuse.py), in order, and,
     where their packed layouts agree, copy them into one buffer each for codes, scales and mins
     right away: the returned Packed are then consecutive row bands of those buffers (views), so
@@ -63,8 +71,8 @@ def pack_group(file: GGUFFile, members: list[tuple[GGUFTensor, int | None]]) -> 
     SmolLM2, +27 MiB on Gemma 3 270M. Where only the leading members agree (Qwen2.5's and
     Gemma 3's Q/K with a V of another format), those share buffers, as fuse.py fuses them.
 
-    members: (tensor, rope_heads) pairs as pack_tensor takes them."""
-    packed = [pack_tensor(file, t, heads) for t, heads in members]
+    members: (tensor, rope_heads, tile) as pack_tensor takes them."""
+    packed = [pack_tensor(file, t, heads, tile) for t, heads, tile in members]
     same = 1  # the leading members with the first one's layout, as fuse.py fuses them
     while same < len(packed) and _layout_key(packed[same]) == _layout_key(packed[0]):
         same += 1
@@ -76,7 +84,7 @@ def pack_group(file: GGUFFile, members: list[tuple[GGUFTensor, int | None]]) -> 
     mn = None if lead[0].min is None else torch.cat([p.min for p in lead])  # type: ignore[misc]
     out, r0 = [], 0
     for p in lead:
-        r1 = r0 + p.shape[0]
+        r1 = r0 + p.codes.shape[0]  # rows, or tiles of rows
         band = None if mn is None else mn[r0:r1]
         out.append(Packed(codes[r0:r1], scale[r0:r1], band, p.bits, p.block, p.qtype))
         r0 = r1
@@ -86,7 +94,8 @@ def pack_group(file: GGUFFile, members: list[tuple[GGUFTensor, int | None]]) -> 
 def _layout_key(p: Packed) -> tuple:
     """What must agree for packed tensors to share buffers (as fuse.py's layout does)."""
     mn = None if p.min is None else p.min.dtype
-    return (p.bits, p.block, p.codes.dtype, p.codes.shape[1], p.scale.dtype, p.scale.shape[1], mn)
+    return (p.bits, p.block, p.codes.dtype, p.codes.shape[1:], p.scale.dtype, p.scale.shape[1:],
+            mn)
 
 
 @functools.lru_cache(maxsize=64)
@@ -107,7 +116,13 @@ def packed_nbytes(qtype: object, shape: tuple[int, int]) -> int:
     return row_layout(qtype, k).nbytes() * n
 
 
+def _tiled(p: Packed, tile: int) -> Packed:
+    return p if tile == 1 else tile_rows(p, tile)
+
+
 def _empty_like(p: Packed, n: int) -> Packed:
+    """Empty buffers like ``p``'s with n rows (tiles of rows where ``p`` is tiled)."""
+
     def grow(a: torch.Tensor) -> torch.Tensor:
         return torch.empty((n, *a.shape[1:]), dtype=a.dtype)
 

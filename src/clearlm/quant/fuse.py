@@ -32,7 +32,7 @@ def _layout(m: nn.Module) -> tuple | None:
     if type(m) is not QuantLinear:
         return None
     return (m.bits, m.block, m.scale.dtype, m.min.numel() > 0, m.bias is not None,
-            m.in_features, m.int8, m.codes.device)
+            m.in_features, m.int8, m.codes.device, m.packed().tile)
 
 
 def join_rows(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -64,14 +64,15 @@ def fuse_group(mods: list[QuantLinear]) -> QuantLinear:
     bias = cat("bias") if first.bias is not None else None
     fused = QuantLinear(packed, bias)
     fused.int8 = first.int8
+    tile = packed.tile  # codes / scale / min index whole tiles of rows (quant/tiles.py)
     r0 = 0
     for m in mods:
         r1 = r0 + m.out_features
-        for name in ("codes", "scale", "bias"):
-            if m._buffers[name] is not None:
-                setattr(m, name, fused._buffers[name][r0:r1])
-        if mn is not None:
-            m.min = fused.min[r0:r1]
+        for name in ("codes", "scale", "min"):
+            if name != "min" or mn is not None:
+                setattr(m, name, fused._buffers[name][r0 // tile : r1 // tile])
+        if m.bias is not None:
+            m.bias = fused.bias[r0:r1]
         r0 = r1
     return fused
 

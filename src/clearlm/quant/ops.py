@@ -44,9 +44,7 @@ def qmm_eager(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: tor
     exact product is computed) where that kernel is unavailable or K is not a multiple of 64."""
     kern = load_kernels()
     if kern is None:
-        n = codes.shape[0]
-        w = dequantize_packed(Packed(codes, scale, mn if mn.numel() else None, bits, block,
-                                     "")).view(n, -1)
+        w = dequantize_packed(Packed(codes, scale, mn if mn.numel() else None, bits, block, ""))
         return F.linear(x, w)
     if int8 and x.shape[1] % 64 == 0 and kern.qmm_i8_available():
         return kern.qmm_i8(x, codes, scale, mn, bits, block)
@@ -62,7 +60,8 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: torch.Ten
 
 @qmm.register_fake
 def _qmm_fake(x, codes, scale, mn, bits, block, int8=False):
-    return x.new_empty(x.shape[0], codes.shape[0])  # (M, N) float32, no data
+    n = scale.shape[0] * (scale.shape[2] if scale.dim() == 3 else 1)  # rows (tiles × rows)
+    return x.new_empty(x.shape[0], n)  # (M, N) float32, no data
 
 
 _registered: list[bool] = []

@@ -53,7 +53,10 @@ class UnsupportedQuantError(ClearLMError):
 class Packed:
     """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4;
     uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the high bits' uint32).
-    scale / min: float16 or float32 (N, K // block); min None means 0."""
+    scale / min: float16 or float32 (N, K // block); min None means 0.
+    Row tiles (quant/tiles.py, the layout decode reads fastest): the same blocks, T rows
+    interleaved block by block: codes (N // T, K // block, T * bytes per block), scale / min
+    (N // T, K // block, T)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -64,7 +67,13 @@ class Packed:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.scale.shape[0], self.scale.shape[1] * self.block
+        """(N, K): output and input features."""
+        return self.scale.shape[0] * self.tile, self.scale.shape[1] * self.block
+
+    @property
+    def tile(self) -> int:
+        """Rows per row tile: 1 for the row-major layout."""
+        return self.scale.shape[2] if self.scale.dim() == 3 else 1
 
     def nbytes(self) -> int:
         extra = self.min.nbytes if self.min is not None else 0
@@ -169,6 +178,10 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
 
 def dequantize_packed(p: Packed) -> torch.Tensor:
     """Pure-torch float32 (N, K) weight: the reference for tests and the no-compiler fallback."""
+    if p.tile > 1:
+        from clearlm.quant.tiles import untile_rows
+
+        p = untile_rows(p)
     n, k = p.shape
     nb = k // p.block
     if p.bits == 8:
@@ -201,9 +214,12 @@ class PackedModule(nn.Module):
         self.register_buffer("min", packed.min if packed.min is not None else empty)
 
     def packed(self, rows: torch.Tensor | None = None) -> Packed:
-        """The weight as a Packed, or only the given rows (an int64 index tensor (R,))."""
+        """The weight as a Packed, or only the given rows (an int64 index tensor (R,)) as a
+        row-major Packed of R rows, whatever the weight's layout."""
         mn = self.min if self.min.numel() else None
+        whole = Packed(self.codes, self.scale, mn, self.bits, self.block, self.qtype)
         if rows is None:
-            return Packed(self.codes, self.scale, mn, self.bits, self.block, self.qtype)
-        mn = None if mn is None else mn[rows]
-        return Packed(self.codes[rows], self.scale[rows], mn, self.bits, self.block, self.qtype)
+            return whole
+        from clearlm.quant.tiles import select_rows
+
+        return select_rows(whole, rows)

@@ -45,6 +45,7 @@ from clearlm.loading.gguf_file import GGUFTensor
 from clearlm.quant.from_file import row_layout
 from clearlm.quant.fuse import join_rows
 from clearlm.quant.pack import Packed
+from clearlm.quant.tiles import TILE, tile_rows
 
 ENV = "CLEARLM_PACK_CACHE"
 ALIGN = 64  # bytes: every tensor starts on a cache line
@@ -128,6 +129,13 @@ def _fits(p: Packed, t: GGUFTensor) -> bool:
     want = row_layout(t.tensor_type, k)
     if (p.bits, p.block, p.qtype) != (want.bits, want.block, want.qtype) or p.shape != (n, k):
         return False
+    if p.tile != 1:  # row tiles (quant/tiles.py): the layout of one tile of zero rows
+        if p.tile != TILE:
+            return False
+        rows = [want.codes, want.scale, want.min]
+        want = tile_rows(Packed(*[None if a is None else a.expand(TILE, *a.shape[1:])
+                                  for a in rows], want.bits, want.block, want.qtype))
+    n //= p.tile
     widened = (torch.float32,)  # Q4_0/Q5_0 scales when -8d / -16d overflow float16 (pack.py)
     pairs = [(p.codes, want.codes, ()), (p.scale, want.scale, widened)]
     if (p.min is None) != (want.min is None):
@@ -146,8 +154,8 @@ def _job(f, i: int, meta: dict) -> Job:
     out, kinds, lead = [], meta["kinds"], meta["shared"]  # the first `lead` share buffers
     if lead:
         codes, scale, mn, r0 = get("codes"), get("scale"), get("min"), 0
-        for rows, kind in zip(meta["rows"][:lead], kinds, strict=False):
-            band = slice(r0, r0 + rows)
+        for rows, kind in zip(meta["lead"][:lead], kinds, strict=False):
+            band = slice(r0, r0 + rows)  # rows, or tiles of rows
             out.append(Packed(codes[band], scale[band], None if mn is None else mn[band], *kind))
             r0 += rows
     for m in range(lead, len(kinds)):
@@ -173,7 +181,8 @@ def write(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]], jobs: l
                     saved[f"{i}.{kind}"] = join_rows(ts[:shared])  # a view: bands of one buffer
                 saved.update({f"{i}.{m}.{kind}": t for m, t in enumerate(ts)
                               if m >= shared and t is not None})
-            meta.append({"names": [t.name for t in members], "rows": [p.shape[0] for p in job],
+            meta.append({"names": [t.name for t in members],
+                         "lead": [p.codes.shape[0] for p in job],  # rows, or tiles of rows
                          "shared": shared,
                          "kinds": [[p.bits, p.block, p.qtype] for p in job],
                          "tensors": [k for k in saved if k.startswith(f"{i}.")]})

@@ -34,6 +34,7 @@ from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed, pack_blocks
+from clearlm.quant.tiles import TILE, tile_rows
 
 
 @dataclass
@@ -82,8 +83,10 @@ def quantize_model(model: nn.Module, reader: GGUFFile, config: ModelConfig) -> S
             if t.tensor_type not in SUPPORTED:
                 report.kept.append(path)
                 continue
-            if packed is None:
-                packed = _pack(t, shape, path, arch.unpermute_qk, config)
+            if packed is None:  # row tiles where a linear layer reads it (as gguf_compact.py)
+                linear = any(type(_module(model, p)) is nn.Linear for p in targets)
+                tile = TILE if linear and shape[0] % TILE == 0 else 1
+                packed = _pack(t, shape, path, arch.unpermute_qk, config, tile)
                 report.packed_bytes += packed.nbytes()
             if type(old) is nn.Embedding:
                 new: nn.Module = QuantEmbedding(packed)
@@ -97,11 +100,20 @@ def quantize_model(model: nn.Module, reader: GGUFFile, config: ModelConfig) -> S
     return report
 
 
-def _pack(t, shape: tuple[int, int], path: str, unpermute_qk: bool, config: ModelConfig) -> Packed:
-    """Repack one reader tensor, with llama's Q/K rows put back in rotate-half order."""
+def _module(model: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def _pack(t, shape: tuple[int, int], path: str, unpermute_qk: bool, config: ModelConfig,
+          tile: int) -> Packed:
+    """Repack one reader tensor, with llama's Q/K rows put back in rotate-half order, in row
+    tiles of ``tile`` rows (1: row-major)."""
     packed = pack_blocks(t.data, t.tensor_type, shape)
     if unpermute_qk and path.endswith("q_proj"):
         packed = _permute_rows(packed, config.n_heads)
     elif unpermute_qk and path.endswith("k_proj"):
         packed = _permute_rows(packed, config.n_kv_heads)
-    return packed
+    return packed if tile == 1 else tile_rows(packed, tile)

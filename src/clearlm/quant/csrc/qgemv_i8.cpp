@@ -17,6 +17,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -58,39 +61,55 @@ inline uint32_t load_u32(const uint8_t* p) {
   return v;
 }
 
-// Codes of values e .. e + 63 of a row as 64 unsigned bytes in natural order.
-template <int BITS>
-inline __m512i codes64(const uint8_t* row, int64_t e) {
+// The codes of 64 consecutive values of a row as 64 unsigned bytes in natural order: the 64 / BS
+// blocks that start at `blk`, one block every `cbs` bytes (row-major: adjacent; row tiles of T
+// rows: T blocks apart, qgemv.cpp).
+template <int BITS, int BS>
+inline __m512i codes64(const uint8_t* blk, int64_t cbs) {
+  auto ld128 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
   if (BITS == 8) {  // int8 code + 128 as an unsigned byte
-    const __m512i v = _mm512_loadu_si512(row + e);
+    __m512i v;
+    if (cbs == BS) {
+      v = _mm512_loadu_si512(blk);
+    } else if (BS == 32) {
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + cbs));
+      v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    } else {
+      v = _mm512_castsi128_si512(ld128(blk));
+      v = _mm512_inserti32x4(v, ld128(blk + cbs), 1);
+      v = _mm512_inserti32x4(v, ld128(blk + 2 * cbs), 2);
+      v = _mm512_inserti32x4(v, ld128(blk + 3 * cbs), 3);
+    }
     return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
   }
-  constexpr int64_t stride = BITS == 4 ? 16 : 20;
-  const uint8_t* b0 = row + (e / 32) * stride;
-  const __m256i v =  // two blocks' 16 nibble bytes (adjacent for 4 bits)
-      BITS == 4 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0))
-                : _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + stride)),
-                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0)));
+  const __m256i v =  // two blocks' 16 nibble bytes
+      (BITS == 4 && cbs == 16) ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk))
+                               : _mm256_set_m128i(ld128(blk + cbs), ld128(blk));
   const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
   const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F));
   // 128-bit lanes [lo_b, lo_b1, hi_b, hi_b1] → [lo_b, hi_b, lo_b1, hi_b1] (codes in order)
   __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
   z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
   if (BITS == 5) {  // fifth bits: qh bit j is code j's, in order
-    const uint64_t qh = load_u32(b0 + 16) | (static_cast<uint64_t>(load_u32(b0 + stride + 16)) << 32);
+    const uint64_t qh = load_u32(blk + 16) | (static_cast<uint64_t>(load_u32(blk + cbs + 16)) << 32);
     z = _mm512_mask_add_epi8(z, qh, z, _mm512_set1_epi8(16));
   }
   return z;
 }
 
-// The lanes' weight scales for values e .. e + 63 (lane l covers values 4l .. 4l + 3).
+// The lanes' weight scales for the 64 values of blocks b .. b + 64 / BS - 1 of a row (lane l
+// covers values 4l .. 4l + 3); block b's scale at sc[b * sbs].
 template <int BS>
-inline __m512 lane_scales(const float* sc, int64_t e) {
+inline __m512 lane_scales(const float* sc, int64_t b, int64_t sbs) {
   if (BS == 32) {
-    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sc[e / 32]), _mm512_set1_ps(sc[e / 32 + 1]));
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sc[b * sbs]), _mm512_set1_ps(sc[(b + 1) * sbs]));
   }
+  const __m128 four = sbs == 1 ? _mm_loadu_ps(sc + b)
+                               : _mm_set_ps(sc[(b + 3) * sbs], sc[(b + 2) * sbs],
+                                            sc[(b + 1) * sbs], sc[b * sbs]);
   const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(sc + e / 16)));
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(four));
 }
 
 // Software prefetch, as in qgemv.cpp: codes PF_BYTES ahead of the read, one prefetch per
@@ -102,17 +121,23 @@ inline void prefetch_range(const void* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
 }
 
+// Bytes of one block's codes.
+constexpr int64_t block_bytes(int bits, int64_t bs) { return bits == 8 ? bs : bits == 4 ? 16 : 20; }
+
+// R weight rows against one quantized x row; row r's block b at codes + r * crs + b * cbs, its
+// scale and min at r * srs + b * sbs (qgemv.cpp's Steps).
 template <int BITS, int BS, int R>
-void dot_rows_i8(const QRow& x, const uint8_t* codes, int64_t row_bytes, const float* sc,
-                 const float* mn, int64_t nb, int64_t K, float* y) {
+void dot_rows_i8(const QRow& x, const uint8_t* codes, int64_t crs, int64_t cbs, const float* sc,
+                 const float* mn, int64_t srs, int64_t sbs, int64_t K, float* y) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  constexpr int64_t stride = BITS == 4 ? 32 : BITS == 5 ? 40 : 64;  // code bytes per 64 values
+  constexpr int64_t bpb = block_bytes(BITS, BS), per64 = 64 / BS;  // blocks per 64 values
   for (int64_t e = 0; e < K; e += 64) {
-    const int64_t off = e / 64 * stride;
-    if ((off & 63) < stride) {  // these codes start a new 64-byte line
-      for (int r = 0; r < R; ++r) {
-        _mm_prefetch(codes + r * row_bytes + off + PF_BYTES, _MM_HINT_T0);
+    const int64_t b = e / BS;
+    for (int r = 0; r < R; ++r) {  // one prefetch per 64-byte line of each row's stream
+      for (int64_t j = 0; j < per64; ++j) {
+        const int64_t off = r * crs + (b + j) * cbs;
+        if ((off & 63) < bpb) _mm_prefetch(codes + off + PF_BYTES, _MM_HINT_T0);
       }
     }
     const __m512i xq = _mm512_loadu_si512(x.q.data() + e);
@@ -120,16 +145,17 @@ void dot_rows_i8(const QRow& x, const uint8_t* codes, int64_t row_bytes, const f
     const __m512i init = BITS == 8 ? _mm512_loadu_si512(x.neg4.data() + e / 4)
                                    : _mm512_setzero_si512();
     for (int r = 0; r < R; ++r) {
-      const __m512i i = _mm512_dpbusd_epi32(init, codes64<BITS>(codes + r * row_bytes, e), xq);
-      const __m512 s = _mm512_mul_ps(lane_scales<BS>(sc + r * nb, e), dx);
+      const __m512i i =
+          _mm512_dpbusd_epi32(init, codes64<BITS, BS>(codes + r * crs + b * cbs, cbs), xq);
+      const __m512 s = _mm512_mul_ps(lane_scales<BS>(sc + r * srs, b, sbs), dx);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
     float v = _mm512_reduce_add_ps(acc[r]);
     if (mn) {  // Σ_b min_b · dx_b · Σxq_b (blocks of 32)
-      const float* m = mn + r * nb;
-      for (int64_t b = 0; b < nb; ++b) v += m[b] * x.fsum[b];
+      const float* m = mn + r * srs;
+      for (int64_t b = 0; b < K / 32; ++b) v += m[b * sbs] * x.fsum[b];
     }
     y[r] = v;
   }
@@ -144,12 +170,16 @@ void widen(const at::Half* src, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+// Rows of T-row tiles (T = 1: row-major), as qgemv.cpp's Arrangement.
 template <int BITS, int BS, typename S>
-void run(const std::vector<QRow>& xs, const uint8_t* cp, int64_t row_bytes, const S* sp,
-         const S* mp, int64_t N, int64_t K, float* yp) {
-  const int64_t nb = K / BS;
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    constexpr int64_t band = 64;  // float16 scales widened a band of rows at a time
+void run(const std::vector<QRow>& xs, const uint8_t* cp, const S* sp, const S* mp, int64_t N,
+         int64_t K, int64_t T, float* yp) {
+  const int64_t nb = K / BS, bpb = block_bytes(BITS, BS);
+  const int64_t row_bytes = nb * bpb;
+  const int64_t crs = T == 1 ? row_bytes : bpb, cbs = T * bpb, srs = T == 1 ? nb : 1, sbs = T;
+  at::parallel_for(0, N / T, T == 1 ? 16 : 2, [&](int64_t t0, int64_t t1) {
+    const int64_t n0 = t0 * T, n1 = t1 * T;
+    constexpr int64_t band = 64;  // float16 scales widened a band of rows (whole tiles) at a time
     std::vector<float> sbuf, mbuf;
     for (int64_t b0 = n0; b0 < n1; b0 += band) {
       const int64_t b1 = std::min(b0 + band, n1);
@@ -169,18 +199,19 @@ void run(const std::vector<QRow>& xs, const uint8_t* cp, int64_t row_bytes, cons
         if (mp) mf = mbuf.data();
       }
       for (size_t m = 0; m < xs.size(); ++m) {
-        int64_t n = b0;
-        auto args = [&](int64_t n) {
-          return std::make_tuple(cp + n * row_bytes, sf + (n - b0) * nb,
-                                 mf ? mf + (n - b0) * nb : nullptr, yp + m * N + n);
+        auto rows = [&](auto r, int64_t n) {  // rows n .. n + R - 1, within one tile
+          constexpr int R = decltype(r)::value;
+          const int64_t c = (n - n % T) * row_bytes + n % T * bpb;
+          const int64_t s = (n - n % T) * nb + n % T - b0 * nb;
+          dot_rows_i8<BITS, BS, R>(xs[m], cp + c, crs, cbs, sf + s, mf ? mf + s : nullptr, srs,
+                                   sbs, K, yp + m * N + n);
         };
-        for (; n + 4 <= b1; n += 4) {
-          auto [c, s, mm, y] = args(n);
-          dot_rows_i8<BITS, BS, 4>(xs[m], c, row_bytes, s, mm, nb, K, y);
-        }
-        for (; n < b1; ++n) {
-          auto [c, s, mm, y] = args(n);
-          dot_rows_i8<BITS, BS, 1>(xs[m], c, row_bytes, s, mm, nb, K, y);
+        int64_t n = b0;
+        if (T == 8) {
+          for (; n < b1; n += 8) rows(std::integral_constant<int, 8>{}, n);
+        } else {
+          for (; n + 4 <= b1 && T == 1; n += 4) rows(std::integral_constant<int, 4>{}, n);
+          for (; n < b1; ++n) rows(std::integral_constant<int, 1>{}, n);
         }
       }
     }
@@ -194,19 +225,18 @@ bool qmm_i8_available() { return true; }
 // x (M, K) float32 contiguous, K a multiple of 64; codes/scale/min checked by the caller.
 torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
                           const torch::Tensor& scale, const torch::Tensor& mn, int64_t bits,
-                          int64_t bs) {
-  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
+                          int64_t bs, int64_t N, int64_t T) {
+  const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % 64 == 0, "int8 activations need K a multiple of 64");
   TORCH_CHECK(bs == 32 || !mn.numel(), "mins need blocks of 32");
   std::vector<QRow> xs(M);
   for (int64_t m = 0; m < M; ++m) quantize_row(x.data_ptr<float>() + m * K, K, xs[m]);
   auto y = torch::empty({M, N}, x.options());
   const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
-  const int64_t rb = codes.size(1);
   float* yp = y.data_ptr<float>();
   const bool f32 = scale.scalar_type() == torch::kFloat;
-#define RUN(B, S_, T)                                                                 \
-  run<B, S_, T>(xs, cp, rb, scale.data_ptr<T>(), mn.numel() ? mn.data_ptr<T>() : nullptr, N, K, yp)
+#define RUN(B, S_, T_)                                                                 \
+  run<B, S_, T_>(xs, cp, scale.data_ptr<T_>(), mn.numel() ? mn.data_ptr<T_>() : nullptr, N, K, T, yp)
   if (bits == 8 && bs == 16) {
     if (f32) RUN(8, 16, float); else RUN(8, 16, at::Half);
   } else if (bits == 8) {
@@ -223,7 +253,7 @@ torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
 bool qmm_i8_available() { return false; }
 
 torch::Tensor qmm_i8_impl(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                          const torch::Tensor&, int64_t, int64_t) {
+                          const torch::Tensor&, int64_t, int64_t, int64_t, int64_t) {
   TORCH_CHECK(false, "int8 activations need AVX-512 VNNI");
 }
 #endif

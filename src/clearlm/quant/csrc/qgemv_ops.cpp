@@ -6,26 +6,42 @@
 // qgemv.cpp
 int64_t qgemv_row_bytes(int64_t bits, int64_t K);
 void qmm_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
-             const torch::Tensor& mn, int64_t bits, int64_t bs, torch::Tensor& y);
+             const torch::Tensor& mn, int64_t bits, int64_t bs, int64_t T, torch::Tensor& y);
 void dequant_run(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
-                 int64_t bits, int64_t bs, int64_t r0, torch::Tensor& out);
+                 int64_t bits, int64_t bs, int64_t T, int64_t r0, torch::Tensor& out);
 
 namespace {
 
-void check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
-           int64_t bits, int64_t bs) {
+// The weight's shape (N, K) and rows per tile T, read off its tensors: row-major codes (N,
+// row_bytes) with scales (N, nb), or row tiles of T rows: codes (N/T, nb, T * bpb) with scales
+// (N/T, nb, T) (qgemv.cpp's layouts; quant/pack.py: tile_rows). T is 1 or 8.
+struct Shape {
+  int64_t N, K, T;
+};
+
+Shape check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
+            int64_t bits, int64_t bs) {
   TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "bits must be 4, 5 or 8");
   TORCH_CHECK(bits == 8 ? (bs == 16 || bs == 32) : (bs == 32), "unsupported block size");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
   TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
-  TORCH_CHECK(codes.dim() == 2 && scale.dim() == 2 && codes.size(0) == scale.size(0) &&
-                  codes.size(1) == qgemv_row_bytes(bits, scale.size(1) * bs),
-              "codes, scale and block size disagree");
   TORCH_CHECK(scale.scalar_type() == torch::kFloat || scale.scalar_type() == torch::kHalf,
               "scale must be float32 or float16");
+  TORCH_CHECK(codes.dim() == scale.dim() && (scale.dim() == 2 || scale.dim() == 3) &&
+                  codes.size(0) == scale.size(0),
+              "codes and scale must both be row-major (2-d) or both row tiles (3-d)");
+  const int64_t T = scale.dim() == 3 ? scale.size(2) : 1, nb = scale.size(1);
+  const int64_t bpb = bits == 8 ? bs : bits == 4 ? 16 : 20;
+  TORCH_CHECK(T == 1 || T == 8, "row tiles must hold 8 rows");
+  TORCH_CHECK(scale.dim() == 2 ? codes.size(1) == qgemv_row_bytes(bits, nb * bs)
+                               : codes.size(1) == nb && codes.size(2) == T * bpb,
+              "codes, scale and block size disagree");
   if (mn.numel()) {
-    TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == scale.scalar_type(), "min layout");
+    TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == scale.scalar_type() &&
+                    mn.sizes() == scale.sizes(),
+                "min must have scale's shape and dtype");
   }
+  return {scale.size(0) * T, nb * bs, T};
 }
 
 }  // namespace
@@ -33,13 +49,12 @@ void check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::
 // x (M, K) float32 contiguous -> (M, N) float32.
 torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
                   int64_t bits, int64_t bs) {
-  check(codes, scale, mn, bits, bs);
+  const Shape w = check(codes, scale, mn, bits, bs);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
-  const int64_t N = codes.size(0), K = x.size(1);
-  TORCH_CHECK(K % bs == 0 && scale.size(0) == N && scale.size(1) == K / bs, "shape mismatch");
-  auto y = torch::empty({x.size(0), N}, x.options());
-  qmm_run(x, codes, scale, mn, bits, bs, y);
+  TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
+  auto y = torch::empty({x.size(0), w.N}, x.options());
+  qmm_run(x, codes, scale, mn, bits, bs, w.T, y);
   return y;
 }
 
@@ -47,25 +62,24 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, tor
 bool qmm_i8_available();
 torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
                           const torch::Tensor& scale, const torch::Tensor& mn, int64_t bits,
-                          int64_t bs);
+                          int64_t bs, int64_t N, int64_t T);
 
 torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
                      int64_t bits, int64_t bs) {
-  check(codes, scale, mn, bits, bs);
+  const Shape w = check(codes, scale, mn, bits, bs);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
-  TORCH_CHECK(scale.size(1) * bs == x.size(1), "shape mismatch");
-  return qmm_i8_impl(x, codes, scale, mn, bits, bs);
+  TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
+  return qmm_i8_impl(x, codes, scale, mn, bits, bs, w.N, w.T);
 }
 
 // Rows [r0, r1) of the dequantized weight, (r1 - r0, K) float32.
 torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn, int64_t bits,
                       int64_t bs, int64_t r0, int64_t r1) {
-  check(codes, scale, mn, bits, bs);
-  const int64_t K = scale.size(1) * bs;
-  TORCH_CHECK(0 <= r0 && r0 <= r1 && r1 <= codes.size(0), "row range out of bounds");
-  auto out = torch::empty({r1 - r0, K}, torch::dtype(torch::kFloat));
-  dequant_run(codes, scale, mn, bits, bs, r0, out);
+  const Shape w = check(codes, scale, mn, bits, bs);
+  TORCH_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.N, "row range out of bounds");
+  auto out = torch::empty({r1 - r0, w.K}, torch::dtype(torch::kFloat));
+  dequant_run(codes, scale, mn, bits, bs, w.T, r0, out);
   return out;
 }
 

@@ -1,0 +1,126 @@
+"""clearlm.quant.tiles: row tiles hold the same blocks and give bit-identical products.
+
+References: the row-major Packed that pack_blocks gives (its values are checked against
+gguf.quants.dequantize in tests/test_quant.py) and the kernel's own row-major product: a tile
+only moves bytes, and the kernel sums each row in the same order in either layout, so every
+comparison here is exact equality, not a tolerance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from test_quant import random_blocks
+
+import clearlm
+from clearlm.quant.embedding import QuantEmbedding
+from clearlm.quant.kernels import load_kernels
+from clearlm.quant.linear import QuantLinear
+from clearlm.quant.ops import int8_available
+from clearlm.quant.pack import SUPPORTED, dequantize_packed, pack_blocks
+from clearlm.quant.tiles import TILE, can_tile, select_rows, tile_rows, untile_rows
+
+needs_kernel = pytest.mark.skipif(load_kernels() is None, reason="no C++ kernel (needs g++)")
+N, K = 48, 512  # 6 tiles of 8 rows; K: 16 blocks of 32, 32 of 16 (Q6_K)
+
+
+def packed_pair(qtype: Q, n: int = N, k: int = K):
+    p = pack_blocks(random_blocks(qtype, n, k), qtype, (n, k))
+    return p, tile_rows(p)
+
+
+def mins(p) -> torch.Tensor:
+    return p.min if p.min is not None else torch.empty(0)
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+def test_tiles_hold_the_same_blocks(qtype: Q) -> None:
+    p, t = packed_pair(qtype)
+    assert t.tile == TILE and t.shape == p.shape == (N, K)
+    assert t.codes.shape[0] == t.scale.shape[0] == N // TILE and t.nbytes() == p.nbytes()
+    back = untile_rows(t)
+    assert torch.equal(back.codes, p.codes) and torch.equal(back.scale, p.scale)
+    assert (back.min is None) == (p.min is None)
+    if p.min is not None:
+        assert torch.equal(back.min, p.min)
+    assert torch.equal(dequantize_packed(t), dequantize_packed(p))  # the torch fallback
+    rows = torch.tensor([0, 7, 8, 47, 13, 13])  # an embedding lookup: any rows, repeats
+    assert torch.equal(dequantize_packed(select_rows(t, rows)), dequantize_packed(p)[rows])
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+def test_kernel_products_are_bit_identical(qtype: Q) -> None:
+    kern = load_kernels()
+    p, t = packed_pair(qtype)
+    torch.manual_seed(0)
+    for m in (1, 2, 3, 4, 7, 16):  # every tile of x rows the kernel uses (4, 2, 1)
+        x = torch.randn(m, K)
+        want = kern.qmm(x, p.codes, p.scale, mins(p), p.bits, p.block)  # (M, N)
+        got = kern.qmm(x, t.codes, t.scale, mins(t), t.bits, t.block)
+        assert torch.equal(got, want), (m, (got - want).abs().max())
+        ref = x.double() @ dequantize_packed(p).double().T
+        assert (got.double() - ref).abs().max() < 1e-3  # and it is the product at all
+        if int8_available():
+            want = kern.qmm_i8(x, p.codes, p.scale, mins(p), p.bits, p.block)
+            got = kern.qmm_i8(x, t.codes, t.scale, mins(t), t.bits, t.block)
+            assert torch.equal(got, want)
+    for r0, r1 in ((0, N), (3, 40), (8, 16), (47, 48)):  # prefill bands: any row range
+        want = kern.dequant(p.codes, p.scale, mins(p), p.bits, p.block, r0, r1)
+        got = kern.dequant(t.codes, t.scale, mins(t), t.bits, t.block, r0, r1)
+        assert torch.equal(got, want) and torch.equal(want, dequantize_packed(p)[r0:r1])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("t", [1, 3, 21])  # decode, several rows, chunked prefill
+def test_quant_linear_on_tiles_equals_row_major(qtype: Q, t: int) -> None:
+    p, tiled = packed_pair(qtype)
+    bias = torch.randn(N)
+    x = torch.randn(2, t, K)
+    want, got = QuantLinear(p, bias)(x), QuantLinear(tiled, bias)(x)  # (2, t, N)
+    assert torch.equal(got, want)
+
+
+def test_embedding_lookup_on_a_tiled_table() -> None:
+    p, t = packed_pair(Q.Q8_0)
+    ids = torch.tensor([[0, 9, 47], [8, 8, 1]])
+    assert torch.equal(QuantEmbedding(t)(ids), QuantEmbedding(p)(ids))
+    assert torch.equal(QuantEmbedding(t)(ids), dequantize_packed(p)[ids])
+
+
+def test_what_cannot_be_tiled() -> None:
+    p = pack_blocks(random_blocks(Q.Q4_0, 12, K), Q.Q4_0, (12, K))
+    assert not can_tile(p)
+    with pytest.raises(ValueError, match="tiles of 8 rows"):
+        tile_rows(p)
+    p, t = packed_pair(Q.Q4_0)
+    with pytest.raises(ValueError, match="tile 8"):
+        tile_rows(t)  # already tiled
+    assert untile_rows(p) is p
+
+
+@needs_kernel
+def test_kernel_refuses_other_tile_sizes() -> None:
+    kern = load_kernels()
+    p = pack_blocks(random_blocks(Q.Q8_0, 16, 64), Q.Q8_0, (16, 64))
+    t = tile_rows(p, 4)  # a valid arrangement, but the kernel computes tiles of 8 rows only
+    with pytest.raises(RuntimeError, match="8 rows"):
+        kern.qmm(torch.randn(1, 64), t.codes, t.scale, mins(t), t.bits, t.block)
+
+
+def test_a_compact_load_tiles_what_linear_layers_read(smollm2_path: Path, monkeypatch) -> None:
+    """SmolLM2 (tied head, k_proj of 192 rows): every QuantLinear and the tied table are tiled
+    in 8s, and the logits of a 4-token prompt (the kernel's path) equal, bit for bit, those of
+    the same load kept row-major."""
+    ids = [1, 504, 2444, 314]
+    model = clearlm.load(str(smollm2_path), weights="compact")
+    mods = [m for m in model.transformer.modules() if isinstance(m, (QuantLinear, QuantEmbedding))]
+    assert mods and all(m.packed().tile == TILE for m in mods)
+    got = model.logits(ids)
+    monkeypatch.setattr("clearlm.loading.gguf_compact._tile", lambda *args: 1)
+    plain = clearlm.load(str(smollm2_path), weights="compact")
+    assert all(m.packed().tile == 1 for m in plain.transformer.modules() if hasattr(m, "packed"))
+    assert torch.equal(got, plain.logits(ids))
