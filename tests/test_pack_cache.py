@@ -26,6 +26,7 @@ from clearlm.errors import SamplingParamsError
 from clearlm.loading.gguf_file import GGUFTensor
 from clearlm.quant import pack_cache
 from clearlm.quant.pack import Packed, pack_blocks
+from clearlm.quant.tiles import tile_rows
 
 
 def random_packed(qtype: Q, n: int = 4, k: int = 256, seed: int = 0):
@@ -151,15 +152,16 @@ def test_off_writes_nothing(tmp_path, monkeypatch, cache_on):
 
 def test_round_trip_of_unshared_jobs_of_mixed_formats(tmp_path, cache_on):
     """A group whose members have different formats (Qwen's Q5_0 Q/K with a Q8_0 V) is kept
-    member by member, each with its own bits, block and scale dtype."""
+    member by member, each with its own bits, block and scale dtype; row tiles (quant/tiles.py:
+    a Q/K pair of 16 + 8 rows and a head here) come back tiled."""
     gguf = write_tiny_llama(tmp_path / "m.gguf")
-    q, k = random_packed(Q.Q5_0, seed=1), random_packed(Q.Q5_0, n=2, seed=2)
-    codes, scale, mn = (torch.cat([getattr(q, f), getattr(k, f)])
-                        for f in ("codes", "scale", "min"))
-    lead = [Packed(codes[:4], scale[:4], mn[:4], 5, 32, "Q5_0"),  # Q and K share buffers, as
-            Packed(codes[4:], scale[4:], mn[4:], 5, 32, "Q5_0")]  # from_file.pack_group packs
+    q, k = tile_rows(random_packed(Q.Q5_0, n=16, seed=1)), tile_rows(random_packed(Q.Q5_0, n=8,
+                                                                                   seed=2))
+    codes, scale = (torch.cat([getattr(q, f), getattr(k, f)]) for f in ("codes", "scale"))
+    lead = [Packed(codes[:2], scale[:2], None, 5, 32, "Q5_0"),  # Q and K share buffers, as
+            Packed(codes[2:], scale[2:], None, 5, 32, "Q5_0")]  # from_file.pack_group packs
     jobs = [[random_packed(Q.Q5_0), random_packed(Q.Q8_0), random_packed(Q.Q6_K)],
-            [random_packed(Q.Q4_1)], [*lead, random_packed(Q.Q8_0, seed=3)]]
+            [tile_rows(random_packed(Q.Q4_1, n=8))], [*lead, random_packed(Q.Q8_0, seed=3)]]
     tensors = [[fake_tensor(name, p.qtype, p.shape[0]) for name, p in zip(names, job, strict=True)]
                for names, job in zip(["abc", "d", "qkv"], jobs, strict=True)]
     pack_cache.write(gguf, tensors, jobs)
@@ -172,6 +174,7 @@ def test_round_trip_of_unshared_jobs_of_mixed_formats(tmp_path, cache_on):
     for want_job, got_job in zip(jobs, back, strict=True):
         for want, got in zip(want_job, got_job, strict=True):
             assert (got.bits, got.block, got.qtype) == (want.bits, want.block, want.qtype)
+            assert got.tile == want.tile and got.shape == want.shape
             assert torch.equal(got.codes, want.codes) and torch.equal(got.scale, want.scale)
             assert (got.min is None) == (want.min is None)
             assert got.min is None or torch.equal(got.min, want.min)

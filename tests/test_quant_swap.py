@@ -34,8 +34,8 @@ def test_quantize_model_matches_float32(tmp_path, qtype: Q, tied: bool) -> None:
         assert got.model.lm_head.codes is got.model.embed_tokens.codes
     assert isinstance(got.model.layers[0].self_attn.q_proj, QuantLinear)
     # every matrix held once, at the layout's bytes per value (pack.py's table): codes + float16
-    # scale (+ float16 min for Q4_0 and Q5_1) per 32 values
-    per_block = {Q.Q8_0: 32 + 2, Q.Q4_0: 16 + 4, Q.Q5_1: 20 + 4}[qtype]
+    # scale (+ float16 min for Q5_1; Q4_0's centred codes have none) per 32 values
+    per_block = {Q.Q8_0: 32 + 2, Q.Q4_0: 16 + 2, Q.Q5_1: 20 + 4}[qtype]
     values = sum(int(t.n_elements) for t in open_gguf(path).tensors if t.tensor_type == qtype)
     assert report.packed_bytes == values // 32 * per_block
     tokens = torch.tensor([[1, 72, 101, 108, 108, 111, 32, 119, 2]])  # (B, T)

@@ -47,9 +47,6 @@ def pack_tensor(file: GGUFFile, t: GGUFTensor, rope_heads: int | None = None,
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         band = first if r0 == 0 else pack_blocks(raw[r0:r1], t.tensor_type, (r1 - r0, k))
-        if not _same_layout(band, out):  # Q4_0/Q5_0 scales widened to float32 in some band
-            file.release(t.data_offset, t.n_bytes)
-            return _tiled(pack_blocks(raw, t.tensor_type, (n, k)), tile)
         band = _tiled(band, tile)
         out.codes[r0 // tile : r1 // tile] = band.codes
         out.scale[r0 // tile : r1 // tile] = band.scale
@@ -100,8 +97,7 @@ def _layout_key(p: Packed) -> tuple:
 
 @functools.lru_cache(maxsize=64)
 def row_layout(qtype: object, k: int) -> Packed:
-    """One packed all-zero row of K values of this type: pack.py's dtypes and per-row widths
-    (Q4_0/Q5_0 scales may be float32 in a real tensor whose -8d / -16d overflow float16).
+    """One packed all-zero row of K values of this type: pack.py's dtypes and per-row widths.
     Kept per (type, K), since a load asks once per tensor for a handful of pairs (the plan's
     byte count, then pack_cache's layout check); read it, never write into it.
     Raises UnsupportedQuantError as pack_blocks."""
@@ -128,12 +124,6 @@ def _empty_like(p: Packed, n: int) -> Packed:
 
     mn = None if p.min is None else grow(p.min)
     return Packed(grow(p.codes), grow(p.scale), mn, p.bits, p.block, p.qtype)
-
-
-def _same_layout(a: Packed, b: Packed) -> bool:
-    return a.scale.dtype == b.scale.dtype and (a.min is None) == (b.min is None) and (
-        a.min is None or a.min.dtype == b.min.dtype  # type: ignore[union-attr]
-    )
 
 
 def _permuted(p: Packed, heads: int | None) -> Packed:

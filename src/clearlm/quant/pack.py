@@ -1,33 +1,37 @@
 """Repack GGUF quantized blocks into the compact layout the kernel reads, without dequantizing.
 
 Every supported type becomes *codes + one scale (+ one offset "min") per block of a row*:
-``W[n, k] = scale[n, k // bs] * code[n, k] + min[n, k // bs]`` (min absent = 0), computed in
-float32 as one fused multiply-add. For every type below that expression reproduces
-``gguf.quants.dequantize`` bit for bit, because ``scale * code`` is exact in float32 (a float16
-scale has 11 significant bits, codes at most 6, K-quant sub-scales at most 8: ≤ 25 bits) and the
-reference rounds the same sum once:
+``W[n, k] = scale[n, k // bs] * code[n, k] + min[n, k // bs]``, computed in float32 as one fused
+multiply-add; without a min, 4/5-bit codes are centred as ggml's Q4_0 / Q5_0 define them,
+``W = scale * (code - 8)`` or ``scale * (code - 16)``, and 8-bit codes are signed. For every
+type below that expression reproduces ``gguf.quants.dequantize`` bit for bit, because
+``scale * code`` is exact in float32 (a float16 scale has 11 significant bits, codes at most 6,
+K-quant sub-scales at most 8: ≤ 25 bits) and the reference rounds the same sum once:
 
 =======  =================================  ===========================  =====================
 GGUF     codes                              scale / min (dtype, block)   bytes/value (file)
 =======  =================================  ===========================  =====================
 Q8_0     int8 q                             d / —        (f16, 32)       1.0625 (1.0625)
-Q4_0     uint4 q (0..15), ggml nibbles      d / -8d      (f16, 32)       0.625  (0.5625)
+Q4_0     uint4 q, centred (q - 8)           d / —        (f16, 32)       0.5625 (0.5625)
 Q4_1     uint4 q                            d / m        (f16, 32)       0.625  (0.625)
-Q5_0     uint5 q: ggml's qs nibbles + qh      d / -16d     (f16, 32)       0.75   (0.6875)
+Q5_0     uint5 q, centred (q - 16): ggml's  d / —        (f16, 32)       0.6875 (0.6875)
+         qs nibbles + qh
 Q5_1     uint5 q                            d / m        (f16, 32)       0.75   (0.75)
 Q4_K     uint4 q, repacked per 32           d·sc / -dmin·m (f32, 32)     0.75   (0.5625)
 Q6_K     int8 q - 32                        d·sc / —     (f32, 16)       1.25   (0.8203)
 =======  =================================  ===========================  =====================
 
 Why this form: one kernel with three code layouts (int8, nibbles, nibbles + a 32-bit high-bit
-word, ggml's own Q5 layout, whose fifth bit costs one masked integer add per 16 codes) covers
-every type in the three target GGUFs, each weight is rebuilt with a single FMA, and K-quants'
-two-level scales collapse exactly into per-block float32 products (d·sc is exact: 11 × 8 bits).
-The price is memory above the file for Q6_K (int8 codes, per-16 float32 scales: 1.52×) and for
-Q4_K's float32 scales (1.33×); keeping Q6_K's bit planes and K-quants' 6-bit sub-scales
-(scale = d·sc computed in the kernel) is the next step if the ≤ 1.15× target needs it.
-Q2_K, Q3_K, Q5_K and the IQ types are not packed yet (:class:`UnsupportedQuantError`).
-Layouts: ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's quants.py.
+word, ggml's own Q5 layout, whose fifth bit costs one masked add per 16 codes) covers every
+type in the three target GGUFs, and K-quants' two-level scales collapse exactly into per-block
+float32 products (d·sc is exact: 11 × 8 bits). Q4_0 and Q5_0 keep exactly the file's bytes:
+their offset is a fixed multiple of the scale, so the kernel computes d·Σ(q - 16)·x per block
+(csrc/qgemv.cpp) with no min tensor. The price is memory above the file for Q6_K (int8 codes,
+per-16 float32 scales: 1.52×) and for Q4_K's float32 scales (1.33×); keeping Q6_K's bit planes
+and K-quants' 6-bit sub-scales (scale = d·sc computed in the kernel) is the next step if the
+≤ 1.15× target needs it. Q2_K, Q3_K, Q5_K and the IQ types are not packed yet
+(:class:`UnsupportedQuantError`). Layouts: ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's
+quants.py. A compact load then arranges most matrices in row tiles (quant/tiles.py).
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ class UnsupportedQuantError(ClearLMError):
 class Packed:
     """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4;
     uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the high bits' uint32).
-    scale / min: float16 or float32 (N, K // block); min None means 0.
+    scale / min: float16 or float32 (N, K // block); min None means 0 for 8-bit codes and
+    centred 4/5-bit codes (W = scale * (code - 8) or (code - 16), ggml's Q4_0 / Q5_0).
     Row tiles (quant/tiles.py, the layout decode reads fastest): the same blocks, T rows
     interleaved block by block: codes (N // T, K // block, T * bytes per block), scale / min
     (N // T, K // block, T)."""
@@ -135,25 +140,16 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
     if qtype == Q.Q8_0:
         codes = _field(b, 2, "V32").view(np.int8)
         return Packed(t(codes, k), t(_f16(b), per_row), None, 8, 32, "Q8_0")
-    if qtype in (Q.Q4_0, Q.Q4_1):
-        d = _f16(b)
-        if qtype == Q.Q4_0:  # d * (q - 8) = d*q + (-8d): -8d is exact in float16 unless overflow
-            mn, qs = (d.astype(np.float32) * -8).astype(np.float16), _field(b, 2, "V16")
-            if not np.isfinite(mn).all():
-                d, mn = d.astype(np.float32), d.astype(np.float32) * -8
-        else:
-            mn, qs = _f16(b, 2), _field(b, 4, "V16")
-        return Packed(t(qs, k // 2), t(d, per_row), t(mn, per_row), 4, 32, qtype.name)
+    if qtype == Q.Q4_0:  # W = d * (q - 8): centred codes, no min
+        return Packed(t(_field(b, 2, "V16"), k // 2), t(_f16(b), per_row), None, 4, 32, "Q4_0")
+    if qtype == Q.Q4_1:
+        qs = _field(b, 4, "V16")
+        return Packed(t(qs, k // 2), t(_f16(b), per_row), t(_f16(b, 2), per_row), 4, 32, "Q4_1")
     if qtype in (Q.Q5_0, Q.Q5_1):  # kept as ggml stores them: qs (16 bytes) then qh (4 bytes)
         d, off = _f16(b), 2 if qtype == Q.Q5_0 else 4
         codes = _q5_codes(b, off)  # (nb, 20)
-        if qtype == Q.Q5_1:
-            return Packed(t(codes, k // 32 * 20), t(d, per_row), t(_f16(b, 2), per_row), 5,
-                          32, "Q5_1")
-        mn = (d.astype(np.float32) * -16).astype(np.float16)  # d * (q - 16) = d*q + (-16d)
-        if not np.isfinite(mn).all():
-            d, mn = d.astype(np.float32), d.astype(np.float32) * -16
-        return Packed(t(codes, k // 32 * 20), t(d, per_row), t(mn, per_row), 5, 32, "Q5_0")
+        mn = t(_f16(b, 2), per_row) if qtype == Q.Q5_1 else None  # Q5_0: W = d * (q - 16)
+        return Packed(t(codes, k // 32 * 20), t(d, per_row), mn, 5, 32, qtype.name)
     if qtype == Q.Q4_K:
         d = _f16(b).astype(np.float32)[:, None]  # (nb, 1)
         dmin = _f16(b, 2).astype(np.float32)[:, None]
@@ -193,6 +189,8 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
             hb = c[..., 16:].long() << torch.tensor([0, 8, 16, 24])  # (N, nb, 4)
             qh = hb.sum(-1, keepdim=True)  # (N, nb, 1)
             q = q + 16 * ((qh >> torch.arange(32)) & 1).float()
+        if p.min is None:  # centred codes (Q4_0, Q5_0)
+            q = q - (8 if p.bits == 4 else 16)
     w = q * p.scale.float()[..., None]  # exact products
     if p.min is not None:
         w = w + p.min.float()[..., None]  # one rounding, as the reference

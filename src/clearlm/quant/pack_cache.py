@@ -136,14 +136,12 @@ def _fits(p: Packed, t: GGUFTensor) -> bool:
         want = tile_rows(Packed(*[None if a is None else a.expand(TILE, *a.shape[1:])
                                   for a in rows], want.bits, want.block, want.qtype))
     n //= p.tile
-    widened = (torch.float32,)  # Q4_0/Q5_0 scales when -8d / -16d overflow float16 (pack.py)
-    pairs = [(p.codes, want.codes, ()), (p.scale, want.scale, widened)]
+    pairs = [(p.codes, want.codes), (p.scale, want.scale)]
     if (p.min is None) != (want.min is None):
         return False
     if p.min is not None:
-        pairs.append((p.min, want.min, widened))
-    return all(a.dtype in (b.dtype, *extra) and a.shape == (n, *b.shape[1:])
-               for a, b, extra in pairs)
+        pairs.append((p.min, want.min))
+    return all(a.dtype == b.dtype and a.shape == (n, *b.shape[1:]) for a, b in pairs)
 
 
 def _job(f, i: int, meta: dict) -> Job:

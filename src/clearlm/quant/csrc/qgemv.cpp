@@ -1,8 +1,9 @@
 // Matrix-vector (and few-row matrix) products that read block-quantized weights directly.
 //
 // A weight W (N, K) is stored as integer codes plus one scale (and optionally one offset, "min")
-// per block of `bs` consecutive values of a row:  W[n, k] = scale[n, k/bs] * code[n, k] + min[n, k/bs]
-// (min = 0 when absent).  Three code layouts:
+// per block of `bs` consecutive values of a row:  W[n, k] = scale[n, k/bs] * code[n, k] + min[n, k/bs].
+// Without a min, 8-bit codes are signed (min = 0) and 4/5-bit codes are centred as in ggml's
+// Q4_0 / Q5_0: W = scale * (code - 8) or scale * (code - 16).  Three code layouts:
 //   bits = 8: int8 codes (N, K), bs 16 or 32 (Q8_0: bs 32; Q6_K: bs 16);
 //   bits = 4: uint8 (N, K/2), bs = 32; byte j of a block holds code j in its low nibble and code
 //             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
@@ -17,12 +18,13 @@
 //              (as ggml's repacked q4_0x8 / q8_0x8 layouts): on an AMD Zen 4, a 262144 x 640 Q8_0
 //              product read 7.5 GB/s per core from four row-major streams, 18-21 GB/s from one.
 //
-// Numerics: each weight is rebuilt in registers as fmaf(scale, code, min), which equals the float32
-// value gguf.quants.dequantize computes (scale*code is exact in float32 for every supported format,
-// so one rounding either way); activations stay float32; only the summation order differs from a
-// float32 F.linear on the dequantized matrix. Exception: 8-bit codes in blocks of 32 without a
-// min (Q8_0) sum s_b * (x . q)_b per block, one multiply by s_b per 32 products instead of one
-// per weight: the same sum rounded differently (tests/test_quant.py's float32 bound still holds).
+// Numerics: with a min (Q4_1, Q5_1, Q4_K), each weight is rebuilt in registers as
+// fmaf(scale, code, min), which equals the float32 value gguf.quants.dequantize computes
+// (scale*code is exact in float32 for every supported format, so one rounding either way);
+// activations stay float32; only the summation order differs from a float32 F.linear on the
+// dequantized matrix. Without a min (Q8_0, Q4_0, Q5_0; Q6_K's blocks of 16 excepted) a block sums
+// s_b * (x . q)_b, q the signed (or centred) codes: one multiply by s_b per 32 products instead
+// of one per weight, the same sum rounded differently (tests/test_quant.py's float32 bound holds).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -87,6 +89,7 @@ void dequant_row(const uint8_t* codes, const S* sc, const S* mn, const Steps& L,
         const uint8_t byte = blk[j & 15];
         int code = j < 16 ? (byte & 0x0F) : (byte >> 4);
         if (BITS == 5) code |= ((load_u32(blk + 16) >> j) & 1) << 4;
+        if (!mn) code -= BITS == 4 ? 8 : 16;  // centred codes (ggml's Q4_0 / Q5_0)
         q = static_cast<float>(code);
       }
       out[b * BS + j] = std::fmaf(s, q, m);
@@ -106,9 +109,10 @@ inline void prefetch_range(const void* p, int64_t bytes) {
 }
 
 #if defined(__AVX512F__)
-// The 16 codes of half `h` (values 16h .. 16h + 15) of the block at `blk`, as float32.
+// The 16 codes of half `h` (values 16h .. 16h + 15) of the block at `blk`, as float32 (minus
+// `centre`: 8 or 16 for the centred 4/5-bit codes of a weight without mins, else 0).
 template <int BITS>
-inline __m512 load16(const uint8_t* blk, int h) {
+inline __m512 load16(const uint8_t* blk, int h, float centre = 0.0f) {
   if (BITS == 8) {
     __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h));
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
@@ -122,7 +126,28 @@ inline __m512 load16(const uint8_t* blk, int h) {
     const __mmask16 hi = static_cast<__mmask16>(h ? (qh >> 16) : (qh & 0xFFFF));
     q = _mm512_mask_add_epi32(q, hi, q, _mm512_set1_epi32(16));
   }
-  return _mm512_cvtepi32_ps(q);
+  return _mm512_sub_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(centre));  // exact: small integers
+}
+
+// The centred codes (code - 8 or code - 16) of the 4/5-bit block at `blk` as float32: values
+// 0 .. 15 in q0, 16 .. 31 in q1. The 16 possible low nibbles are looked up in a table of
+// floats (vpermps reads an index's low 4 bits, so the byte's high nibble needs no mask) and the
+// fifth bit adds 16 under a mask: 6 vector operations per 32 codes, no int->float conversion.
+template <int BITS>
+inline void centred32(const uint8_t* blk, __m512& q0, __m512& q1) {
+  constexpr float c = BITS == 4 ? 8.0f : 16.0f;
+  const __m512 table = _mm512_set_ps(15 - c, 14 - c, 13 - c, 12 - c, 11 - c, 10 - c, 9 - c, 8 - c,
+                                     7 - c, 6 - c, 5 - c, 4 - c, 3 - c, 2 - c, 1 - c, 0 - c);
+  // lane j: byte j of the block = code j (low nibble) and code j + 16 (high nibble)
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+  q0 = _mm512_permutexvar_ps(v, table);
+  q1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
+  if (BITS == 5) {  // bit j of the little-endian qh word: bit 4 of code j
+    const uint32_t qh = load_u32(blk + 16);
+    const __m512 sixteen = _mm512_set1_ps(16.0f);
+    q0 = _mm512_mask_add_ps(q0, static_cast<__mmask16>(qh & 0xFFFF), q0, sixteen);
+    q1 = _mm512_mask_add_ps(q1, static_cast<__mmask16>(qh >> 16), q1, sixteen);
+  }
 }
 
 // The weights fmaf(s, code, m) of the block at `blk`: values 0 .. 15 in w0, 16 .. 31 in w1.
@@ -183,8 +208,13 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
     for (int r = 0; r < R; ++r) {
       const __m512 s = _mm512_set1_ps(sc[r * L.srs + b * L.sbs]);
       const uint8_t* blk = codes + r * L.crs + b * L.cbs;
-      if (BITS == 8 && BS == 32 && !mn) {  // s * (x . q): one multiply by s per block
-        const __m512 q0 = load16<8>(blk, 0), q1 = load16<8>(blk, 1);
+      if (BS == 32 && !mn) {  // s * (x . q): one multiply by s per block
+        __m512 q0, q1;
+        if constexpr (BITS == 8) {
+          q0 = load16<8>(blk, 0), q1 = load16<8>(blk, 1);
+        } else {
+          centred32<BITS>(blk, q0, q1);
+        }
         for (int i = 0; i < MC; ++i) {
           const float* xi = x + i * ldx + e;
           const __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(xi + 16), q1,
@@ -234,11 +264,13 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, cons
 template <int BITS, int BS, typename S>
 void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                       float* out) {
+  const float centre = (BITS == 8 || mn) ? 0.0f : BITS == 4 ? 8.0f : 16.0f;
   for (int64_t b = 0; b < K / BS; ++b) {
     const __m512 s = _mm512_set1_ps(to_f(sc[b * L.sbs]));
     const __m512 mm = _mm512_set1_ps(mn ? to_f(mn[b * L.sbs]) : 0.0f);
     for (int h = 0; h < BS / 16; ++h) {
-      _mm512_storeu_ps(out + b * BS + 16 * h, _mm512_fmadd_ps(s, load16<BITS>(codes + b * L.cbs, h), mm));
+      const __m512 q = load16<BITS>(codes + b * L.cbs, h, centre);
+      _mm512_storeu_ps(out + b * BS + 16 * h, _mm512_fmadd_ps(s, q, mm));
     }
   }
 }

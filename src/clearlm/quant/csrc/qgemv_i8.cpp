@@ -9,7 +9,7 @@
 //   y[m, n] = Σ_lanes float(I_lane) · s_block · dx_block  +  Σ_b min_b · dx_b · Σ_{k∈b} xq_k
 // Signed int8 codes (Q8_0, Q6_K) enter vpdpbusd as (code XOR 0x80) = code + 128; the extra
 // 128·Σxq per lane is exact and is removed by starting each lane's sum at -128·Σxq (precomputed
-// once per x row). The integer sums are exact; only the rounding of x and the float32 summation
+// once per x row); centred 4/5-bit codes (Q4_0, Q5_0: no min) start at -8·Σxq or -16·Σxq. The integer sums are exact; only the rounding of x and the float32 summation
 // differ from F.linear(x, W_deq): |Δy| ≤ Σ_b dx_b/2 · Σ_{k∈b} |W[n, k]| (tests/test_quant_i8.py).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -142,8 +142,12 @@ void dot_rows_i8(const QRow& x, const uint8_t* codes, int64_t crs, int64_t cbs, 
     }
     const __m512i xq = _mm512_loadu_si512(x.q.data() + e);
     const __m512 dx = _mm512_loadu_ps(x.dx4.data() + e / 4);
-    const __m512i init = BITS == 8 ? _mm512_loadu_si512(x.neg4.data() + e / 4)
-                                   : _mm512_setzero_si512();
+    // each lane's sum starts at -128·Σxq (int8 codes, entered as code + 128), at -8·Σxq or
+    // -16·Σxq (centred 4/5-bit codes: W = s·(code - 8 or 16)), else at 0 (codes with mins)
+    const __m512i neg = _mm512_loadu_si512(x.neg4.data() + e / 4);
+    const __m512i init = BITS == 8 ? neg
+                         : mn      ? _mm512_setzero_si512()
+                                   : _mm512_srai_epi32(neg, BITS == 4 ? 4 : 3);
     for (int r = 0; r < R; ++r) {
       const __m512i i =
           _mm512_dpbusd_epi32(init, codes64<BITS, BS>(codes + r * crs + b * cbs, cbs), xq);
