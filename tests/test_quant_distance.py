@@ -100,8 +100,9 @@ def test_tiny_compact_within_bounds(tmp_path, qtype, alice_text):
 # prefill path exactly 0; decode path (chunks of 4, 2,176 positions) max |Δlogit| 1.0e-4, mean
 # KL 9.8e-12, max KL 1.6e-10 nats, top-1 100%; greedy steps (80, decode_step) max |Δlogit|
 # 6.3e-5. Again 2026-12-04 (row tiles, bench/distance.py): decode 1.38e-4, mean KL 7.2e-12, max
-# KL 8.4e-11; greedy steps 6.0e-5. Every scale of layer 0's q_proj one float16 step off: max |Δlogit| 5.1e-3, mean KL
-# 1.9e-8 (one block's scale alone stays below the summation noise here: 1.0e-4).
+# KL 8.4e-11; greedy steps 6.0e-5. Every scale of layer 0's q_proj one float16 step off:
+# max |Δlogit| 5.1e-3, mean KL 1.9e-8 (one block's scale alone stays below the summation noise
+# here: 1.0e-4).
 SMOL_BOUND = {"max_abs_logit": 2e-4, "mean_kl": 2e-11, "max_kl": 3.2e-10}
 
 
