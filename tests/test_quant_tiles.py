@@ -20,8 +20,8 @@ from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.ops import int8_available
-from clearlm.quant.pack import SUPPORTED, dequantize_packed, pack_blocks
-from clearlm.quant.tiles import TILE, can_tile, select_rows, tile_rows, untile_rows
+from clearlm.quant.pack import SUPPORTED, dequantize_packed, pack_blocks, select_rows, untile_rows
+from clearlm.quant.tiles import TILE, can_tile, tile_rows
 
 needs_kernel = pytest.mark.skipif(load_kernels() is None, reason="no C++ kernel (needs g++)")
 N, K = 48, 512  # 6 tiles of 8 rows; K: 16 blocks of 32, 32 of 16 (Q6_K)

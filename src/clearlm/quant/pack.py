@@ -172,12 +172,49 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
     return Packed(t(codes, k), t(scale, k // 16), None, 8, 16, "Q6_K")
 
 
+def block_bytes(p: Packed) -> int:
+    """Bytes of one block's codes: int8 codes 1 per value, 4-bit 16, 5-bit 20 (pack.py)."""
+    return p.block if p.bits == 8 else 16 if p.bits == 4 else 20
+
+
+def untile_rows(p: Packed) -> Packed:
+    """The row-major form of a tiled ``p`` (new tensors); a row-major ``p`` as it is."""
+    if p.tile == 1:
+        return p
+    tile, (n, k) = p.tile, p.shape
+    nb, bpb = k // p.block, block_bytes(p)
+    codes = p.codes.reshape(n // tile, nb, tile, bpb).transpose(1, 2).reshape(n, nb * bpb)
+
+    def per_block(s: torch.Tensor) -> torch.Tensor:
+        return s.transpose(1, 2).reshape(n, nb)  # (tiles, rows, nb) → (N, nb)
+
+    mn = None if p.min is None else per_block(p.min).contiguous()
+    return Packed(codes.contiguous(), per_block(p.scale).contiguous(), mn, p.bits, p.block,
+                  p.qtype)
+
+
+def select_rows(p: Packed, rows: torch.Tensor) -> Packed:
+    """Rows ``rows`` (int64 (R,)) of ``p`` as a row-major Packed of R rows: an embedding
+    lookup reads a tiled table without untiling it."""
+    if p.tile == 1:
+        mn = None if p.min is None else p.min[rows]
+        return Packed(p.codes[rows], p.scale[rows], mn, p.bits, p.block, p.qtype)
+    tile, (_, k) = p.tile, p.shape
+    nb, bpb = k // p.block, block_bytes(p)
+    t, r = rows // tile, rows % tile  # (R,) tile and row within it
+    codes = p.codes.view(-1, nb, tile, bpb)[t, :, r]  # (R, nb, bpb)
+
+    def per_block(s: torch.Tensor) -> torch.Tensor:
+        return s[t, :, r]  # (R, nb)
+
+    mn = None if p.min is None else per_block(p.min)
+    return Packed(codes.reshape(len(rows), nb * bpb), per_block(p.scale), mn, p.bits, p.block,
+                  p.qtype)
+
+
 def dequantize_packed(p: Packed) -> torch.Tensor:
     """Pure-torch float32 (N, K) weight: the reference for tests and the no-compiler fallback."""
-    if p.tile > 1:
-        from clearlm.quant.tiles import untile_rows
-
-        p = untile_rows(p)
+    p = untile_rows(p)
     n, k = p.shape
     nb = k // p.block
     if p.bits == 8:
@@ -216,8 +253,4 @@ class PackedModule(nn.Module):
         row-major Packed of R rows, whatever the weight's layout."""
         mn = self.min if self.min.numel() else None
         whole = Packed(self.codes, self.scale, mn, self.bits, self.block, self.qtype)
-        if rows is None:
-            return whole
-        from clearlm.quant.tiles import select_rows
-
-        return select_rows(whole, rows)
+        return whole if rows is None else select_rows(whole, rows)

@@ -2,9 +2,9 @@
 
 The row-major layout (pack.py) stores row n's blocks one after another. The kernel computes
 R = 8 output rows at once, sharing each load of x, so row-major it reads 8 streams, one per row;
-on an AMD Zen 4 (2 cores) a 262,144 × 640 Q8_0 product read 7.5 GB/s per core that way, and
-18-21 GB/s per core (35-42 GB/s on two) when the 8 rows' blocks b lie side by side, so that
-the whole product is one sequential read (bench/quant_gemv.py). llama.cpp repacks for the same
+on an AMD Zen 4 (2 cores) a 262,144 × 640 Q8_0 product read 7.5 GB/s on one core (14.7 on
+two) that way, and 11.6 (23.0 on two) in the same run when the 8 rows' blocks b lie side by
+side, so that the whole product is one sequential read (bench/quant_gemv.py shows both). llama.cpp repacks for the same
 reason (ggml-cpu's repack.cpp: block_q4_0x8, block_q8_0x8 and others for AVX2 / AVX-512).
 
 A tile of T rows n0 .. n0 + T - 1 (n0 a multiple of T) holds block 0 of each row, then block 1
@@ -15,20 +15,17 @@ of each row, and so on:
 
 The values are the same bytes, only moved: the kernel (csrc/qgemv.cpp) sums every row in the
 same order either way, so a tiled weight gives bit-identical products (tests/test_quant_tiles.py).
+This module writes tiles; pack.py reads either layout (``untile_rows``, ``select_rows``,
+``dequantize_packed``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from clearlm.quant.pack import Packed
+from clearlm.quant.pack import Packed, block_bytes
 
 TILE = 8  # rows per tile: the kernel's R (csrc/qgemv.cpp), 16 accumulators of 16 floats
-
-
-def block_bytes(p: Packed) -> int:
-    """Bytes of one block's codes: int8 codes 1 per value, 4-bit 16, 5-bit 20 (pack.py)."""
-    return p.block if p.bits == 8 else 16 if p.bits == 4 else 20
 
 
 def can_tile(p: Packed, tile: int = TILE) -> bool:
@@ -54,38 +51,3 @@ def tile_rows(p: Packed, tile: int = TILE) -> Packed:
 
     mn = None if p.min is None else per_block(p.min)
     return Packed(codes(p.codes), per_block(p.scale), mn, p.bits, p.block, p.qtype)
-
-
-def untile_rows(p: Packed) -> Packed:
-    """The row-major form of a tiled ``p`` (new tensors); a row-major ``p`` as it is."""
-    if p.tile == 1:
-        return p
-    tile, (n, k) = p.tile, p.shape
-    nb, bpb = k // p.block, block_bytes(p)
-    codes = p.codes.reshape(n // tile, nb, tile, bpb).transpose(1, 2).reshape(n, nb * bpb)
-
-    def per_block(s: torch.Tensor) -> torch.Tensor:
-        return s.transpose(1, 2).reshape(n, nb)  # (tiles, rows, nb) → (N, nb)
-
-    mn = None if p.min is None else per_block(p.min).contiguous()
-    return Packed(codes.contiguous(), per_block(p.scale).contiguous(), mn, p.bits, p.block,
-                  p.qtype)
-
-
-def select_rows(p: Packed, rows: torch.Tensor) -> Packed:
-    """Rows ``rows`` (int64 (R,)) of ``p`` as a row-major Packed of R rows: an embedding
-    lookup reads a tiled table without untiling it."""
-    if p.tile == 1:
-        mn = None if p.min is None else p.min[rows]
-        return Packed(p.codes[rows], p.scale[rows], mn, p.bits, p.block, p.qtype)
-    tile, (_, k) = p.tile, p.shape
-    nb, bpb = k // p.block, block_bytes(p)
-    t, r = rows // tile, rows % tile  # (R,) tile and row within it
-    codes = p.codes.view(-1, nb, tile, bpb)[t, :, r]  # (R, nb, bpb)
-
-    def per_block(s: torch.Tensor) -> torch.Tensor:
-        return s[t, :, r]  # (R, nb)
-
-    mn = None if p.min is None else per_block(p.min)
-    return Packed(codes.reshape(len(rows), nb * bpb), per_block(p.scale), mn, p.bits, p.block,
-                  p.qtype)

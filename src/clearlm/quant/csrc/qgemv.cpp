@@ -1,7 +1,8 @@
 // Matrix-vector (and few-row matrix) products that read block-quantized weights directly.
 //
 // A weight W (N, K) is stored as integer codes plus one scale (and optionally one offset, "min")
-// per block of `bs` consecutive values of a row:  W[n, k] = scale[n, k/bs] * code[n, k] + min[n, k/bs].
+// per block of `bs` consecutive values of a row:
+//   W[n, k] = scale[n, k/bs] * code[n, k] + min[n, k/bs].
 // Without a min, 8-bit codes are signed (min = 0) and 4/5-bit codes are centred as in ggml's
 // Q4_0 / Q5_0: W = scale * (code - 8) or scale * (code - 16).  Three code layouts:
 //   bits = 8: int8 codes (N, K), bs 16 or 32 (Q8_0: bs 32; Q6_K: bs 16);
@@ -10,13 +11,13 @@
 //   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
 //             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh).
 // Scales and mins are float32 or float16 tensors (N, K/bs).
-// Two arrangements of the same blocks (quant/pack.py: tile_rows):
+// Two arrangements of the same blocks (quant/tiles.py: tile_rows):
 //   row-major: codes (N, row_bytes), scales (N, nb), nb = K / bs: row n's block b at
 //              n * row_bytes + b * bpb (bpb: the bytes of one block's codes);
 //   row tiles of T rows: codes (N/T, nb, T * bpb), scales (N/T, nb, T): the blocks b of rows
 //              nT .. nT + T - 1 lie side by side, so R = T rows read one sequential stream
 //              (as ggml's repacked q4_0x8 / q8_0x8 layouts): on an AMD Zen 4, a 262144 x 640 Q8_0
-//              product read 7.5 GB/s per core from four row-major streams, 18-21 GB/s from one.
+//              product read 7.5 GB/s on one core from row-major streams, 11.6 GB/s from one.
 //
 // Numerics: with a min (Q4_1, Q5_1, Q4_K), each weight is rebuilt in registers as
 // fmaf(scale, code, min), which equals the float32 value gguf.quants.dequantize computes
@@ -254,10 +255,11 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, cons
                                 mn ? mn + r * L.srs : nullptr, L, K, m == 0, y + m * ldy + r, ldy);
     }
   };
+  using std::integral_constant;
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) pass(std::integral_constant<int, 4>{}, std::integral_constant<int, P4>{}, m);
-  for (; m + 2 <= M; m += 2) pass(std::integral_constant<int, 2>{}, std::integral_constant<int, P2>{}, m);
-  for (; m < M; ++m) pass(std::integral_constant<int, 1>{}, std::integral_constant<int, P1>{}, m);
+  for (; m + 4 <= M; m += 4) pass(integral_constant<int, 4>{}, integral_constant<int, P4>{}, m);
+  for (; m + 2 <= M; m += 2) pass(integral_constant<int, 2>{}, integral_constant<int, P2>{}, m);
+  for (; m < M; ++m) pass(integral_constant<int, 1>{}, integral_constant<int, P1>{}, m);
 }
 
 // One row of the dequantized weight (same FMA as dequant_row).
@@ -384,15 +386,18 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
   });
 }
 
-#define DISPATCH(bits, bs, scale, FN, ...)                                                 \
-  if (bits == 8 && bs == 16 && scale.scalar_type() == torch::kFloat) FN<8, 16, float>(__VA_ARGS__); \
-  else if (bits == 8 && bs == 16) FN<8, 16, at::Half>(__VA_ARGS__);                        \
-  else if (bits == 8 && scale.scalar_type() == torch::kFloat) FN<8, 32, float>(__VA_ARGS__); \
-  else if (bits == 8) FN<8, 32, at::Half>(__VA_ARGS__);                                    \
-  else if (bits == 5 && scale.scalar_type() == torch::kFloat) FN<5, 32, float>(__VA_ARGS__); \
-  else if (bits == 5) FN<5, 32, at::Half>(__VA_ARGS__);                                    \
-  else if (scale.scalar_type() == torch::kFloat) FN<4, 32, float>(__VA_ARGS__);            \
-  else FN<4, 32, at::Half>(__VA_ARGS__);
+#define DISPATCH(bits, bs, scale, FN, ...)                                         \
+  if (scale.scalar_type() == torch::kFloat) {                                     \
+    if (bits == 8 && bs == 16) FN<8, 16, float>(__VA_ARGS__);                     \
+    else if (bits == 8) FN<8, 32, float>(__VA_ARGS__);                            \
+    else if (bits == 5) FN<5, 32, float>(__VA_ARGS__);                            \
+    else FN<4, 32, float>(__VA_ARGS__);                                           \
+  } else {                                                                        \
+    if (bits == 8 && bs == 16) FN<8, 16, at::Half>(__VA_ARGS__);                  \
+    else if (bits == 8) FN<8, 32, at::Half>(__VA_ARGS__);                         \
+    else if (bits == 5) FN<5, 32, at::Half>(__VA_ARGS__);                         \
+    else FN<4, 32, at::Half>(__VA_ARGS__);                                        \
+  }
 
 }  // namespace
 

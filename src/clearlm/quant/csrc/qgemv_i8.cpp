@@ -22,7 +22,8 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
 namespace {
 
 // One quantized row of x: xq (K int8), per 4-value lane group: dx (float) and -128·Σxq
@@ -34,22 +35,30 @@ struct QRow {
   std::vector<float> fsum;
 };
 
+// x rounded per block of 32 (K a multiple of 64). Vectorized: |x| maximum by a reduction,
+// round-to-nearest-even by vcvtps2dq (std::nearbyint's rounding in the default mode), the four-
+// value sums by vpdpbusd with a vector of ones (exact integer sums).
 void quantize_row(const float* x, int64_t K, QRow& r) {
   r.q.resize(K), r.dx4.resize(K / 4), r.neg4.resize(K / 4), r.fsum.resize(K / 32);
+  const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t b = 0; b < K / 32; ++b) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(x[b * 32 + j]));
+    const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+    const float amax = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
     const float dx = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv)));
+    const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + b * 32), q0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(r.q.data() + b * 32 + 16), q1);
+    // sums of 4 consecutive codes: 1 (unsigned) · q (signed), 4 products per int32 lane
+    const __m256i q = _mm256_set_m128i(q1, q0);
+    const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q);
+    alignas(32) int32_t g[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(g), sums);
     int32_t total = 0;
-    for (int g = 0; g < 8; ++g) {
-      int32_t sum = 0;
-      for (int j = 0; j < 4; ++j) {
-        const int64_t k = b * 32 + g * 4 + j;
-        const int v = static_cast<int>(std::nearbyint(x[k] * inv));
-        r.q[k] = static_cast<int8_t>(v);
-        sum += v;
-      }
-      r.dx4[b * 8 + g] = dx, r.neg4[b * 8 + g] = -128 * sum, total += sum;
+    for (int j = 0; j < 8; ++j) {
+      r.dx4[b * 8 + j] = dx, r.neg4[b * 8 + j] = -128 * g[j], total += g[j];
     }
     r.fsum[b] = dx * static_cast<float>(total);
   }
@@ -66,7 +75,9 @@ inline uint32_t load_u32(const uint8_t* p) {
 // rows: T blocks apart, qgemv.cpp).
 template <int BITS, int BS>
 inline __m512i codes64(const uint8_t* blk, int64_t cbs) {
-  auto ld128 = [](const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  auto ld128 = [](const uint8_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  };
   if (BITS == 8) {  // int8 code + 128 as an unsigned byte
     __m512i v;
     if (cbs == BS) {
@@ -92,7 +103,8 @@ inline __m512i codes64(const uint8_t* blk, int64_t cbs) {
   __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
   z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
   if (BITS == 5) {  // fifth bits: qh bit j is code j's, in order
-    const uint64_t qh = load_u32(blk + 16) | (static_cast<uint64_t>(load_u32(blk + cbs + 16)) << 32);
+    const uint64_t qh =
+        load_u32(blk + 16) | (static_cast<uint64_t>(load_u32(blk + cbs + 16)) << 32);
     z = _mm512_mask_add_epi8(z, qh, z, _mm512_set1_epi8(16));
   }
   return z;
@@ -103,7 +115,8 @@ inline __m512i codes64(const uint8_t* blk, int64_t cbs) {
 template <int BS>
 inline __m512 lane_scales(const float* sc, int64_t b, int64_t sbs) {
   if (BS == 32) {
-    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sc[b * sbs]), _mm512_set1_ps(sc[(b + 1) * sbs]));
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sc[b * sbs]),
+                                _mm512_set1_ps(sc[(b + 1) * sbs]));
   }
   const __m128 four = sbs == 1 ? _mm_loadu_ps(sc + b)
                                : _mm_set_ps(sc[(b + 3) * sbs], sc[(b + 2) * sbs],
@@ -156,13 +169,69 @@ void dot_rows_i8(const QRow& x, const uint8_t* codes, int64_t crs, int64_t cbs, 
     }
   }
   for (int r = 0; r < R; ++r) {
-    float v = _mm512_reduce_add_ps(acc[r]);
-    if (mn) {  // Σ_b min_b · dx_b · Σxq_b (blocks of 32)
+    float ms = 0.0f;  // Σ_b min_b · dx_b · Σxq_b (blocks of 32), in block order
+    if (mn) {
       const float* m = mn + r * srs;
-      for (int64_t b = 0; b < K / 32; ++b) v += m[b * sbs] * x.fsum[b];
+      for (int64_t b = 0; b < K / 32; ++b) ms = std::fmaf(m[b * sbs], x.fsum[b], ms);
     }
-    y[r] = v;
+    y[r] = _mm512_reduce_add_ps(acc[r]) + ms;
   }
+}
+
+// A whole row tile (T = R = 8 rows, qgemv.cpp's arrangement): the 8 rows' scales (and mins) of
+// block b lie side by side, so each 64-value step multiplies the scales of all 8 rows by dx in
+// one or two vectors and each row takes its lanes' scales with one permute (the generic path
+// builds them per row: two broadcasts, a blend, a multiply), and the mins' term is one 8-lane
+// FMA per block for all 8 rows. The same operations per row as dot_rows_i8, so the same sums.
+template <int BITS, int BS>
+void dot_tile8_i8(const QRow& x, const uint8_t* codes, int64_t cbs, const float* sc,
+                  const float* mn, int64_t K, float* y) {
+  constexpr int64_t bpb = block_bytes(BITS, BS), per64 = 64 / BS;
+  __m512 acc[8];
+  __m512i idx[8];  // lane l of row r: entry (block of lane l within the step) * 8 + r
+  for (int r = 0; r < 8; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    alignas(64) int32_t at[16];
+    for (int l = 0; l < 16; ++l) at[l] = (4 * l / BS) * 8 + r;
+    idx[r] = _mm512_load_si512(at);
+  }
+  __m256 macc = _mm256_setzero_ps();  // the mins' term of the 8 rows
+  for (int64_t e = 0; e < K; e += 64) {
+    const int64_t b = e / BS;
+    for (int64_t off = b * cbs; off < (b + per64) * cbs; off += 64) {  // one stream
+      _mm_prefetch(codes + off + PF_BYTES, _MM_HINT_T0);
+    }
+    const __m512i xq = _mm512_loadu_si512(x.q.data() + e);
+    const __m512i neg = _mm512_loadu_si512(x.neg4.data() + e / 4);
+    const __m512i init = BITS == 8 ? neg
+                         : mn      ? _mm512_setzero_si512()
+                                   : _mm512_srai_epi32(neg, BITS == 4 ? 4 : 3);
+    const __m512 dx0 = _mm512_set1_ps(x.dx4[e / 4]), dx1 = _mm512_set1_ps(x.dx4[e / 4 + 8]);
+    __m512 s0, s1;  // scale · dx of entries 0 .. 15 and 16 .. 31 (block-major, 8 rows each)
+    if (BS == 32) {
+      s0 = _mm512_mul_ps(_mm512_loadu_ps(sc + b * 8), _mm512_mask_blend_ps(0xFF00, dx0, dx1));
+      s1 = s0;
+    } else {  // blocks of 16: b, b + 1 in the first 32 values, b + 2, b + 3 in the second
+      s0 = _mm512_mul_ps(_mm512_loadu_ps(sc + b * 8), dx0);
+      s1 = _mm512_mul_ps(_mm512_loadu_ps(sc + b * 8 + 16), dx1);
+    }
+    for (int r = 0; r < 8; ++r) {
+      const __m512i i = _mm512_dpbusd_epi32(init, codes64<BITS, BS>(codes + r * bpb + b * cbs, cbs),
+                                            xq);
+      const __m512 s = BS == 32 ? _mm512_permutexvar_ps(idx[r], s0)
+                                : _mm512_permutex2var_ps(s0, idx[r], s1);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), s, acc[r]);
+    }
+    if (mn) {  // blocks of 32 (mins need them)
+      for (int64_t j = 0; j < 2; ++j) {
+        const int64_t bj = e / 32 + j;
+        macc = _mm256_fmadd_ps(_mm256_loadu_ps(mn + bj * 8), _mm256_set1_ps(x.fsum[bj]), macc);
+      }
+    }
+  }
+  alignas(32) float ms[8];
+  _mm256_store_ps(ms, macc);
+  for (int r = 0; r < 8; ++r) y[r] = _mm512_reduce_add_ps(acc[r]) + ms[r];
 }
 
 void widen(const at::Half* src, int64_t n, float* dst) {
@@ -212,7 +281,11 @@ void run(const std::vector<QRow>& xs, const uint8_t* cp, const S* sp, const S* m
         };
         int64_t n = b0;
         if (T == 8) {
-          for (; n < b1; n += 8) rows(std::integral_constant<int, 8>{}, n);
+          for (; n < b1; n += 8) {
+            const int64_t s = (n - b0) * nb;  // the tile's scales: (nb, 8)
+            dot_tile8_i8<BITS, BS>(xs[m], cp + n * row_bytes, cbs, sf + s, mf ? mf + s : nullptr,
+                                   K, yp + m * N + n);
+          }
         } else {
           for (; n + 4 <= b1 && T == 1; n += 4) rows(std::integral_constant<int, 4>{}, n);
           for (; n < b1; ++n) rows(std::integral_constant<int, 1>{}, n);
@@ -240,7 +313,8 @@ torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
   float* yp = y.data_ptr<float>();
   const bool f32 = scale.scalar_type() == torch::kFloat;
 #define RUN(B, S_, T_)                                                                 \
-  run<B, S_, T_>(xs, cp, scale.data_ptr<T_>(), mn.numel() ? mn.data_ptr<T_>() : nullptr, N, K, T, yp)
+  run<B, S_, T_>(xs, cp, scale.data_ptr<T_>(), mn.numel() ? mn.data_ptr<T_>() : nullptr, N, K, T, \
+                 yp)
   if (bits == 8 && bs == 16) {
     if (f32) RUN(8, 16, float); else RUN(8, 16, at::Half);
   } else if (bits == 8) {
