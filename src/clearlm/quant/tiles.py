@@ -4,8 +4,9 @@ The row-major layout (pack.py) stores row n's blocks one after another. The kern
 R = 8 output rows at once, sharing each load of x, so row-major it reads 8 streams, one per row;
 on an AMD Zen 4 (2 cores) a 262,144 × 640 Q8_0 product read 7.5 GB/s on one core (14.7 on
 two) that way, and 11.6 (23.0 on two) in the same run when the 8 rows' blocks b lie side by
-side, so that the whole product is one sequential read (bench/quant_gemv.py shows both). llama.cpp repacks for the same
-reason (ggml-cpu's repack.cpp: block_q4_0x8, block_q8_0x8 and others for AVX2 / AVX-512).
+side, so that the whole product is one sequential read (bench/quant_gemv.py shows both).
+llama.cpp repacks for the same reason (ggml-cpu's repack.cpp: block_q4_0x8, block_q8_0x8 and
+others for AVX2 / AVX-512).
 
 A tile of T rows n0 .. n0 + T - 1 (n0 a multiple of T) holds block 0 of each row, then block 1
 of each row, and so on:
