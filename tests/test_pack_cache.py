@@ -165,7 +165,7 @@ def test_round_trip_of_unshared_jobs_of_mixed_formats(tmp_path, cache_on):
     tensors = [[fake_tensor(name, p.qtype, p.shape[0]) for name, p in zip(names, job, strict=True)]
                for names, job in zip(["abc", "d", "qkv"], jobs, strict=True)]
     pack_cache.write(gguf, tensors, jobs)
-    back = pack_cache.read(gguf, tensors)
+    back = pack_cache.read(gguf, tensors, [[p.tile for p in job] for job in jobs])
     assert back is not None
     q_back, k_back, v_back = back[2]  # Q and K views of one mapped buffer again, V apart
     assert q_back.codes.untyped_storage().data_ptr() == k_back.codes.untyped_storage().data_ptr()
@@ -227,6 +227,20 @@ def test_a_copy_with_a_tampered_layout_is_not_used(tmp_path, cache_on):
         got = clearlm.load(path, threads=1)
     with torch.inference_mode():
         assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+
+
+@pytest.mark.parametrize("tiled", [True, False])
+def test_a_copy_in_other_row_tiles_than_planned_is_not_used(tmp_path, cache_on, tiled):
+    """Rows in tiles of 8 read as row-major (or the reverse) would be other rows' weights: a
+    copy whose tiles are not this load's plan is refused, whatever its header says."""
+    gguf = write_tiny_llama(tmp_path / "m.gguf")
+    packed = random_packed(Q.Q8_0, n=8)
+    job = [tile_rows(packed) if tiled else packed]
+    tensors = [[fake_tensor("w", Q.Q8_0, 8)]]
+    pack_cache.write(gguf, tensors, [job])
+    assert pack_cache.read(gguf, tensors, [[job[0].tile]]) is not None
+    with pytest.warns(UserWarning, match="w is not laid out as packing lays it out"):
+        assert pack_cache.read(gguf, tensors, [[1 if tiled else 8]]) is None
 
 
 def test_two_files_of_one_name_keep_a_copy_each(tmp_path, monkeypatch, cache_on):

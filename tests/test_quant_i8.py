@@ -55,6 +55,22 @@ def test_int8_activations_within_rounding_bound(qtype: Q, m: int) -> None:
 
 
 @needs_int8
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("where", [0, 17, 40, 511])
+def test_int8_activations_keep_a_nan_as_f_linear_does(qtype: Q, where: int) -> None:
+    """A NaN anywhere in a row of x makes that row's every output NaN (F.linear's), whatever
+    lane of the block it sits in; the other rows stay finite."""
+    layer, w = layer_and_weight(qtype, 16, 512)
+    x = torch.randn(2, 512)
+    x[1, where] = float("nan")
+    ref = F.linear(x, w)
+    set_int8_activations(layer)
+    got = layer(x)
+    assert torch.isnan(ref[1]).all() and torch.isnan(got[1]).all()
+    assert torch.isfinite(got[0]).all()
+
+
+@needs_int8
 def test_int8_falls_back_to_exact_when_k_is_not_a_multiple_of_64() -> None:
     layer, w = layer_and_weight(Q.Q8_0, 16, 96)
     x = torch.randn(1, 96)
@@ -76,7 +92,9 @@ def test_custom_op_equals_eager_layer(int8: bool) -> None:
     if not int8:
         assert (got - F.linear(x, w, bias)).abs().max() < 1e-4
     if load_kernels() is not None:  # the C++ operator a compiled graph calls
-        op = torch.ops.clearlm_kernels.qmm_i8 if int8 else torch.ops.clearlm_kernels.qmm
+        # (without AVX-512 VNNI the layer computes the exact product: ops.compiled_qmm's choice)
+        i8 = int8 and int8_available()
+        op = torch.ops.clearlm_kernels.qmm_i8 if i8 else torch.ops.clearlm_kernels.qmm
         got = op(x, layer.codes, layer.scale, layer.min, layer.bits, layer.block) + bias
         assert torch.equal(got, layer(x))
 

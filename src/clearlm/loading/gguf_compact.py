@@ -104,7 +104,8 @@ def load_compact(
     plan = compact_plan(file, config, model, dtype, source)
     jobs = pack_jobs(file, plan, arch, config, source)
     tensors = [[t for t, _, _ in members] for members in jobs]
-    done = pack_cache.read(file.path, tensors)  # a packed copy of this file: mapped, not packed
+    tiles = [[plan.tiles[t.name] for t in job] for job in tensors]
+    done = pack_cache.read(file.path, tensors, tiles)  # a packed copy: mapped, not packed
     state: dict[str, torch.Tensor] = {}
     # Packing is numpy copies that release the GIL: torch's thread count packs tensors side by
     # side while this thread dequantizes the float ones (same bytes, same results).

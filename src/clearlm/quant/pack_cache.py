@@ -95,10 +95,13 @@ def _code_digest() -> bytes:
     return h.digest()
 
 
-def read(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]]) -> list[Job] | None:
+def read(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]],
+         tiles: list[list[int]]) -> list[Job] | None:
     """The packed jobs for ``tensors`` (each job's GGUF tensors, in order) from the cached copy,
     or None when there is none, it is off, or it does not match them (then a warning): other
-    names, or a member whose format, dtypes or shapes are not what packing gives."""
+    names, or a member whose format, dtypes, shapes or rows per tile (``tiles``, the same
+    nesting as ``tensors``: 1 or quant/tiles.TILE, what this load plans) are not what packing
+    gives."""
     if not enabled():
         return None
     name = Path(gguf).name
@@ -112,9 +115,9 @@ def read(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]]) -> list[
             if not isinstance(meta, list) or [j["names"] for j in meta] != names:
                 raise ValueError("its tensor list differs from this load's")
             jobs = [_job(f, i, j) for i, j in enumerate(meta)]
-        for job, members in zip(jobs, tensors, strict=True):
-            for p, t in zip(job, members, strict=True):
-                if not _fits(p, t):
+        for job, members, planned in zip(jobs, tensors, tiles, strict=True):
+            for p, t, tile in zip(job, members, planned, strict=True):
+                if not _fits(p, t, tile):
                     raise ValueError(f"{t.name} is not laid out as packing lays it out")
         return jobs
     except Exception as e:  # noqa: BLE001 - any bad copy: pack as if there were none
@@ -123,11 +126,14 @@ def read(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]]) -> list[
         return None
 
 
-def _fits(p: Packed, t: GGUFTensor) -> bool:
-    """Has ``p`` the format, dtypes and shapes that packing the (N, K) tensor ``t`` gives?"""
+def _fits(p: Packed, t: GGUFTensor, tile: int) -> bool:
+    """Has ``p`` the format, dtypes and shapes that packing the (N, K) tensor ``t`` in tiles of
+    ``tile`` rows gives? (A copy whose tiles differ from the plan's would compute other rows.)"""
     k, n = t.shape  # GGUF order: innermost first
     want = row_layout(t.tensor_type, k)
     if (p.bits, p.block, p.qtype) != (want.bits, want.block, want.qtype) or p.shape != (n, k):
+        return False
+    if p.tile != tile:
         return False
     if p.tile != 1:  # row tiles (quant/tiles.py): the layout of one tile of zero rows
         if p.tile != TILE:

@@ -9,7 +9,8 @@
 //   y[m, n] = Σ_lanes float(I_lane) · s_block · dx_block  +  Σ_b min_b · dx_b · Σ_{k∈b} xq_k
 // Signed int8 codes (Q8_0, Q6_K) enter vpdpbusd as (code XOR 0x80) = code + 128; the extra
 // 128·Σxq per lane is exact and is removed by starting each lane's sum at -128·Σxq (precomputed
-// once per x row); centred 4/5-bit codes (Q4_0, Q5_0: no min) start at -8·Σxq or -16·Σxq. The integer sums are exact; only the rounding of x and the float32 summation
+// once per x row); centred 4/5-bit codes (Q4_0, Q5_0: no min) start at -8·Σxq or -16·Σxq. The
+// integer sums are exact; only the rounding of x and the float32 summation
 // differ from F.linear(x, W_deq): |Δy| ≤ Σ_b dx_b/2 · Σ_{k∈b} |W[n, k]| (tests/test_quant_i8.py).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -43,7 +44,11 @@ void quantize_row(const float* x, int64_t K, QRow& r) {
   const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t b = 0; b < K / 32; ++b) {
     const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
-    const float amax = _mm512_reduce_max_ps(
+    // vmaxps drops a NaN operand, so a NaN in x is looked for apart: its block's dx becomes NaN
+    // and so does every y, as F.linear gives (NaN · w is NaN for every weight, 0 included)
+    const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) |
+                      _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
+    const float amax = nan ? NAN : _mm512_reduce_max_ps(
         _mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
     const float dx = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
     const __m512 vinv = _mm512_set1_ps(inv);
