@@ -89,6 +89,10 @@ def test_embedding_lookup_on_a_tiled_table() -> None:
     ids = torch.tensor([[0, 9, 47], [8, 8, 1]])
     assert torch.equal(QuantEmbedding(t)(ids), QuantEmbedding(p)(ids))
     assert torch.equal(QuantEmbedding(t)(ids), dequantize_packed(p)[ids])
+    for bad in (-1, 48):  # 48 rows: a negative id must not wrap to the last row
+        for table in (p, t):
+            with pytest.raises(IndexError, match=r"token id out of range: .* 48 rows"):
+                QuantEmbedding(table)(torch.tensor([0, bad]))
 
 
 def test_what_cannot_be_tiled() -> None:

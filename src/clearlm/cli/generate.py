@@ -82,7 +82,7 @@ def _run(
         weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
     if compile_decode:
-        compile_step(model, quiet)
+        compile_step(model, quiet or max_new_tokens < 2)  # -n 0 / 1: no decode step follows
     params = model.sampling_params(None, fallback, **given)
     if placement.parallel:  # every rank must draw the same token from the same logits
         params = replace(params, seed=shared_seed(params.seed))

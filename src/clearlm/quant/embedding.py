@@ -20,7 +20,13 @@ class QuantEmbedding(PackedModule):
         self.num_embeddings, self.embedding_dim = packed.shape
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Raises IndexError for an id outside 0 .. V - 1 (as nn.Embedding; the check is a host
+        read, skipped while torch.compile traces, where the caller's ids are already checked)."""
         flat = ids.reshape(-1)  # (T,)
+        if not torch.compiler.is_compiling() and flat.numel() and (
+                flat.min() < 0 or flat.max() >= self.num_embeddings):
+            raise IndexError(f"token id out of range: the embedding table has "
+                             f"{self.num_embeddings} rows (ids 0 .. {self.num_embeddings - 1})")
         rows = dequantize_packed(self.packed(flat))  # (T, D): only the rows asked for
         return rows.reshape(*ids.shape, self.embedding_dim)  # (..., D)
 
