@@ -352,7 +352,9 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
         for (int i = 0; i < MC; ++i) {
           const float* xi = x + i * ldx + e;
           __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xi), q[0]);
-          for (int j = 1; j < BS / 8; ++j) t = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8 * j), q[j], t);
+          for (int j = 1; j < BS / 8; ++j) {
+            t = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8 * j), q[j], t);
+          }
           acc[i][r][b & 1] = _mm256_fmadd_ps(s, t, acc[i][r][b & 1]);
         }
         continue;
@@ -402,7 +404,9 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Step
     const __m256 m = _mm256_set1_ps(mn ? to_f(mn[b * L.sbs]) : 0.0f);
     __m256 q[BS / 8];
     codes_f<BITS, BS>(codes + b * L.cbs, centre, q);
-    for (int j = 0; j < BS / 8; ++j) _mm256_storeu_ps(out + b * BS + 8 * j, _mm256_fmadd_ps(s, q[j], m));
+    for (int j = 0; j < BS / 8; ++j) {
+      _mm256_storeu_ps(out + b * BS + 8 * j, _mm256_fmadd_ps(s, q[j], m));
+    }
   }
 }
 #else
