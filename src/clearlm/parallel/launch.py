@@ -143,9 +143,15 @@ def shared_seed(seed: int | None) -> int | None:
 
 
 def shutdown() -> None:
-    """Leave the process group (at the end of a command; harmless when not joined)."""
+    """Leave the process group (at the end of a command; harmless when not joined).
+
+    A barrier first: every rank is done with its collectives before any closes its connections.
+    Without it, rank 0 of a 2-process torchrun generate aborted in about 1 of 13 runs here
+    ("terminate called without an active exception", exit -6), most likely gloo reacting to a
+    peer that had already closed its side."""
     if dist.is_initialized():
         try:
+            dist.barrier()
             dist.destroy_process_group()
         except Exception:  # a broken group: the process is ending anyway
             pass
