@@ -279,11 +279,10 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Step
 #elif defined(__AVX2__) && defined(__FMA__)
 // AVX2 + FMA (8 float lanes, 16 registers: Intel since Haswell, AMD since Zen 1, without AVX-512):
 // the same products as the AVX-512 path with half-width vectors. A block's 32 codes become four
-// vectors of 8 floats, converted exactly: 8-bit codes sign-extended, 4/5-bit codes as one
-// zero-extension of 8 bytes per 16 codes (a nibble per 32-bit lane, masked or shifted; the fifth
-// bit by a variable shift of qh), which took 1.2-1.4x less time per token than unpacking bytes
-// first (bench/quant_gemv.py --models --threads 1 --clock cpu, Zen 3). Weights with a min are
-// rebuilt as fmaf(s, q, m), blocks without one sum s * (x . q) as above.
+// vectors of 8 floats, converted exactly from signed bytes: 8-bit codes as they are, 4/5-bit
+// codes unpacked into 16 bytes per half first (nibble masks, the fifth bit by a byte compare,
+// the centre of Q4_0 / Q5_0 subtracted in bytes). Weights with a min are rebuilt as
+// fmaf(s, q, m), blocks without one sum s * (x . q) as above.
 
 // The 8 codes in the low 8 bytes of `v`, as float32 (bytes read as signed).
 inline __m256 bytes8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
@@ -291,7 +290,7 @@ inline __m256 bytes8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32
 // The codes of the block at `blk`, read once; code(j) gives codes 8j .. 8j + 7 as 8 floats, built
 // when they are used (a product holds one such vector at a time, not BS / 8, and the 16
 // registers keep its accumulators). 4/5-bit codes minus CENTRE (8 or 16 for the centred codes
-// of a weight without mins, else 0), in int32 lanes: every value is exact.
+// of a weight without mins, else 0), as bytes: every value fits exactly (-16 .. 31).
 template <int BITS, int CENTRE>
 struct BlockCodes {
   const uint8_t* blk;
