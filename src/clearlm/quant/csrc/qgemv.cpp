@@ -279,52 +279,50 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Step
 #elif defined(__AVX2__) && defined(__FMA__)
 // AVX2 + FMA (8 float lanes, 16 registers: Intel since Haswell, AMD since Zen 1, without AVX-512):
 // the same products as the AVX-512 path with half-width vectors. A block's 32 codes become four
-// vectors of 8 floats, converted exactly from signed bytes: 8-bit codes as they are, 4/5-bit
-// codes unpacked into 16 bytes per half first (nibble masks, the fifth bit by a byte compare,
-// the centre of Q4_0 / Q5_0 subtracted in bytes). Weights with a min are rebuilt as
+// vectors of 8 floats, converted exactly from 32-bit integers: 8-bit codes sign-extended, 4/5-bit
+// codes one per lane (see BlockCodes). Weights with a min are rebuilt as
 // fmaf(s, q, m), blocks without one sum s * (x . q) as above.
-
-// The 8 codes in the low 8 bytes of `v`, as float32 (bytes read as signed).
-inline __m256 bytes8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
 // The codes of the block at `blk`, read once; code(j) gives codes 8j .. 8j + 7 as 8 floats, built
 // when they are used (a product holds one such vector at a time, not BS / 8, and the 16
-// registers keep its accumulators). 4/5-bit codes minus CENTRE (8 or 16 for the centred codes
-// of a weight without mins, else 0), as bytes: every value fits exactly (-16 .. 31).
+// registers keep its accumulators). 8-bit codes are sign-extended bytes. 4/5-bit codes: byte i
+// holds code i (low nibble) and code i + 16 (high nibble), so each of the 16 bytes is
+// zero-extended once into a 32-bit lane (b0: bytes 0 .. 7, b1: bytes 8 .. 15) and a code is then
+// one mask (codes 0 .. 15) or one shift (codes 16 .. 31) away. The fifth bit of code i is bit i
+// of the little-endian qh word: a variable shift moves it to bit 4 of lane i. CENTRE (8 or 16 for
+// the centred codes of a weight without mins, else 0) is subtracted as an integer, so every value
+// converts exactly (-16 .. 31).
 template <int BITS, int CENTRE>
 struct BlockCodes {
   const uint8_t* blk;
-  __m128i lo, hi;  // 4/5-bit codes 0 .. 15 and 16 .. 31 as bytes
+  __m256i b0, b1;  // 4/5-bit blocks: bytes 0 .. 7 and 8 .. 15, one per 32-bit lane
+  __m256i hA, hB;  // 5-bit blocks: qh << 4 and qh >> 12 in every lane
   explicit BlockCodes(const uint8_t* p) : blk(p) {
     if constexpr (BITS != 8) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      const __m128i nib = _mm_set1_epi8(0x0F);
-      lo = _mm_and_si128(v, nib);
-      hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
-      if constexpr (BITS == 5) {  // bit j of the little-endian qh word: bit 4 of code j
-        // byte j of a 16-byte vector gets qh's byte j / 8 (the next half's for hi), then keeps
-        // bit j % 8 of it: 0xFF where set, 0 elsewhere
-        const __m128i bit = _mm_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-        const __m128i w = _mm_cvtsi32_si128(static_cast<int>(load_u32(p + 16)));
-        const __m128i b0 = _mm_shuffle_epi8(w, _mm_set_epi64x(0x0101010101010101, 0));
-        const __m128i b1 = _mm_shuffle_epi8(w, _mm_set_epi64x(0x0303030303030303,
-                                                              0x0202020202020202));
-        const __m128i sixteen = _mm_set1_epi8(16);
-        lo = _mm_or_si128(lo, _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(b0, bit), bit), sixteen));
-        hi = _mm_or_si128(hi, _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(b1, bit), bit), sixteen));
-      }
-      if constexpr (CENTRE != 0) {
-        const __m128i c = _mm_set1_epi8(static_cast<char>(CENTRE));
-        lo = _mm_sub_epi8(lo, c), hi = _mm_sub_epi8(hi, c);
+      b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+      b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+      if constexpr (BITS == 5) {
+        const uint32_t qh = load_u32(p + 16);
+        hA = _mm256_set1_epi32(static_cast<int>(qh << 4));   // bit i at 4 + i (codes 0 .. 15)
+        hB = _mm256_set1_epi32(static_cast<int>(qh >> 12));  // bit i at i - 12 (codes 16 .. 31)
       }
     }
   }
   __m256 code(int j) const {
     if constexpr (BITS == 8) {
-      return bytes8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 8 * j)));
+      const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 8 * j));
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
     } else {
-      const __m128i h = j < 2 ? lo : hi;
-      return bytes8(j % 2 ? _mm_unpackhi_epi64(h, h) : h);
+      const __m256i b = j % 2 ? b1 : b0;
+      __m256i q = j < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(15)) : _mm256_srli_epi32(b, 4);
+      if constexpr (BITS == 5) {  // lane l of group j: code 8j + l, its bit at 4 + l + 8 (j % 2)
+        const __m256i shift = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                               _mm256_set1_epi32(j % 2 ? 8 : 0));
+        const __m256i h = _mm256_srlv_epi32(j < 2 ? hA : hB, shift);
+        q = _mm256_or_si256(q, _mm256_and_si256(h, _mm256_set1_epi32(16)));
+      }
+      if constexpr (CENTRE != 0) q = _mm256_sub_epi32(q, _mm256_set1_epi32(CENTRE));
+      return _mm256_cvtepi32_ps(q);
     }
   }
 };
