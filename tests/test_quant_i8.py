@@ -23,7 +23,8 @@ from clearlm.quant.linear import QuantLinear, set_int8_activations
 from clearlm.quant.ops import int8_available
 from clearlm.quant.pack import SUPPORTED, pack_blocks
 
-needs_int8 = pytest.mark.skipif(not int8_available(), reason="no AVX-512 VNNI kernel built")
+needs_int8 = pytest.mark.skipif(not int8_available(),
+                                reason="no int8 kernel built (AVX-512 VNNI or AVX2)")
 
 
 def layer_and_weight(qtype: Q, n: int, k: int, seed: int = 5):
@@ -92,7 +93,7 @@ def test_custom_op_equals_eager_layer(int8: bool) -> None:
     if not int8:
         assert (got - F.linear(x, w, bias)).abs().max() < 1e-4
     if load_kernels() is not None:  # the C++ operator a compiled graph calls
-        # (without AVX-512 VNNI the layer computes the exact product: ops.compiled_qmm's choice)
+        # (without the int8 kernel the layer computes the exact product: ops.compiled_qmm's choice)
         i8 = int8 and int8_available()
         op = torch.ops.clearlm_kernels.qmm_i8 if i8 else torch.ops.clearlm_kernels.qmm
         got = op(x, layer.codes, layer.scale, layer.min, layer.bits, layer.block) + bias
@@ -173,14 +174,14 @@ def test_cli_activations_option(tmp_path) -> None:
     assert ok.returncode == 0, ok.stderr
     if int8_available():
         assert "· int8 activations" in ok.stderr  # the loading line
-    # without the VNNI kernel: one warning line in the CLI's words, no Python warning, and the
+    # without the int8 kernel: one warning line in the CLI's words, no Python warning, and the
     # loading line does not claim int8 (forced here by CLEARLM_NO_KERNELS=1)
     plain = subprocess.run([*base, "--activations", "int8"], capture_output=True, text=True,
                            timeout=300, env={**os.environ, "CLEARLM_NO_KERNELS": "1"})
     assert plain.returncode == 0, plain.stderr
     lines = plain.stderr.strip().splitlines()
-    assert lines[0] == ("warning: --activations int8 needs the AVX-512 VNNI kernel, which is "
-                        "not built here; decode stays exact float32")
+    assert lines[0] == ("warning: --activations int8 needs the int8 kernel (AVX-512 VNNI or "
+                        "AVX2), which is not built here; decode stays exact float32")
     assert "UserWarning" not in plain.stderr and "int8 activations" not in plain.stderr
     bad = run("--activations", "int4")
     assert bad.returncode == 2 and "'int4' is not one of float32, int8" in bad.stderr

@@ -264,9 +264,10 @@ def load(
             bfloat16, float32 sums: faster on AMX CPUs only, not exact; see clearlm.precision).
         activations: "float32" (exact, default) or "int8": compact layers round the inputs of
             decode-sized products (≤ 16 rows) to int8 per block of 32 values and multiply
-            them with the codes in integers (AVX-512 VNNI), as llama.cpp does: faster decode,
-            not exact (clearlm.quant.linear.set_int8_activations). Where that kernel is not
-            built (no VNNI) a warning says so and the products stay exact. None: "float32".
+            them with the codes in integers (AVX-512 VNNI or AVX2), as llama.cpp does: faster
+            decode, not exact (clearlm.quant.linear.set_int8_activations). Where that kernel is
+            not built (no C++ compiler, or neither instruction set) a warning says so and the
+            products stay exact. None: "float32".
             ``Model.activations`` says which took effect.
 
     Raises:

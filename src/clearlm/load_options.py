@@ -110,7 +110,7 @@ def use_int8_activations(model: torch.nn.Module, source: str) -> str:
             f"int8 activations apply to compact (block-quantized) weights; {source} has none"
         )
     if not int8_available():
-        warnings.warn("clearlm: int8 activations need the AVX-512 VNNI kernel, which is not "
-                      "built here; decode stays exact float32", stacklevel=3)
+        warnings.warn("clearlm: int8 activations need the int8 kernel (AVX-512 VNNI or "
+                      "AVX2), which is not built here; decode stays exact float32", stacklevel=3)
         return "float32"
     return "int8"

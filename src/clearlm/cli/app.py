@@ -118,7 +118,7 @@ Activations = Annotated[
     typer.Option(
         callback=_check_activations,
         help="float32: compact layers decode with exact float32 inputs (default). int8: "
-        "rounded to int8 per block of 32 and multiplied in integers (AVX-512 VNNI), as "
+        "rounded to int8 per block of 32 and multiplied in integers (AVX-512 VNNI or AVX2), as "
         "llama.cpp does: faster decode, not exact. Compact weights only.",
     ),
 ]

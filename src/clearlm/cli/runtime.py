@@ -175,9 +175,9 @@ def load_model(
     except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
         err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
         raise typer.Exit(130) from None
-    if model.activations != activations:  # int8 asked, no VNNI kernel: allowed, said once
-        err.print("[yellow]warning: --activations int8 needs the AVX-512 VNNI kernel, which is "
-                  "not built here; decode stays exact float32[/]", soft_wrap=True)
+    if model.activations != activations:  # int8 asked, no int8 kernel: allowed, said once
+        err.print("[yellow]warning: --activations int8 needs the int8 kernel (AVX-512 VNNI or "
+                  "AVX2), which is not built here; decode stays exact float32[/]", soft_wrap=True)
     if not quiet:
         s = "" if n_threads == 1 else "s"
         err.print(

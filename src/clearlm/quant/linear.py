@@ -36,8 +36,8 @@ class QuantLinear(PackedModule):
     ``min`` (same, or empty), ``bias`` (N,) float32 or None. Inputs of any float dtype are
     computed in float32 and returned in their own dtype. With ``int8`` True (opt-in, see
     :func:`set_int8_activations`) decode-sized calls round x to int8 per block of 32 values and
-    use the VNNI kernel (csrc/qgemv_i8.cpp): faster, no longer exact (tests/test_quant_i8.py
-    bounds the difference)."""
+    use the int8 kernel (csrc/qgemv_i8.cpp, AVX-512 VNNI or AVX2): faster, no longer exact
+    (tests/test_quant_i8.py bounds the difference)."""
 
     def __init__(self, packed: Packed, bias: torch.Tensor | None = None) -> None:
         super().__init__(packed)

@@ -31,7 +31,8 @@ def _constant_result(fn):  # type: ignore[no-untyped-def]
 
 @_constant_result  # evaluated once while tracing, not traced into
 def int8_available() -> bool:
-    """Whether the int8-activation kernel was built (the C++ kernel on an AVX-512 VNNI CPU)."""
+    """Whether the int8-activation kernel was built (the C++ kernel on an AVX-512 VNNI or
+    AVX2 CPU)."""
     kern = load_kernels()
     return kern is not None and kern.qmm_i8_available()
 

@@ -58,7 +58,7 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, tor
   return y;
 }
 
-// qgemv_i8.cpp: the same product with int8-quantized activations (AVX-512 VNNI only).
+// qgemv_i8.cpp: the same product with int8-quantized activations (AVX-512 VNNI or AVX2).
 bool qmm_i8_available();
 torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
                           const torch::Tensor& scale, const torch::Tensor& mn, int64_t bits,
@@ -98,7 +98,8 @@ TORCH_LIBRARY_IMPL(clearlm_kernels, CPU, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qmm", &qmm, "y = x @ dequant(W).T for block-quantized W");
-  m.def("qmm_i8", &qmm_i8, "qmm with activations rounded to int8 per block of 32 (VNNI)");
-  m.def("qmm_i8_available", &qmm_i8_available, "whether qmm_i8 was built (AVX-512 VNNI)");
+  m.def("qmm_i8", &qmm_i8,
+        "qmm with activations rounded to int8 per block of 32 (AVX-512 VNNI or AVX2)");
+  m.def("qmm_i8_available", &qmm_i8_available, "whether qmm_i8 was built (AVX-512 VNNI or AVX2)");
   m.def("dequant", &dequant, "rows [r0, r1) of dequant(W) as float32");
 }
