@@ -9,11 +9,12 @@ packed CPU kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) an
 Part 2 (models, ``--models``): every matrix a decode step reads in the real GGUFs (a tied
 embedding counts once, as the head), packed as stored; time of one token's worth of GEMVs, the
 bytes read and the decode ceiling it implies (matmuls only), compact (tiled as loaded, and
-row-major) vs float32.
+row-major) vs float32. With ``--int8``, both parts also time the layer as loaded with int8-
+rounded activations (" int8": the opt-in mode, csrc/qgemv_i8.cpp; not exact).
 
 How: torch threads = --threads (default 2); engines alternate inside each repeat; each timing is
 the median of --inner calls, each figure the median over --repeats. The machine is shared:
-compare ratios. Usage: ``python bench/quant_gemv.py [--models] [--candidates] [--markdown]``.
+compare ratios. Usage: ``python bench/quant_gemv.py [--models] [--candidates] [--int8]``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from gguf import GGMLQuantizationType as Q
 from clearlm.models import resolve_model
 from clearlm.quant import QuantLinear, pack_blocks
 from clearlm.quant.kernels import load_kernels
+from clearlm.quant.linear import set_int8_activations
+from clearlm.quant.ops import int8_available
 from clearlm.quant.pack import Packed
 from clearlm.quant.tiles import can_tile, tile_rows
 
@@ -85,11 +88,16 @@ def random_layer(qtype: Q, n: int, k: int, rng: np.random.Generator) -> Packed:
     return pack_blocks(raw, qtype, (n, k))
 
 
-def layers(p: Packed) -> dict[str, QuantLinear]:
+def layers(p: Packed, int8: bool = False) -> dict[str, QuantLinear]:
     """The weight as a compact load holds it (row tiles, quant/tiles.py, where N allows) and
-    row-major (" rows"): the same bytes in the two layouts the kernel reads."""
+    row-major (" rows"): the same bytes in the two layouts the kernel reads. With `int8`, also
+    " int8": as loaded, with int8-rounded activations (csrc/qgemv_i8.cpp, opt-in, inexact)."""
     out = {"": QuantLinear(tile_rows(p))} if can_tile(p) else {}
-    return out | {" rows": QuantLinear(p)}
+    out |= {" rows": QuantLinear(p)}
+    if int8:
+        out[" int8"] = QuantLinear(tile_rows(p) if can_tile(p) else p)
+        set_int8_activations(out[" int8"])
+    return out
 
 
 def shape_table(args: argparse.Namespace) -> list[str]:
@@ -105,7 +113,7 @@ def shape_table(args: argparse.Namespace) -> list[str]:
         for qt in FORMATS:
             if k % GGML_QUANT_SIZES[qt][0]:
                 continue  # K-quants need rows that are whole 256-value super-blocks
-            for suffix, layer in layers(random_layer(qt, n, k, rng)).items():
+            for suffix, layer in layers(random_layer(qt, n, k, rng), args.int8).items():
                 fns[qt.name + suffix] = lambda layer=layer, x=x: layer(x)
                 nbytes[qt.name + suffix] = layer.weight_nbytes()
         if args.candidates and n == 8192:
@@ -135,16 +143,18 @@ def candidates(x: torch.Tensor, n: int, k: int, nbytes: dict[str, int]) -> dict:
     }
 
 
-def decode_matrices(path: Path) -> list[tuple[str, dict[str, QuantLinear], torch.Tensor]]:
-    """(name, compact layers (tiled as loaded, and row-major), float32 weight) of every matrix
-    one decode step reads."""
+def decode_matrices(path: Path, int8: bool = False
+                    ) -> list[tuple[str, dict[str, QuantLinear], torch.Tensor]]:
+    """(name, compact layers (tiled as loaded, row-major, with `int8` int8 activations too),
+    float32 weight) of every matrix one decode step reads."""
     reader = GGUFReader(path)
     names = {t.name for t in reader.tensors}
     out = []
     for t in reader.tensors:
         if len(t.shape) != 2 or (t.name == "token_embd.weight" and "output.weight" in names):
             continue  # the embedding is a row lookup unless it doubles as the tied head
-        both = layers(pack_blocks(t.data, t.tensor_type, (int(t.shape[1]), int(t.shape[0]))))
+        both = layers(pack_blocks(t.data, t.tensor_type, (int(t.shape[1]), int(t.shape[0]))),
+                      int8)
         out.append((t.name, both, both[" rows"].dequantized()))
     return out
 
@@ -153,11 +163,14 @@ def model_table(args: argparse.Namespace) -> list[str]:
     rows = ["| model | weights/token compact | float32 | ms/token compact | row-major | float32 | "
             "GB/s compact | ceiling tok/s compact | row-major | float32 | llama.cpp tg128 |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    if args.int8:
+        rows[0] += " ms/token int8 |"
+        rows[1] += "---:|"
     for name, (path, llama_tg) in REAL.items():
         path = path or resolve_model("smollm2-135m-instruct")
         if not Path(path).exists():
             continue
-        mats = decode_matrices(Path(path))
+        mats = decode_matrices(Path(path), args.int8)
         xs = [torch.randn(1, 1, w.shape[1]) for _, _, w in mats]
 
         def run_q(mats=mats, xs=xs, layout: str = "") -> None:  # tiled where it can be
@@ -169,14 +182,17 @@ def model_table(args: argparse.Namespace) -> list[str]:
                 F.linear(x, w)
 
         with torch.inference_mode():
-            s = alternate({"q": run_q, "r": lambda: run_q(layout=" rows"), "f": run_f},
-                          args.repeats, max(3, args.inner // 2))
+            engines = {"q": run_q, "r": lambda: run_q(layout=" rows"), "f": run_f}
+            if args.int8:
+                engines["i8"] = lambda: run_q(layout=" int8")
+            s = alternate(engines, args.repeats, max(3, args.inner // 2))
         qb = sum(lays[" rows"].weight_nbytes() for _, lays, _ in mats)
         fb = sum(w.nbytes for _, _, w in mats)
         rows.append(f"| {name} | {qb / 2**20:.0f} MiB | {fb / 2**20:.0f} MiB | "
                     f"{s['q'] * 1e3:.2f} | {s['r'] * 1e3:.2f} | {s['f'] * 1e3:.2f} | "
                     f"{qb / s['q'] / 1e9:.1f} | {1 / s['q']:.0f} | {1 / s['r']:.0f} | "
-                    f"{1 / s['f']:.0f} | {llama_tg} |")
+                    f"{1 / s['f']:.0f} | {llama_tg} |"
+                    + (f" {s['i8'] * 1e3:.2f} |" if args.int8 else ""))
         del mats
     return rows
 
@@ -189,12 +205,16 @@ def main() -> None:
     ap.add_argument("--candidates", action="store_true", help="torch packed kernels at 8192^2")
     ap.add_argument("--models", action="store_true", help="decode ceiling on the real GGUFs")
     ap.add_argument("--no-shapes", action="store_true", help="skip part 1")
+    ap.add_argument("--int8", action="store_true",
+                    help="also time int8-rounded activations (opt-in mode, csrc/qgemv_i8.cpp)")
     ap.add_argument("--stat", choices=list(STAT), default="median",
                     help="per-timing statistic: min shows the uncontended speed on a busy machine")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: this thread's CPU time (with --threads 1 only): the time the work "
                     "took while it ran, not counting waits for a shared machine's cores")
     args = ap.parse_args()
+    if args.int8 and not int8_available():
+        ap.error("--int8: the int8 kernel is not built here (needs AVX-512 VNNI or AVX2)")
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu needs --threads 1 (other threads' time would be missed)")
     global stat, clock
