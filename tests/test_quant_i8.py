@@ -72,6 +72,32 @@ def test_int8_activations_keep_a_nan_as_f_linear_does(qtype: Q, where: int) -> N
 
 
 @needs_int8
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
+def test_int8_rows_out_of_range_are_computed_exactly(qtype: Q) -> None:
+    """A row with a block whose max |x| is outside [2^-64, 2^64] (or infinite) takes the exact
+    product: 127 / max|x| overflowed below 3.7e-37 (every xq -128, answers 46-273x over the
+    bound) and dx·Σxq above 1e37 (inf where F.linear is finite). The other rows stay int8."""
+    layer, w = layer_and_weight(qtype, 16, 256)
+    x = torch.randn(5, 256)
+    x[1] *= 1e-37  # 127 / max|x| would overflow
+    x[2, :32] = 1e30  # above 2^64 (from 1e37 on, dx·Σxq overflowed in the mins' term)
+    x[3, 64:96] = 0.0  # one block with a tiny maximum
+    x[3, 70] = 2.0**-70
+    x[4, 7] = float("inf")
+    exact = layer(x)
+    set_int8_activations(layer)
+    got = layer(x)
+    assert torch.equal(got[1:4], exact[1:4])
+    assert torch.equal(got[4].isnan(), exact[4].isnan()) and torch.equal(
+        got[4].nan_to_num(), exact[4].nan_to_num())
+    assert not torch.equal(got[0], exact[0])  # row 0 is ordinary: rounded
+    ref = (x[1:3].double() @ w.double().T)  # the exact rows are close to float64
+    assert torch.isfinite(got[1:3]).all()
+    assert ((got[1:3].double() - ref).abs() <= 1e-4 * (x[1:3].abs().double() @
+                                                       w.abs().double().T)).all()
+
+
+@needs_int8
 def test_int8_falls_back_to_exact_when_k_is_not_a_multiple_of_64() -> None:
     layer, w = layer_and_weight(Q.Q8_0, 16, 96)
     x = torch.randn(1, 96)

@@ -43,7 +43,16 @@ struct QRow {
   std::vector<float> dx4;
   std::vector<int32_t> neg4;
   std::vector<float> fsum;
+  bool exact = false;  // a block's max |x| is out of the safe range: the row is computed exactly
 };
+
+// The block maxima max|x| the int8 path takes: 0, or [2^-64, 2^64]. Outside it (or NaN, inf)
+// 127 / max|x| or dx·Σxq or scale·dx could overflow or lose their precision to subnormals
+// (|x| < 3.7e-37 made 127 / max|x| inf, every xq -128), so such a row is computed by the exact
+// kernel instead (qmm_i8 in qgemv_ops.cpp): no activation of a real model is near either end.
+inline bool safe_block_max(float amax) {
+  return amax == 0.0f || (amax >= 0x1p-64f && amax <= 0x1p64f);
+}
 
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
@@ -79,6 +88,7 @@ void quantize_row(const float* x, int64_t K, QRow& r) {
     const float amax = nan ? NAN : _mm512_reduce_max_ps(
         _mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
     const float dx = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    if (!safe_block_max(amax)) r.exact = true;
     const __m512 vinv = _mm512_set1_ps(inv);
     const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv)));
     const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv)));
@@ -279,6 +289,7 @@ void quantize_row(const float* x, int64_t K, QRow& r) {
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float amax = _mm256_movemask_ps(unord) ? NAN : _mm_cvtss_f32(m4);
     const float dx = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    if (!safe_block_max(amax)) r.exact = true;
     const __m256 vinv = _mm256_set1_ps(inv);
     __m256i q[4];
     for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vinv));
@@ -449,15 +460,20 @@ void run(const std::vector<QRow>& xs, const uint8_t* cp, const S* sp, const S* m
 
 bool qmm_i8_available() { return true; }
 
-// x (M, K) float32 contiguous, K a multiple of 64; codes/scale/min checked by the caller.
+// x (M, K) float32 contiguous, K a multiple of 64; codes/scale/min checked by the caller. The
+// rows of x that need the exact product (safe_block_max) are added to `exact_rows`; their rows
+// of the result are left for the caller to overwrite.
 torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
                           const torch::Tensor& scale, const torch::Tensor& mn, int64_t bits,
-                          int64_t bs, int64_t N, int64_t T) {
+                          int64_t bs, int64_t N, int64_t T, std::vector<int64_t>& exact_rows) {
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % 64 == 0, "int8 activations need K a multiple of 64");
   TORCH_CHECK(bs == 32 || !mn.numel(), "mins need blocks of 32");
   std::vector<QRow> xs(M);
-  for (int64_t m = 0; m < M; ++m) quantize_row(x.data_ptr<float>() + m * K, K, xs[m]);
+  for (int64_t m = 0; m < M; ++m) {
+    quantize_row(x.data_ptr<float>() + m * K, K, xs[m]);
+    if (xs[m].exact) exact_rows.push_back(m);
+  }
   auto y = torch::empty({M, N}, x.options());
   const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
   float* yp = y.data_ptr<float>();
@@ -481,7 +497,8 @@ torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
 bool qmm_i8_available() { return false; }
 
 torch::Tensor qmm_i8_impl(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                          const torch::Tensor&, int64_t, int64_t, int64_t, int64_t) {
+                          const torch::Tensor&, int64_t, int64_t, int64_t, int64_t,
+                          std::vector<int64_t>&) {
   TORCH_CHECK(false, "int8 activations need AVX-512 VNNI or AVX2");
 }
 #endif

@@ -2,6 +2,7 @@
 // qgemv.cpp (exact float32 activations) and qgemv_i8.cpp (int8 activations).
 #include <torch/extension.h>
 #include <cstdint>
+#include <vector>
 
 // qgemv.cpp
 int64_t qgemv_row_bytes(int64_t bits, int64_t K);
@@ -62,7 +63,7 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, tor
 bool qmm_i8_available();
 torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
                           const torch::Tensor& scale, const torch::Tensor& mn, int64_t bits,
-                          int64_t bs, int64_t N, int64_t T);
+                          int64_t bs, int64_t N, int64_t T, std::vector<int64_t>& exact_rows);
 
 torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
                      int64_t bits, int64_t bs) {
@@ -70,7 +71,13 @@ torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
-  return qmm_i8_impl(x, codes, scale, mn, bits, bs, w.N, w.T);
+  std::vector<int64_t> exact_rows;  // rows with a block max |x| outside the int8 path's range
+  auto y = qmm_i8_impl(x, codes, scale, mn, bits, bs, w.N, w.T, exact_rows);
+  for (const int64_t m : exact_rows) {
+    torch::Tensor ym = y.narrow(0, m, 1);  // (1, N), contiguous
+    qmm_run(x.narrow(0, m, 1), codes, scale, mn, bits, bs, w.T, ym);
+  }
+  return y;
 }
 
 // Rows [r0, r1) of the dequantized weight, (r1 - r0, K) float32.
