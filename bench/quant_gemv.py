@@ -92,10 +92,11 @@ def layers(p: Packed, int8: bool = False) -> dict[str, QuantLinear]:
     """The weight as a compact load holds it (row tiles, quant/tiles.py, where N allows) and
     row-major (" rows"): the same bytes in the two layouts the kernel reads. With `int8`, also
     " int8": as loaded, with int8-rounded activations (csrc/qgemv_i8.cpp, opt-in, inexact)."""
-    out = {"": QuantLinear(tile_rows(p))} if can_tile(p) else {}
+    loaded = tile_rows(p) if can_tile(p) else p  # the layout a compact load holds
+    out = {"": QuantLinear(loaded)} if can_tile(p) else {}
     out |= {" rows": QuantLinear(p)}
     if int8:
-        out[" int8"] = QuantLinear(tile_rows(p) if can_tile(p) else p)
+        out[" int8"] = QuantLinear(loaded)  # the same tensors, its own int8 switch
         set_int8_activations(out[" int8"])
     return out
 

@@ -60,6 +60,26 @@ inline uint32_t load_u32(const uint8_t* p) {
   return v;
 }
 
+// A block's step dx = max|x| / 127 and its inverse `inv` (0 for an all-zero block); flags the
+// row for the exact kernel when max|x| is out of safe_block_max's range.
+inline float block_step(float amax, QRow& r, float& inv) {
+  if (!safe_block_max(amax)) r.exact = true;
+  inv = amax > 0 ? 127.0f / amax : 0.0f;
+  return amax / 127.0f;
+}
+
+// Block b's entries of `r` from the exact int32 sums of its 8 four-value groups of xq: dx per
+// group, -128 * sum per group, and dx * (the block's sum) for the mins.
+inline void store_block(QRow& r, int64_t b, float dx, __m256i sums) {
+  alignas(32) int32_t g[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(g), sums);
+  int32_t total = 0;
+  for (int j = 0; j < 8; ++j) {
+    r.dx4[b * 8 + j] = dx, r.neg4[b * 8 + j] = -128 * g[j], total += g[j];
+  }
+  r.fsum[b] = dx * static_cast<float>(total);
+}
+
 // Software prefetch, as in qgemv.cpp: codes PF_BYTES ahead of the read, one prefetch per
 // 64-byte line of each row; the next band's scales / mins at the start of a band (run).
 constexpr int64_t PF_BYTES = 8192;
@@ -87,8 +107,8 @@ void quantize_row(const float* x, int64_t K, QRow& r) {
                       _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
     const float amax = nan ? NAN : _mm512_reduce_max_ps(
         _mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
-    const float dx = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
-    if (!safe_block_max(amax)) r.exact = true;
+    float inv;
+    const float dx = block_step(amax, r, inv);
     const __m512 vinv = _mm512_set1_ps(inv);
     const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv)));
     const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv)));
@@ -97,13 +117,7 @@ void quantize_row(const float* x, int64_t K, QRow& r) {
     // sums of 4 consecutive codes: 1 (unsigned) · q (signed), 4 products per int32 lane
     const __m256i q = _mm256_set_m128i(q1, q0);
     const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q);
-    alignas(32) int32_t g[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(g), sums);
-    int32_t total = 0;
-    for (int j = 0; j < 8; ++j) {
-      r.dx4[b * 8 + j] = dx, r.neg4[b * 8 + j] = -128 * g[j], total += g[j];
-    }
-    r.fsum[b] = dx * static_cast<float>(total);
+    store_block(r, b, dx, sums);
   }
 }
 
@@ -288,8 +302,8 @@ void quantize_row(const float* x, int64_t K, QRow& r) {
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float amax = _mm256_movemask_ps(unord) ? NAN : _mm_cvtss_f32(m4);
-    const float dx = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
-    if (!safe_block_max(amax)) r.exact = true;
+    float inv;
+    const float dx = block_step(amax, r, inv);
     const __m256 vinv = _mm256_set1_ps(inv);
     __m256i q[4];
     for (int j = 0; j < 4; ++j) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vinv));
@@ -299,13 +313,7 @@ void quantize_row(const float* x, int64_t K, QRow& r) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.q.data() + b * 32), q8);
     const __m256i sums =  // 1 (unsigned) · q (signed) in pairs, then pairs of pairs
         _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8), _mm256_set1_epi16(1));
-    alignas(32) int32_t g[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(g), sums);
-    int32_t total = 0;
-    for (int j = 0; j < 8; ++j) {
-      r.dx4[b * 8 + j] = dx, r.neg4[b * 8 + j] = -128 * g[j], total += g[j];
-    }
-    r.fsum[b] = dx * static_cast<float>(total);
+    store_block(r, b, dx, sums);
   }
 }
 
