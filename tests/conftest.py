@@ -32,13 +32,9 @@ def hf_smollm2_tokenizer(smollm2_path: Path):
 @pytest.fixture(scope="session")
 def hf_smollm2_model(smollm2_path: Path):
     """The reference model: transformers reading the same GGUF, dequantized to float32."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    from real_parity import hf_gguf_model
 
-    model = AutoModelForCausalLM.from_pretrained(
-        smollm2_path.parent, gguf_file=smollm2_path.name, dtype=torch.float32
-    )
-    return model.eval()
+    return hf_gguf_model(smollm2_path)
 
 
 DATA = Path(__file__).parent / "data"

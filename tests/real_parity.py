@@ -2,9 +2,38 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from unittest import mock
+
 import torch
 
 TOL = 1e-3  # the issue's bound; measured figures are printed
+
+
+def hf_gguf_model(path: Path):
+    """transformers' model on a GGUF file, every tensor dequantized to float32, in eval mode.
+
+    transformers opens the file with ``gguf.GGUFReader`` twice (once for the config, once for
+    the tensors); each parse of a 150k–262k-token vocabulary takes 15–30 s on 2 cores. During
+    this one call the second open reuses the first reader (same file, same size and mtime):
+    the reference reads the same bytes with the same reader, once."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    original, readers = gguf.GGUFReader, {}
+
+    def reader(file, mode="r"):
+        st = Path(file).stat()
+        key = (str(Path(file).resolve()), st.st_size, st.st_mtime_ns, mode)
+        if key not in readers:
+            readers[key] = original(file, mode)
+        return readers[key]
+
+    with mock.patch.object(gguf, "GGUFReader", reader):
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        )
+    return model.eval()
 
 
 def last_logit_diff(ours, ref_model, ids: list[int]) -> float:

@@ -15,8 +15,10 @@ import pytest
 import torch
 import typer
 from tiny_gguf import write_tiny_llama
+from typer.testing import CliRunner
 
 import clearlm
+from clearlm.cli import app
 from clearlm.errors import ChatTemplateError, ClearLMError, SamplingParamsError
 
 
@@ -138,15 +140,23 @@ def test_ctrl_c_while_loading_says_so_even_with_quiet(tiny_path, monkeypatch, ca
         assert err.strip().splitlines()[-1] == "interrupted while loading tiny.gguf"
 
 
-def test_h_is_help_everywhere_and_help_reflows(tmp_path):
-    for args in ((), ("generate",), ("chat",), ("info",), ("explain",), ("perplexity",)):
-        short, long = cli(*args, "-h", COLUMNS="300"), cli(*args, "--help", COLUMNS="300")
-        assert short.returncode == long.returncode == 0, short.stderr
-        assert short.stdout == long.stdout and b"Usage:" in short.stdout
-        assert b"<bool>" not in short.stdout  # flags take no value: no type shown
-    explain = cli("-h", COLUMNS="300").stdout.decode()
+def test_h_is_help_everywhere_and_help_reflows():
+    # the installed entry point once (a process each: ~4 s), then every command in this process
+    short, long = cli("-h", COLUMNS="300"), cli("--help", COLUMNS="300")
+    assert short.returncode == long.returncode == 0, short.stderr
+    assert short.stdout == long.stdout and b"Usage:" in short.stdout
     # the docstring's lines join into one paragraph on a wide terminal
+    explain = short.stdout.decode()
     assert "where the last token attends, residual-stream norms and FFN statistics" in explain
+    runner = CliRunner()
+    for args in ((), ("generate",), ("chat",), ("info",), ("explain",), ("perplexity",)):
+        short, long = (
+            runner.invoke(app, [*args, flag], env={"COLUMNS": "300"}, prog_name="clearlm")
+            for flag in ("-h", "--help")
+        )
+        assert short.exit_code == long.exit_code == 0, short.output
+        assert short.output == long.output and "Usage:" in short.output
+        assert "<bool>" not in short.output  # flags take no value: no type shown
 
 
 @pytest.mark.parametrize("command", [["info", "MODEL"], ["walkthrough"], ["--help"]])

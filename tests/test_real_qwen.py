@@ -5,8 +5,7 @@ test-large`)."""
 from __future__ import annotations
 
 import pytest
-import torch
-from real_parity import TOL, greedy_matches_or_near_tie, last_logit_diff
+from real_parity import TOL, greedy_matches_or_near_tie, hf_gguf_model, last_logit_diff
 
 import clearlm
 from clearlm.errors import ModelNotFoundError
@@ -27,13 +26,7 @@ def _load(alias: str):
         path = resolve_model(alias)
     except ModelNotFoundError as e:
         pytest.skip(f"{alias} not available ({e})")
-    from transformers import AutoModelForCausalLM
-
-    ours = clearlm.load(path, weights="float32")
-    ref = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
-    return ours, ref
+    return clearlm.load(path, weights="float32"), hf_gguf_model(path)
 
 
 @pytest.fixture(scope="module")
