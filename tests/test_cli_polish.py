@@ -159,6 +159,18 @@ def test_h_is_help_everywhere_and_help_reflows():
         assert "<bool>" not in short.output  # flags take no value: no type shown
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "-h"], ["generate", "--bogus"]])
+def test_help_and_usage_errors_do_not_import_torch(argv):
+    # `import clearlm` is lazy (PEP 562): help and a mistyped flag answer in ~0.5 s, not ~4 s
+    code = (
+        "import sys\nfrom clearlm.cli import main\nsys.argv = ['clearlm', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "sys.stderr.write(f'torch imported: {\"torch\" in sys.modules}')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, timeout=120)
+    assert proc.stderr.decode().endswith("torch imported: False"), proc.stderr
+
+
 @pytest.mark.parametrize("command", [["info", "MODEL"], ["walkthrough"], ["--help"]])
 def test_a_closed_stdout_ends_every_command_with_status_0(command, tiny_path):
     argv = [str(tiny_path) if a == "MODEL" else a for a in command]

@@ -6,21 +6,58 @@ print(model.generate("Once upon a time", max_new_tokens=32, temperature=0).text)
 probs = model.next_token_distribution("The capital of France is")  # (V,) float32
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
+# first, and now: its first look at the CPUs' load spans torch's import (clearlm.threads)
 from clearlm import threads
-from clearlm.api import Model, load
-from clearlm.config import ModelConfig
-from clearlm.errors import (
-    ClearLMError,
-    ContextLengthError,
-    InvalidModelFileError,
-    ModelNotFoundError,
-    PromptTypeError,
-    SamplingError,
-    SamplingParamsError,
-    UnsupportedModelError,
-)
-from clearlm.generation import Chunk, GenerationResult
-from clearlm.sampling import SamplingParams
+
+if TYPE_CHECKING:  # what the names below are, for type checkers and editors
+    from clearlm.api import Model, load
+    from clearlm.config import ModelConfig
+    from clearlm.errors import (
+        ClearLMError,
+        ContextLengthError,
+        InvalidModelFileError,
+        ModelNotFoundError,
+        PromptTypeError,
+        SamplingError,
+        SamplingParamsError,
+        UnsupportedModelError,
+    )
+    from clearlm.generation import Chunk, GenerationResult
+    from clearlm.sampling import SamplingParams
+
+# Each public name and the module it lives in. They are imported on first use (PEP 562), so
+# that ``clearlm --help`` and the command line's usage errors do not wait for torch (~3 s).
+_WHERE = {
+    "Model": "clearlm.api",
+    "load": "clearlm.api",
+    "ModelConfig": "clearlm.config",
+    "Chunk": "clearlm.generation",
+    "GenerationResult": "clearlm.generation",
+    "SamplingParams": "clearlm.sampling",
+    **dict.fromkeys(
+        ["ClearLMError", "ContextLengthError", "InvalidModelFileError", "ModelNotFoundError",
+         "PromptTypeError", "SamplingError", "SamplingParamsError", "UnsupportedModelError"],
+        "clearlm.errors",
+    ),
+}
+
+
+def __getattr__(name: str):
+    """``clearlm.load`` and the other public names, imported when first read."""
+    if name not in _WHERE:
+        raise AttributeError(f"module 'clearlm' has no attribute {name!r}")
+    module = importlib.import_module(_WHERE[name])
+    value = getattr(module, name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     "Chunk",

@@ -7,7 +7,6 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import torch
 import typer
 
 from clearlm.cli.app import err
@@ -62,7 +61,6 @@ def print_stats(
     )
 
 
-@torch.inference_mode()
 def token_logprobs(
     model: Model, prompt: list[int], tokens: list[int], n_top: int, max_new_tokens: int = 0
 ) -> list[dict[str, Any]]:
@@ -77,18 +75,22 @@ def token_logprobs(
     mode (int8 activations and --matmul-precision medium make a decode step differ from a
     forward over the whole sequence; a compiled step's differ from eager's by float32 rounding).
     """
+    import torch  # here, not at the top: `clearlm --help` does not wait for torch
+
     from clearlm.generation import decode_step, generation_cache, prefill
 
     if not tokens:
         return []
     tf = model.transformer
     cache = generation_cache(tf, len(prompt), max(max_new_tokens, len(tokens)))
-    steps = [prefill(tf, torch.tensor([prompt], device=tf.device), cache)]  # (1, V) each
-    steps += [decode_step(tf, torch.tensor([[i]], device=tf.device), cache) for i in tokens[:-1]]
-    logp = torch.log_softmax(torch.cat(steps).float(), dim=-1).cpu()  # (n, V) float32
-    k = min(n_top, logp.shape[-1])
-    top_v, top_i = logp.topk(k, dim=-1)  # (n, k) each
-    chosen = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]  # (n,)
+    with torch.inference_mode():
+        steps = [prefill(tf, torch.tensor([prompt], device=tf.device), cache)]  # (1, V) each
+        steps += [decode_step(tf, torch.tensor([[i]], device=tf.device), cache)
+                  for i in tokens[:-1]]
+        logp = torch.log_softmax(torch.cat(steps).float(), dim=-1).cpu()  # (n, V) float32
+        k = min(n_top, logp.shape[-1])
+        top_v, top_i = logp.topk(k, dim=-1)  # (n, k) each
+        chosen = logp.gather(1, torch.tensor(tokens)[:, None])[:, 0]  # (n,)
     ids = sorted(set(tokens) | set(top_i.flatten().tolist()))
     names = dict(zip(ids, token_pieces(model.tokenizer, ids), strict=True))
     return [
