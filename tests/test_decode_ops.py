@@ -52,3 +52,38 @@ def test_rope_rotates_as_the_formula(d: int) -> None:
     assert torch.equal(apply_rope(x, *rope(shared)), textbook(x, shared, d, 10000.0))
     per_row = torch.tensor([[3, 4, 5], [100, 101, 102]])  # (B, T)
     assert torch.equal(apply_rope(x, *rope(per_row)), textbook(x, per_row, d, 10000.0))
+
+
+@pytest.mark.parametrize("softcap", [None, 50.0])  # Gemma 2 caps the scores
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])  # MHA, GQA, MQA
+def test_one_query_attention_matches_the_formula_and_compiles(softcap, n_kv_heads) -> None:
+    """attend_one_query (the compiled decode step's attention) against softmax(q·kᵀ·scale,
+    capped, masked)·v written out here, per query head h reading kv head h // G; eager, and
+    compiled as the decode step compiles it (Inductor options of clearlm.compiled)."""
+    from clearlm.compiled import CHECKS_OFF, DECODE_INDUCTOR
+    from clearlm.config import ModelConfig
+    from clearlm.model.attention import Attention
+
+    config = ModelConfig(architecture="llama", vocab_size=8, d_model=32, n_layers=1, n_heads=4,
+                         n_kv_heads=n_kv_heads, head_dim=8, d_ff=16, norm_eps=1e-6,
+                         context_length=64, tie_word_embeddings=False, attn_softcap=softcap)
+    attn = Attention(config, 0)
+    g = torch.Generator().manual_seed(n_kv_heads)
+    B, H, K, S, Hd = 2, 4, n_kv_heads, 37, 8
+    q = torch.randn(B, H, 1, Hd, generator=g) * 3
+    k, v = torch.randn(B, K, S, Hd, generator=g) * 3, torch.randn(B, K, S, Hd, generator=g)
+    mask = torch.rand(B, 1, 1, S, generator=g) > 0.3  # (B, 1, 1, S) bool
+    mask[..., 0] = True  # every row keeps a key
+
+    kv = torch.arange(H) // (H // K)  # the kv head each query head reads
+    s = torch.einsum("bhd,bhsd->bhs", q[:, :, 0], k[:, kv]) * attn.scale  # (B, H, S)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~mask[:, 0], float("-inf"))
+    want = torch.einsum("bhs,bhsd->bhd", torch.softmax(s, -1), v[:, kv])[:, :, None]
+
+    torch.testing.assert_close(attn.attend_one_query(q, k, v, mask), want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(attn.attend_explicitly(q, k, v, mask), want, rtol=0, atol=1e-5)
+    compiled = torch.compile(attn.attend, fullgraph=True,
+                             options={**CHECKS_OFF, **DECODE_INDUCTOR})
+    torch.testing.assert_close(compiled(q, k, v, mask), want, rtol=0, atol=1e-5)

@@ -116,7 +116,7 @@ def build_package(net: torch.nn.Module, path: Path) -> None:
     temporary name, then renamed: a package on disk is always whole). Raises AOTError."""
     import torch._inductor  # the build needs Inductor; loading a package does not
 
-    from clearlm.compiled import _use_cache_dir
+    from clearlm.compiled import DECODE_INDUCTOR, _use_cache_dir
 
     _use_cache_dir()  # Inductor's intermediate files in clearlm's cache too
     c = net.config
@@ -145,7 +145,7 @@ def build_package(net: torch.nn.Module, path: Path) -> None:
                 # the weights stay out; loops read the thread count when they run (not one
                 # package per --threads: 0-3 % slower per step than a fixed count, measured)
                 inductor_configs={"aot_inductor.package_constants_in_so": False,
-                                  "cpp.dynamic_threads": True},
+                                  "cpp.dynamic_threads": True, **DECODE_INDUCTOR},
             )
         checksum_path(path).write_text(digest_of(tmp))  # read back before every load
         os.replace(tmp, path)

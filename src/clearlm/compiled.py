@@ -41,6 +41,13 @@ DYNAMO_CONFIG = {"recompile_limit": 16}  # a few cache sizes per process before 
 # 0.5 ms less CPU (22.5 -> 22.0 ms, 1 thread). Wrong strides would show up as wrong logits, which
 # tests/test_compiled.py compares with the eager step's.
 CHECKS_OFF = {"size_asserts": False, "alignment_asserts": False}
+# A pointwise value read by a reduction is computed into a buffer of its own when its formula
+# reads more than this many values (Inductor's CPU default: 12), not recomputed inside the
+# reduction's loop. The one-query attention (model.attention.attend_one_query) needs it: Gemma
+# 3's q (q-norm and RoPE, 7 reads) was recomputed for every key of the cache, and its step took
+# 6 % longer than with two matrix products; with it, 2-3 % shorter (AOT packages, 2 threads,
+# one process, steps alternating: bench notes in the README).
+DECODE_INDUCTOR = {"realize_acc_reads_threshold": 4}
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
@@ -100,7 +107,7 @@ class CompiledDecodeStep:
         self.model = model
         self.points = [m for m in model.modules() if isinstance(m, HookPoint)]
         self.switches = [m for m in model.modules() if isinstance(m, QuantLinear)]
-        options = {**torch._inductor.list_mode_options(mode), **CHECKS_OFF}
+        options = {**torch._inductor.list_mode_options(mode), **CHECKS_OFF, **DECODE_INDUCTOR}
         if cpp_wrapper:
             options["cpp_wrapper"] = True
         self.fn = torch.compile(_forward, fullgraph=fullgraph, options=options)

@@ -160,10 +160,10 @@ class Attention(nn.Module):
         By scaled_dot_product_attention, whose enable_gqa lets each group of G query heads
         share one key/value head without materialising repeated copies of k and v; written out
         when the scores are soft-capped (SDPA cannot cap them), and in a compiled CPU decode
-        step (T = 1): there Inductor would call SDPA's CPU flash kernel, which costs 45 µs per
-        call at 264 keys and 435 µs at 2,048 (SmolLM2's shapes, one thread), while the two
-        small matrix products and the softmax that Inductor fuses take a few µs
-        (clearlm.compiled; same values up to float32 summation order).
+        step (T = 1, :meth:`attend_one_query`): there Inductor would call SDPA's CPU flash
+        kernel, which costs 45 µs per call at 264 keys and 435 µs at 2,048 (SmolLM2's shapes,
+        one thread), while written out it is a few µs (same values up to float32 summation
+        order).
         """
         decode_compiled = (
             q.shape[2] == 1 and q.device.type == "cpu" and torch.compiler.is_compiling()
@@ -172,7 +172,36 @@ class Attention(nn.Module):
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=k.shape[1] != q.shape[1]
             )
+        if decode_compiled:
+            return self.attend_one_query(q, k, v, mask)
         return self.attend_explicitly(q, k, v, mask)
+
+    def attend_one_query(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """attend_explicitly for one query position, written as products and sums.
+
+        q (B, H, 1, Hd), k/v (B, K, S, Hd), mask (B, 1, 1, S) bool or None → (B, H, 1, Hd).
+
+        For the compiled decode step: Inductor fuses the scores, the mask, the softmax and the
+        weighted sum of v into one loop nest with the layer's RoPE and cache write, where
+        ``q @ kᵀ`` and ``pattern @ v`` (:meth:`attend_explicitly`) were two calls of MKL's
+        batched sgemm per layer, each a parallel region of its own with a few rows of work
+        (3 of the 11 parallel regions of a SmolLM2 layer, 4 % of a step's CPU samples). Per
+        step, AOT packages, 2 threads, one process, steps alternating: SmolLM2 −4 to −5 %,
+        Qwen2.5-0.5B −1 %, Gemma 3 270M −2 to −3 % (with clearlm.compiled.DECODE_INDUCTOR).
+        """
+        B, H, _, Hd = q.shape
+        K = k.shape[1]
+        qg = q.reshape(B, K, H // K, 1, Hd)  # (B, K, G, 1, Hd): a group's heads share k and v
+        s = (qg * k[:, :, None]).sum(-1) * self.scale  # (B, K, G, S)
+        if self.softcap is not None:
+            s = torch.tanh(s / self.softcap) * self.softcap
+        if mask is not None:
+            s = s.masked_fill(~mask.view(mask.shape[0], 1, 1, -1), float("-inf"))
+        pattern = torch.softmax(s.float(), dim=-1).to(q.dtype)  # (B, K, G, S)
+        out = (pattern[..., None] * v[:, :, None]).sum(-2)  # (B, K, G, Hd)
+        return out.view(B, H, 1, Hd)
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q·kᵀ · scale, soft-capped (Gemma 2: cap · tanh(s / cap)), masked with −inf.
