@@ -171,6 +171,17 @@ def test_help_and_usage_errors_do_not_import_torch(argv):
     assert proc.stderr.decode().endswith("torch imported: False"), proc.stderr
 
 
+def test_lazy_package_still_reaches_submodules_and_bare_clearlm_helps_once():
+    code = (
+        "import clearlm, sys\nprint(clearlm.sampling.softmax.__name__, "
+        "clearlm.text.read_text_file.__name__, hasattr(clearlm, 'nope'))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert proc.stdout.decode().split() == ["softmax", "read_text_file", "False"], proc.stderr
+    bare = cli(COLUMNS="300")  # no command: the help, once
+    assert bare.returncode == 0 and bare.stdout.count(b"Usage:") == 1, bare.stdout
+
+
 @pytest.mark.parametrize("command", [["info", "MODEL"], ["walkthrough"], ["--help"]])
 def test_a_closed_stdout_ends_every_command_with_status_0(command, tiny_path):
     argv = [str(tiny_path) if a == "MODEL" else a for a in command]

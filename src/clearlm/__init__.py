@@ -46,13 +46,22 @@ _WHERE = {
 
 
 def __getattr__(name: str):
-    """``clearlm.load`` and the other public names, imported when first read."""
-    if name not in _WHERE:
-        raise AttributeError(f"module 'clearlm' has no attribute {name!r}")
-    module = importlib.import_module(_WHERE[name])
-    value = getattr(module, name)
-    globals()[name] = value  # later reads skip this function
-    return value
+    """``clearlm.load`` and the other public names, imported when first read; a submodule
+    (``clearlm.sampling``, ``clearlm.text``) too, as after the eager import it replaces.
+
+    Raises:
+        AttributeError: no such name or submodule.
+    """
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value  # later reads skip this function
+        return value
+    try:
+        return importlib.import_module(f"{__name__}.{name}")  # also sets it as an attribute
+    except ModuleNotFoundError as e:
+        if e.name != f"{__name__}.{name}":  # the submodule exists but an import inside failed
+            raise
+    raise AttributeError(f"module 'clearlm' has no attribute {name!r}", name=name)
 
 
 def __dir__() -> list[str]:

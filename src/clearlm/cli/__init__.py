@@ -64,7 +64,9 @@ def main() -> None:
     except typer.TyperException as e:  # typer's click: usage errors and the no-argument help
         ctx = getattr(e, "ctx", None)
         if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
-            print(ctx.get_help())
+            # its message is the help: empty where typer's rich help printed itself already
+            if e.format_message():
+                print(e.format_message())
             sys.exit(0)
         name = ctx.command_path if ctx is not None else "clearlm"
         message = e.format_message() if hasattr(e, "format_message") else str(e)
