@@ -159,7 +159,11 @@ def test_h_is_help_everywhere_and_help_reflows():
         assert "<bool>" not in short.output  # flags take no value: no type shown
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["generate", "-h"], ["generate", "--bogus"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--help"], ["generate", "-h"], ["generate", "--bogus"], ["generate", "-p", "hi", "extra"],
+     ["chat", "--json"]],
+)  # fmt: skip
 def test_help_and_usage_errors_do_not_import_torch(argv):
     # `import clearlm` is lazy (PEP 562): help and a mistyped flag answer in ~0.5 s, not ~4 s
     code = (

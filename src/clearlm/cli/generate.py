@@ -153,7 +153,7 @@ def generate(
     activations: Activations = "float32",
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
-    from clearlm.api import GENERATE_DEFAULTS
+    from clearlm.defaults import GENERATE_DEFAULTS  # no torch: usage errors answer at once
 
     text = resolve_prompt(pick_prompt(prompt, prompt_opt, "PROMPT"), file)
     if text is None:
@@ -225,7 +225,7 @@ def chat(
     """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
     a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
     text: control tokens come only from the template."""
-    from clearlm.api import CHAT_DEFAULTS
+    from clearlm.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
 
     text = resolve_prompt(pick_prompt(message, prompt_opt, "MESSAGE"), file, "MESSAGE")
     system = None if system is None else clean_arg(system)  # undecodable bytes → U+FFFD
@@ -284,8 +284,8 @@ def _conversation(
     activations: str = "float32",
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
-    from clearlm.api import CHAT_DEFAULTS
     from clearlm.cli.repl import run_repl
+    from clearlm.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
     from clearlm.sampling import SamplingParams
 
     given = {k: v for k, v in sampling.items() if v is not None}
