@@ -186,6 +186,21 @@ def test_lazy_package_still_reaches_submodules_and_bare_clearlm_helps_once():
     assert bare.returncode == 0 and bare.stdout.count(b"Usage:") == 1, bare.stdout
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_full_disk_on_stdout_is_one_error_line():
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "clearlm", "--help"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            timeout=120,
+        )
+    assert proc.returncode == 1
+    assert proc.stderr.decode().strip().splitlines() == [
+        "error: [Errno 28] No space left on device"
+    ], proc.stderr
+
+
 @pytest.mark.parametrize("command", [["info", "MODEL"], ["walkthrough"], ["--help"]])
 def test_a_closed_stdout_ends_every_command_with_status_0(command, tiny_path):
     argv = [str(tiny_path) if a == "MODEL" else a for a in command]

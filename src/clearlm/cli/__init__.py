@@ -78,6 +78,10 @@ def main() -> None:
         sys.exit(e.exit_code)
     except BrokenPipeError:  # the reader went away (e.g. `| head`): nothing left to say
         _stdout_closed()
+    except OSError as e:  # e.g. stdout on a full disk (`> /dev/full`): one line, not a traceback
+        err.print(f"[red]error:[/] {escape(printable(str(e)))}", soft_wrap=True)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the last flush too
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 
 
