@@ -23,11 +23,12 @@ from clearlm.errors import ClearLMError, printable
 __all__ = ["DType", "ModelOpt", "app", "err", "main"]
 
 
-def _stdout_closed() -> NoReturn:
-    """The reader of stdout went away (``clearlm info | head -2``): end quietly with status 0.
-    stdout is pointed at /dev/null so the interpreter's last flush cannot fail again."""
+def _stdout_closed(status: int = 0) -> NoReturn:
+    """stdout takes no more output: its reader went away (``clearlm info | head -2``: status
+    0, nothing said) or a write failed (``> /dev/full``: the caller said why, status 1). stdout
+    is pointed at /dev/null so the interpreter's last flush cannot fail again."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    sys.exit(0)
+    sys.exit(status)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
@@ -65,8 +66,8 @@ def main() -> None:
         ctx = getattr(e, "ctx", None)
         if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:
             # its message is the help: empty where typer's rich help printed itself already
-            if e.format_message():
-                print(e.format_message())
+            if help_text := e.format_message():
+                print(help_text)
             sys.exit(0)
         name = ctx.command_path if ctx is not None else "clearlm"
         message = e.format_message() if hasattr(e, "format_message") else str(e)
@@ -80,8 +81,7 @@ def main() -> None:
         _stdout_closed()
     except OSError as e:  # e.g. stdout on a full disk (`> /dev/full`): one line, not a traceback
         err.print(f"[red]error:[/] {escape(printable(str(e)))}", soft_wrap=True)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the last flush too
-        sys.exit(1)
+        _stdout_closed(1)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -194,14 +194,19 @@ class Attention(nn.Module):
         B, H, _, Hd = q.shape
         K = k.shape[1]
         qg = q.reshape(B, K, H // K, 1, Hd)  # (B, K, G, 1, Hd): a group's heads share k and v
-        s = (qg * k[:, :, None]).sum(-1) * self.scale  # (B, K, G, S)
-        if self.softcap is not None:
-            s = torch.tanh(s / self.softcap) * self.softcap
+        s = self.capped((qg * k[:, :, None]).sum(-1) * self.scale)  # (B, K, G, S)
         if mask is not None:
             s = s.masked_fill(~mask.view(mask.shape[0], 1, 1, -1), float("-inf"))
         pattern = torch.softmax(s.float(), dim=-1).to(q.dtype)  # (B, K, G, S)
         out = (pattern[..., None] * v[:, :, None]).sum(-2)  # (B, K, G, Hd)
         return out.view(B, H, 1, Hd)
+
+    def capped(self, s: torch.Tensor) -> torch.Tensor:
+        """Scores s (any shape) soft-capped as Gemma 2 does, cap · tanh(s / cap) (Gemma 2
+        report; transformers' Gemma2 attention), or s itself when the model has no cap."""
+        if self.softcap is None:
+            return s
+        return torch.tanh(s / self.softcap) * self.softcap
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q·kᵀ · scale, soft-capped (Gemma 2: cap · tanh(s / cap)), masked with −inf.
@@ -214,10 +219,8 @@ class Attention(nn.Module):
         # query head h reads kv head h // G: the G heads of a group and their T queries stacked
         # as the rows of one product, so k is read as it is (never repeated G times)
         qg = q.reshape(B, K, G * T, Hd)  # (B, K, G·T, Hd)
-        s = (qg @ k.transpose(-1, -2)).view(B, K, G, T, -1) * self.scale  # (B, K, G, T, S)
-        if self.softcap is not None:
-            s = torch.tanh(s / self.softcap) * self.softcap
-        if mask is not None:
+        s = self.capped((qg @ k.transpose(-1, -2)).view(B, K, G, T, -1) * self.scale)
+        if mask is not None:  # s: (B, K, G, T, S)
             s = s.masked_fill(~mask[:, :, None], float("-inf"))  # (B, 1, 1, T, S) over G
         return s.reshape(B, H, T, -1)  # (B, H, T, S)
 
