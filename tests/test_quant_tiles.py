@@ -40,7 +40,12 @@ def mins(p) -> torch.Tensor:
 def test_tiles_hold_the_same_blocks(qtype: Q) -> None:
     p, t = packed_pair(qtype)
     assert t.tile == TILE and t.shape == p.shape == (N, K)
-    assert t.codes.shape[0] == t.scale.shape[0] == N // TILE and t.nbytes() == p.nbytes()
+    assert t.codes.shape[0] == t.scale.shape[0] == N // TILE
+    if qtype in (Q.Q5_0, Q.Q5_1):  # bit fields: 11 words of 32 bytes per row of 16 blocks
+        assert t.codes.shape[1:] == (11, TILE * 32)
+        assert t.nbytes() - p.nbytes() == N * (11 * 32 - 16 * 20)
+    else:
+        assert t.nbytes() == p.nbytes()
     back = untile_rows(t)
     assert torch.equal(back.codes, p.codes) and torch.equal(back.scale, p.scale)
     assert (back.min is None) == (p.min is None)
@@ -51,21 +56,51 @@ def test_tiles_hold_the_same_blocks(qtype: Q) -> None:
     assert torch.equal(dequantize_packed(select_rows(t, rows)), dequantize_packed(p)[rows])
 
 
+def test_five_bit_fields_layout() -> None:
+    """quant/fields.py's layout, checked against its definition on ggml's own bytes: field
+    f = 4b + j in word f // 6 at bit 5 (f % 6) of lane l holds code 8j + l of block b, for rows
+    whose block count leaves the last word part empty (7 blocks: 28 fields in 5 words)."""
+    from gguf.quants import dequantize
+
+    from clearlm.quant.fields import from_fields, to_fields, words
+
+    raw = random_blocks(Q.Q5_0, 3, 7 * 32)  # (3 rows, 7 blocks of 22 bytes)
+    p = pack_blocks(raw, Q.Q5_0, (3, 224))
+    f = to_fields(p.codes)
+    assert f.shape == (3, words(7), 32) == (3, 5, 32)
+    lanes = f.view(torch.int32).long() & 0xFFFFFFFF  # (3, 5, 8)
+    d = torch.from_numpy(raw.reshape(3, 7, 22)[..., :2].copy().view("<f2")).float()  # (3, 7, 1)
+    w = torch.from_numpy(dequantize(raw, Q.Q5_0).reshape(3, 7, 32))  # d * (code - 16)
+    code = (w / d + 16).round().long()  # (3, 7, 32), where d != 0
+    for b in range(7):
+        for j in range(4):
+            fld = 4 * b + j
+            got = (lanes[:, fld // 6] >> (5 * (fld % 6))) & 31  # (3, 8)
+            ok = d[:, b, 0] != 0
+            assert torch.equal(got[ok], code[ok, b, 8 * j : 8 * j + 8])
+    assert torch.equal((lanes[:, 4] >> 20), torch.zeros(3, 8, dtype=torch.long))  # fields 28, 29
+    assert torch.equal(from_fields(f, 7), p.codes)
+
+
 @needs_kernel
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
-def test_kernel_products_are_bit_identical(qtype: Q) -> None:
+@pytest.mark.parametrize("k", [K, 224, 640], ids=lambda k: f"K{k}")  # 16, 7, 20 blocks of 32
+def test_kernel_products_are_bit_identical(qtype: Q, k: int) -> None:
+    if k != K and qtype not in (Q.Q5_0, Q.Q5_1, Q.Q8_0):
+        pytest.skip("other row lengths: the 5-bit fields' last word (K-quants need 256)")
     kern = load_kernels()
-    p, t = packed_pair(qtype)
+    p, t = packed_pair(qtype, k=k)
     torch.manual_seed(0)
     for m in (1, 2, 3, 4, 7, 16):  # every tile of x rows the kernel uses (4, 2, 1)
-        x = torch.randn(m, K)
+        x = torch.randn(m, k)
         want = kern.qmm(x, p.codes, p.scale, mins(p), p.bits, p.block)  # (M, N)
         got = kern.qmm(x, t.codes, t.scale, mins(t), t.bits, t.block)
         assert torch.equal(got, want), (m, (got - want).abs().max())
         ref = x.double() @ dequantize_packed(p).double().T
         assert (got.double() - ref).abs().max() < 1e-3  # and it is the product at all
-        if int8_available():
-            want = kern.qmm_i8(x, p.codes, p.scale, mins(p), p.bits, p.block)
+        if int8_available() and k % 64 == 0:  # (the int8 kernel's rows: whole 64s)
+            exact = p.bits == 5  # 5-bit fields: int8 mode computes them with the exact kernel
+            want = kern.qmm_i8(x, p.codes, p.scale, mins(p), p.bits, p.block) if not exact else got
             got = kern.qmm_i8(x, t.codes, t.scale, mins(t), t.bits, t.block)
             assert torch.equal(got, want)
     for r0, r1 in ((0, N), (3, 40), (8, 16), (47, 48)):  # prefill bands: any row range

@@ -84,7 +84,8 @@ def compact_plan(
         if t.tensor_type in SUPPORTED and paths and all(_plain(model, p, shape) for p in paths):
             plan.packed[t.name] = paths
             plan.tiles[t.name] = _tile(model, paths, shape)
-            plan.packed_bytes += packed_nbytes(t.tensor_type, shape)  # type: ignore[arg-type]
+            plan.packed_bytes += packed_nbytes(t.tensor_type, shape,  # type: ignore[arg-type]
+                                               plan.tiles[t.name])
         else:
             plan.float_bytes += t.n_elements * dtype.itemsize
     return plan

@@ -106,10 +106,21 @@ def row_layout(qtype: object, k: int) -> Packed:
     return pack_blocks(row, qtype, (1, k))  # type: ignore[arg-type]
 
 
-def packed_nbytes(qtype: object, shape: tuple[int, int]) -> int:
-    """Bytes a (N, K) matrix of this type holds once packed (pack.py's layout, from one row)."""
+def packed_nbytes(qtype: object, shape: tuple[int, int], tile: int = 1) -> int:
+    """Bytes a (N, K) matrix of this type holds once packed (pack.py's layout, from one row), in
+    row tiles of ``tile`` rows (N a multiple of it; 5-bit codes take more there: fields.py)."""
     n, k = shape
-    return row_layout(qtype, k).nbytes() * n
+    if tile == 1:
+        return row_layout(qtype, k).nbytes() * n
+    return _tiled_row_nbytes(qtype, k, tile) * n
+
+
+@functools.lru_cache(maxsize=64)
+def _tiled_row_nbytes(qtype: object, k: int, tile: int) -> int:
+    row = row_layout(qtype, k)
+    rows = [None if a is None else a.expand(tile, *a.shape[1:]).contiguous()
+            for a in (row.codes, row.scale, row.min)]
+    return tile_rows(Packed(*rows, row.bits, row.block, row.qtype), tile).nbytes() // tile
 
 
 def _tiled(p: Packed, tile: int) -> Packed:

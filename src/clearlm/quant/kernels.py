@@ -69,8 +69,8 @@ def load_kernels(verbose: bool = False) -> ModuleType | None:
                     name=NAME,
                     sources=[str(p) for p in SOURCES],
                     build_directory=str(out),
-                    extra_cflags=CFLAGS,
-                    extra_ldflags=LDFLAGS,
+                    extra_cflags=list(CFLAGS),  # copies: torch appends to the lists it gets
+                    extra_ldflags=list(LDFLAGS),
                     verbose=verbose,
                 )
         except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback

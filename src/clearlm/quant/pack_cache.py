@@ -10,15 +10,15 @@ memory. The price is disk: about 1.2× the file's quantized bytes per model (pac
 
 The key (16 hex digits of a SHA-256) covers the GGUF's real path, size, modification and
 status-change times, inode and device, and the code that decides the packed bytes (pack.py,
-from_file.py, this file, loading/*.py, families/*.py): editing any of them, or replacing or
-rewriting the file (even with its mtime put back), makes a new key. Each copy records the real
-path it was made from: writing one deletes the older copies of that file, the copies of files
-that are gone and the temporary files of killed writers (clearlm.cache.remove_stale_copies). A
-copy is written to a temporary name and renamed, so a crash leaves no partial copy under the
-real name; a copy that does not open, or whose tensor list, shapes or dtypes differ from what
-the load asks for, is ignored (a one-line warning) and the load packs as usual. The bytes
-themselves are not checked (a checksum would cost about the time the copy saves): a copy edited
-by hand under a valid header is trusted.
+from_file.py, tiles.py, fields.py, this file, loading/*.py, families/*.py): editing any of
+them, or replacing or rewriting the file (even with its mtime put back), makes a new key. Each
+copy records the real path it was made from: writing one deletes the older copies of that file,
+the copies of files that are gone and the temporary files of killed writers
+(clearlm.cache.remove_stale_copies). A copy is written to a temporary name and renamed, so a
+crash leaves no partial copy under the real name; a copy that does not open, or whose tensor
+list, shapes or dtypes differ from what the load asks for, is ignored (a one-line warning) and
+the load packs as usual. The bytes themselves are not checked (a checksum would cost about the
+time the copy saves): a copy edited by hand under a valid header is trusted.
 
 ``CLEARLM_PACK_CACHE=0`` turns it off (nothing read or written); the test suite does so except
 in tests/test_pack_cache.py. Format: safetensors (huggingface/safetensors docs), written here a
@@ -53,7 +53,8 @@ _DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.float16: "F16", torch.floa
 _HERE = Path(__file__).resolve().parent
 # the code that decides what is packed and how: layouts, row un-permutation, which tensors
 # (the families' tables and flags), how they are grouped
-_KEY_CODE = (_HERE / "pack.py", _HERE / "from_file.py", Path(__file__).resolve(),
+_KEY_CODE = (_HERE / "pack.py", _HERE / "from_file.py", _HERE / "tiles.py", _HERE / "fields.py",
+             Path(__file__).resolve(),
              *sorted((_HERE.parent / "loading").glob("*.py")),
              *sorted((_HERE.parent / "families").glob("*.py")))
 _ON, _OFF = ("1", "on", "yes", "true", ""), ("0", "off", "no", "false")

@@ -14,8 +14,10 @@ of each row, and so on:
     codes (N, nb * bpb)  →  (N // T, nb, T * bpb)     bpb: bytes of one block's codes
     scale / min (N, nb)  →  (N // T, nb, T)
 
-The values are the same bytes, only moved: the kernel (csrc/qgemv.cpp) sums every row in the
-same order either way, so a tiled weight gives bit-identical products (tests/test_quant_tiles.py).
+The values are the same bytes, only moved, except 5-bit codes (Q5_0, Q5_1), which tiles hold as
+bit fields (quant/fields.py: the same codes, in 32-byte words the AVX2 kernel reads in fewer
+operations; codes (N // T, W, T * 32)). The kernel (csrc/qgemv.cpp) sums every row in the same
+order either way, so a tiled weight gives bit-identical products (tests/test_quant_tiles.py).
 This module writes tiles; pack.py reads either layout (``untile_rows``, ``select_rows``,
 ``dequantize_packed``).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from clearlm.quant.fields import WORD, to_fields
 from clearlm.quant.pack import Packed, block_bytes
 
 TILE = 8  # rows per tile: the kernel's R (csrc/qgemv.cpp), 16 accumulators of 16 floats
@@ -44,8 +47,12 @@ def tile_rows(p: Packed, tile: int = TILE) -> Packed:
     nb, bpb = k // p.block, block_bytes(p)
 
     def codes(c: torch.Tensor) -> torch.Tensor:
-        c = c.reshape(n // tile, tile, nb, bpb)  # (tiles, rows, blocks, bytes)
-        return c.transpose(1, 2).reshape(n // tile, nb, tile * bpb).contiguous()
+        units, size = nb, bpb  # blocks, or for 5-bit codes the words of their bit fields
+        if p.bits == 5:
+            c = to_fields(c)  # (N, W, 32)
+            units, size = c.shape[1], WORD
+        c = c.reshape(n // tile, tile, units, size)  # (tiles, rows, blocks or words, bytes)
+        return c.transpose(1, 2).reshape(n // tile, units, tile * size).contiguous()
 
     def per_block(s: torch.Tensor) -> torch.Tensor:
         return s.reshape(n // tile, tile, nb).transpose(1, 2).contiguous()  # (tiles, nb, rows)
