@@ -162,9 +162,13 @@ def test_h_is_help_everywhere_and_help_reflows():
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["generate", "-h"], ["generate", "--bogus"], ["generate", "-p", "hi", "extra"],
-     ["chat", "--json"]],
+     ["chat", "--json"], ["generate", "-p", "hi", "--temperature", "-1"],
+     ["generate", "-p", "hi", "--stop", ""], ["chat", "--top-p", "2"],
+     ["generate", "-m", "no-such-model", "-p", "hi"]],
 )  # fmt: skip
 def test_help_and_usage_errors_do_not_import_torch(argv):
+    # out-of-range sampling values, an empty stop string (exit 7) and a model that is not there
+    # (exit 3) are refused before anything is loaded
     # `import clearlm` is lazy (PEP 562): help and a mistyped flag answer in ~0.5 s, not ~4 s
     code = (
         "import sys\nfrom clearlm.cli import main\nsys.argv = ['clearlm', *sys.argv[1:]]\n"

@@ -11,14 +11,13 @@ and clearlm.model.hooks (hook functions and names).
 from __future__ import annotations
 
 import numbers
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
-import torch
-
 from clearlm.errors import ChatTemplateError, ClearLMError, PromptTypeError, SamplingParamsError
-from clearlm.sampling import SamplingParams
+from clearlm.sampling_params import SamplingParams  # (no torch: the CLI checks before loading)
 
 
 def type_name(value: Any) -> str:
@@ -28,7 +27,8 @@ def type_name(value: Any) -> str:
 
 def is_token_id(value: Any) -> bool:
     """An int (Python, NumPy, or a 0-dim integer tensor), not a bool."""
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    if torch is not None and isinstance(value, torch.Tensor):
         dt = value.dtype
         return value.ndim == 0 and not (dt.is_floating_point or dt.is_complex or dt == torch.bool)
     if isinstance(value, bool) or type_name(value) == "bool_":  # NumPy's bool is Integral-free

@@ -63,14 +63,17 @@ def _run(
     command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
     """
     from clearlm.api_checks import check_stop
-    from clearlm.generation import check_fits, generate
-    from clearlm.parallel.launch import shared_seed, shutdown
-    from clearlm.sampling import SamplingParams
+    from clearlm.models import resolve_model
+    from clearlm.sampling_params import SamplingParams  # (no torch: these checks answer at once)
 
     as_json = as_json or logprobs is not None
     given = {k: v for k, v in sampling.items() if v is not None}
     SamplingParams(**{**fallback, **given})  # validate the user's values before the slow load
     stop = check_stop(stop)  # '' would match at once: refused before the load too
+    resolve_model(model_name)  # a model that is not there: said before torch's import too
+
+    from clearlm.generation import check_fits, generate
+    from clearlm.parallel.launch import shared_seed, shutdown
     # The prompt is built on the header first: no chat template or too long fails before weights
     placement = placement or pl.Placement()
     prints = placement.prints
@@ -284,9 +287,8 @@ def _conversation(
     activations: str = "float32",
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
-    from clearlm.cli.repl import run_repl
     from clearlm.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
-    from clearlm.sampling import SamplingParams
+    from clearlm.sampling_params import SamplingParams
 
     given = {k: v for k, v in sampling.items() if v is not None}
     SamplingParams(**{**CHAT_DEFAULTS, **given})  # bad values fail before the slow load
@@ -297,4 +299,6 @@ def _conversation(
         weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
+    from clearlm.cli.repl import run_repl  # (imports torch: after the checks above)
+
     run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content, quiet)

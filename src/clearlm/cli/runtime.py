@@ -124,6 +124,9 @@ def load_model(
     Raises:
         whatever resolving, checking or loading raises (ClearLMError subclasses).
     """
+    from clearlm.models import ALIASES, DEFAULT_MODEL, resolve_model
+
+    path = resolve_model(name)  # before torch's import (~2 s): a wrong name answers at once
     import torch
 
     from clearlm.api import load, parse_dtype, parse_weights
@@ -131,7 +134,6 @@ def load_model(
     from clearlm.errors import ChatTemplateError
     from clearlm.load_options import parse_activations
     from clearlm.loading.checkpoint import open_checkpoint
-    from clearlm.models import ALIASES, DEFAULT_MODEL, resolve_model
     from clearlm.precision import cpu_has_bf16_units
     from clearlm.threads import set_threads
 
@@ -142,7 +144,6 @@ def load_model(
     # refused now, before the header is read: compact with a half dtype, a GPU or ranks
     weights = parse_weights(weights, torch_dtype, device, ranks)
     parse_activations(activations, weights, torch_dtype)
-    path = resolve_model(name)
     ckpt = open_checkpoint(path)
     if chat and ckpt.has_chat_template() is False:
         raise ChatTemplateError(
