@@ -35,9 +35,20 @@ def test_quantize_model_matches_float32(tmp_path, qtype: Q, tied: bool) -> None:
     assert isinstance(got.model.layers[0].self_attn.q_proj, QuantLinear)
     # every matrix held once, at the layout's bytes per value (pack.py's table): codes + float16
     # scale (+ float16 min for Q5_1; Q4_0's centred codes have none) per 32 values
+    # ; in row tiles (every matrix a linear layer reads) 5-bit codes are bit fields: 32 bytes
+    # per 6 fields of 8 codes (quant/fields.py), an embedding read only by lookups stays as is
     per_block = {Q.Q8_0: 32 + 2, Q.Q4_0: 16 + 2, Q.Q5_1: 20 + 4}[qtype]
-    values = sum(int(t.n_elements) for t in open_gguf(path).tensors if t.tensor_type == qtype)
-    assert report.packed_bytes == values // 32 * per_block
+    want = 0
+    for t in open_gguf(path).tensors:
+        if t.tensor_type != qtype:
+            continue
+        k, n = (int(d) for d in t.shape)  # GGUF order: row length first
+        nb = k // 32
+        if qtype == Q.Q5_1 and (tied or t.name != "token_embd.weight") and n % 8 == 0:
+            want += n * (32 * -(-4 * nb // 6) + 4 * nb)  # fields, then scale and min
+        else:
+            want += n * nb * per_block
+    assert report.packed_bytes == want
     tokens = torch.tensor([[1, 72, 101, 108, 108, 111, 32, 119, 2]])  # (B, T)
     with torch.inference_mode():
         want = ref.model(tokens)  # (B, T, V)
