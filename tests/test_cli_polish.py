@@ -164,7 +164,8 @@ def test_h_is_help_everywhere_and_help_reflows():
     [["--help"], ["generate", "-h"], ["generate", "--bogus"], ["generate", "-p", "hi", "extra"],
      ["chat", "--json"], ["generate", "-p", "hi", "--temperature", "-1"],
      ["generate", "-p", "hi", "--stop", ""], ["chat", "--top-p", "2"],
-     ["generate", "-m", "no-such-model", "-p", "hi"]],
+     ["generate", "-m", "no-such-model", "-p", "hi"], ["chat", "-m", "/no/such.gguf"],
+     ["generate", "-m", "/no/such.gguf", "-p", "x"], ["chat", "--stop", ""]],
 )  # fmt: skip
 def test_help_and_usage_errors_do_not_import_torch(argv):
     # out-of-range sampling values, an empty stop string (exit 7) and a model that is not there

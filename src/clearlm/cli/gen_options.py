@@ -101,3 +101,27 @@ def pick_prompt(argument: str | None, option: str | None, what: str) -> str | No
     if argument is not None and option is not None:
         raise typer.BadParameter(f"give {what} or -p TEXT, not both", param_hint="'-p'")
     return option if option is not None else argument
+
+
+def check_before_load(model_name: str | None, sampling: dict, fallback: dict,
+                      stop: str | list[str] | None) -> list[str]:
+    """What generate and chat refuse before torch's import and the load (~2 s): the sampling
+    values (the user's over ``fallback``, as clearlm.sampling_params.SamplingParams checks
+    them), the stop strings, and a model that is not there (an unknown alias, a missing path).
+    Returns the stop strings as a list.
+
+    Raises:
+        SamplingParamsError: a sampling value out of range, an empty or non-string stop.
+        ModelNotFoundError: no such alias or file.
+    """
+    from clearlm.api_checks import check_stop  # (none of these imports torch)
+    from clearlm.errors import ModelNotFoundError
+    from clearlm.models import resolve_model
+    from clearlm.sampling_params import SamplingParams
+
+    SamplingParams(**{**fallback, **{k: v for k, v in sampling.items() if v is not None}})
+    stops = check_stop(stop)  # '' would match at once
+    path = resolve_model(model_name)
+    if not path.exists():
+        raise ModelNotFoundError(f"model file not found: {path}")
+    return stops

@@ -27,6 +27,7 @@ from clearlm.cli.gen_options import (
     Temp,
     TopK,
     TopP,
+    check_before_load,
     pick_prompt,
     sampling_options,
 )  # fmt: skip
@@ -62,18 +63,12 @@ def _run(
     Sampling values: the user's options over the model's generation_config.json over the
     command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
     """
-    from clearlm.api_checks import check_stop
-    from clearlm.models import resolve_model
-    from clearlm.sampling_params import SamplingParams  # (no torch: these checks answer at once)
+    stop = check_before_load(model_name, sampling, fallback, stop)  # before torch's import
+    from clearlm.generation import check_fits, generate
+    from clearlm.parallel.launch import shared_seed, shutdown
 
     as_json = as_json or logprobs is not None
     given = {k: v for k, v in sampling.items() if v is not None}
-    SamplingParams(**{**fallback, **given})  # validate the user's values before the slow load
-    stop = check_stop(stop)  # '' would match at once: refused before the load too
-    resolve_model(model_name)  # a model that is not there: said before torch's import too
-
-    from clearlm.generation import check_fits, generate
-    from clearlm.parallel.launch import shared_seed, shutdown
     # The prompt is built on the header first: no chat template or too long fails before weights
     placement = placement or pl.Placement()
     prints = placement.prints
@@ -288,10 +283,9 @@ def _conversation(
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
     from clearlm.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
-    from clearlm.sampling_params import SamplingParams
 
+    stop = check_before_load(model_name, sampling, CHAT_DEFAULTS, stop)
     given = {k: v for k, v in sampling.items() if v is not None}
-    SamplingParams(**{**CHAT_DEFAULTS, **given})  # bad values fail before the slow load
     m = load_model(
         model_name, dtype, threads, quiet,
         check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
@@ -301,4 +295,4 @@ def _conversation(
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
     from clearlm.cli.repl import run_repl  # (imports torch: after the checks above)
 
-    run_repl(m, params, max_new_tokens, stop or [], system, parse_special_in_content, quiet)
+    run_repl(m, params, max_new_tokens, stop, system, parse_special_in_content, quiet)
