@@ -83,6 +83,23 @@ def test_aot_step_matches_eager(tiny, n_cache) -> None:
         assert (k - kw).abs().max().item() < 1e-4 and k.abs().sum() > 0
 
 
+def test_the_package_calls_the_kernel_directly(tiny) -> None:
+    """With the C++ kernel, the package's compact products are direct calls of its C shims
+    (csrc/qgemv_ops.cpp: aoti_torch_cpu_qmm), not calls through AOTInductor's proxy executor."""
+    import zipfile
+
+    from clearlm.quant.kernels import load_kernels
+
+    if load_kernels() is None:
+        pytest.skip("no C++ kernel (needs g++)")
+    model, step, _, _ = tiny
+    run(model, step, 13, 1)  # the module's package, built or loaded
+    with zipfile.ZipFile(step.path) as z:
+        code = "".join(z.read(n).decode() for n in z.namelist() if n.endswith("wrapper.cpp"))
+    assert code.count("aoti_torch_cpu_qmm(") >= 2  # its declaration and the layer's calls
+    assert "proxy_executor_call_function" not in code
+
+
 def test_calls_it_cannot_serve_run_eagerly(tiny) -> None:
     model, step, _, _ = tiny
     run(model, step, 13, 1)  # loaded

@@ -39,7 +39,9 @@ or device. The context-length check is the caller's (generation.check_fits sizes
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -158,7 +160,9 @@ class AOTDecodeStep:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             raise AOTError("the ahead-of-time step runs in one process; under tensor or pipeline "
                            "parallel each rank holds other tensors")
-        load_kernels()  # the package calls the kernel's ops by name: registered first
+        kern = load_kernels()  # the package calls the kernel's ops by name: registered first
+        if kern is not None:  # ... and its C shims by symbol: visible to the package's loader
+            ctypes.CDLL(kern.__file__, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
         self.path = self.package_path()
         self.built = not self.path.exists()
         if self.built:

@@ -20,6 +20,7 @@ import torch
 
 from clearlm.kv_cache import KVCache
 from clearlm.model.positions import RotaryEmbedding
+from clearlm.quant.kernels import load_kernels
 
 MIN_COLUMNS = 3  # smallest cache key axis (S_max + 1) a package takes
 
@@ -145,7 +146,8 @@ def build_package(net: torch.nn.Module, path: Path) -> None:
                 # the weights stay out; loops read the thread count when they run (not one
                 # package per --threads: 0-3 % slower per step than a fixed count, measured)
                 inductor_configs={"aot_inductor.package_constants_in_so": False,
-                                  "cpp.dynamic_threads": True, **DECODE_INDUCTOR},
+                                  "cpp.dynamic_threads": True, **DECODE_INDUCTOR,
+                                  **kernel_shims()},
             )
         checksum_path(path).write_text(digest_of(tmp))  # read back before every load
         os.replace(tmp, path)
@@ -157,6 +159,22 @@ def build_package(net: torch.nn.Module, path: Path) -> None:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
+
+
+# The C++ kernel's two operators as AOTInductor C shims (csrc/qgemv_ops.cpp): the package calls
+# them directly instead of through its proxy executor.
+_SHIM = ("AOTITorchError aoti_torch_cpu_{}(AtenTensorHandle x, AtenTensorHandle codes, "
+         "AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits, int64_t bs, "
+         "AtenTensorHandle* ret0)")
+
+
+def kernel_shims() -> dict:
+    """Inductor's config for the kernel's C shims, or {} without the kernel."""
+    if load_kernels() is None:
+        return {}
+    ops = torch.ops.clearlm_kernels
+    return {"aot_inductor.custom_ops_to_c_shims": {
+        ops.qmm.default: [_SHIM.format("qmm")], ops.qmm_i8.default: [_SHIM.format("qmm_i8")]}}
 
 
 def checksum_path(path: Path) -> Path:

@@ -1,5 +1,6 @@
 // The extension's Python and torch-operator entry points: argument checks, then the kernels of
 // qgemv.cpp (exact float32 activations) and qgemv_i8.cpp (int8 activations).
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/extension.h>
 #include <cstdint>
 #include <vector>
@@ -98,6 +99,39 @@ torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn
   auto out = torch::empty({r1 - r0, w.K}, torch::dtype(torch::kFloat));
   dequant_run(codes, scale, mn, bits, bs, w.T, r0, out);
   return out;
+}
+
+// The two operators as AOTInductor C shims: a package built with
+// aot_inductor.custom_ops_to_c_shims (clearlm/aot_build.py) calls these directly, by the name
+// Inductor derives from the operator (aoti_torch_<device>_<name>), instead of going through
+// its proxy executor (an IValue stack and a boxed dispatcher call per product). The symbols are
+// found at the package's load because clearlm.aot reopens this library RTLD_GLOBAL first.
+extern "C" {
+AOTITorchError aoti_torch_cpu_qmm(AtenTensorHandle x, AtenTensorHandle codes,
+                                  AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits,
+                                  int64_t bs, AtenTensorHandle* ret0) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    at::Tensor y = qmm(*tensor_handle_to_tensor_pointer(x),
+                       *tensor_handle_to_tensor_pointer(codes),
+                       *tensor_handle_to_tensor_pointer(scale),
+                       *tensor_handle_to_tensor_pointer(mn), bits, bs);
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(y));
+  });
+}
+
+AOTITorchError aoti_torch_cpu_qmm_i8(AtenTensorHandle x, AtenTensorHandle codes,
+                                     AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits,
+                                     int64_t bs, AtenTensorHandle* ret0) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    at::Tensor y = qmm_i8(*tensor_handle_to_tensor_pointer(x),
+                          *tensor_handle_to_tensor_pointer(codes),
+                          *tensor_handle_to_tensor_pointer(scale),
+                          *tensor_handle_to_tensor_pointer(mn), bits, bs);
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(y));
+  });
+}
 }
 
 // The same two products as torch operators (torch.ops.clearlm_kernels.qmm / .qmm_i8), so a
