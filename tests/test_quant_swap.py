@@ -13,6 +13,7 @@ from tiny_gguf import write_tiny_llama
 from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.gguf import open_gguf
 from clearlm.quant.embedding import QuantEmbedding
+from clearlm.quant.fields import preferred
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.swap import quantize_model
 
@@ -35,8 +36,9 @@ def test_quantize_model_matches_float32(tmp_path, qtype: Q, tied: bool) -> None:
     assert isinstance(got.model.layers[0].self_attn.q_proj, QuantLinear)
     # every matrix held once, at the layout's bytes per value (pack.py's table): codes + float16
     # scale (+ float16 min for Q5_1; Q4_0's centred codes have none) per 32 values
-    # ; in row tiles (every matrix a linear layer reads) 5-bit codes are bit fields: 32 bytes
-    # per 6 fields of 8 codes (quant/fields.py), an embedding read only by lookups stays as is
+    # ; in row tiles (every matrix a linear layer reads) 5-bit codes are bit fields where the
+    # kernel's build prefers them: 32 bytes per 6 fields of 8 codes (quant/fields.py); an
+    # embedding read only by lookups stays as it is
     per_block = {Q.Q8_0: 32 + 2, Q.Q4_0: 16 + 2, Q.Q5_1: 20 + 4}[qtype]
     want = 0
     for t in open_gguf(path).tensors:
@@ -44,7 +46,8 @@ def test_quantize_model_matches_float32(tmp_path, qtype: Q, tied: bool) -> None:
             continue
         k, n = (int(d) for d in t.shape)  # GGUF order: row length first
         nb = k // 32
-        if qtype == Q.Q5_1 and (tied or t.name != "token_embd.weight") and n % 8 == 0:
+        tiled = (tied or t.name != "token_embd.weight") and n % 8 == 0
+        if qtype == Q.Q5_1 and tiled and preferred():
             want += n * (32 * -(-4 * nb // 6) + 4 * nb)  # fields, then scale and min
         else:
             want += n * nb * per_block

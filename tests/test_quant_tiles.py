@@ -17,6 +17,7 @@ from test_quant import random_blocks
 
 import clearlm
 from clearlm.quant.embedding import QuantEmbedding
+from clearlm.quant.fields import preferred
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.ops import int8_available
@@ -41,7 +42,7 @@ def test_tiles_hold_the_same_blocks(qtype: Q) -> None:
     p, t = packed_pair(qtype)
     assert t.tile == TILE and t.shape == p.shape == (N, K)
     assert t.codes.shape[0] == t.scale.shape[0] == N // TILE
-    if qtype in (Q.Q5_0, Q.Q5_1):  # bit fields: 11 words of 32 bytes per row of 16 blocks
+    if qtype in (Q.Q5_0, Q.Q5_1) and preferred():  # bit fields: 11 words of 32 B per 16 blocks
         assert t.codes.shape[1:] == (11, TILE * 32)
         assert t.nbytes() - p.nbytes() == N * (11 * 32 - 16 * 20)
     else:
@@ -54,6 +55,53 @@ def test_tiles_hold_the_same_blocks(qtype: Q) -> None:
     assert torch.equal(dequantize_packed(t), dequantize_packed(p))  # the torch fallback
     rows = torch.tensor([0, 7, 8, 47, 13, 13])  # an embedding lookup: any rows, repeats
     assert torch.equal(dequantize_packed(select_rows(t, rows)), dequantize_packed(p)[rows])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("fields", [False, True], ids=["ggml", "fields"])
+def test_five_bit_tiles_either_way(qtype: Q, fields: bool) -> None:
+    """Both tiled forms of 5-bit codes (ggml's blocks, bit fields) convert back exactly, and the
+    kernel reads both: dequantized rows equal the reference bit for bit; products are within
+    float32 rounding of it, and bit-identical to row-major where the build prefers that form."""
+    p = pack_blocks(random_blocks(qtype, N, 224), qtype, (N, 224))  # 7 blocks: a part word
+    t = tile_rows(p, fields=fields)
+    assert t.codes.shape[1:] == ((5, TILE * 32) if fields else (7, TILE * 20))
+    assert torch.equal(untile_rows(t).codes, p.codes)
+    rows = torch.tensor([47, 0, 8, 8])
+    assert torch.equal(select_rows(t, rows).codes, p.codes[rows])
+    assert torch.equal(dequantize_packed(t), dequantize_packed(p))
+    kern = load_kernels()
+    if kern is None:
+        return
+    assert torch.equal(kern.dequant(t.codes, t.scale, mins(t), 5, 32, 3, 41),
+                       dequantize_packed(p)[3:41])
+    torch.manual_seed(1)
+    for m in (1, 3, 16):
+        x = torch.randn(m, 224)
+        got = kern.qmm(x, t.codes, t.scale, mins(t), 5, 32)
+        ref = x.double() @ dequantize_packed(p).double().T
+        assert (got.double() - ref).abs().max() < 1e-3
+        if fields == preferred():
+            assert torch.equal(got, kern.qmm(x, p.codes, p.scale, mins(p), 5, 32))
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+def test_fields_with_tiny_activations(qtype: Q) -> None:
+    """x below 2^-101 cannot be scaled by 2^-25 exactly: such products read the fields with
+    shifts instead, and stay bit-identical to row-major (a breaker's case: x ~ 1e-36)."""
+    kern = load_kernels()
+    p = pack_blocks(random_blocks(qtype, N, 896), qtype, (N, 896))
+    t = tile_rows(p, fields=True)
+    torch.manual_seed(2)
+    for x in (torch.randn(1, 896) * 1e-36, torch.randn(3, 896).index_fill_(1, torch.arange(20),
+                                                                            1e-44)):
+        got = kern.qmm(x, t.codes, t.scale, mins(t), 5, 32)
+        w = dequantize_packed(p).double()
+        ref, size = x.double() @ w.T, x.double().abs() @ w.abs().T  # (M, N)
+        assert ((got.double() - ref).abs() <= 1e-5 * size + 1e-43).all()  # float32 rounding
+        if preferred():
+            assert torch.equal(got, kern.qmm(x, p.codes, p.scale, mins(p), 5, 32))
 
 
 def test_five_bit_fields_layout() -> None:
@@ -99,7 +147,7 @@ def test_kernel_products_are_bit_identical(qtype: Q, k: int) -> None:
         ref = x.double() @ dequantize_packed(p).double().T
         assert (got.double() - ref).abs().max() < 1e-3  # and it is the product at all
         if int8_available() and k % 64 == 0:  # (the int8 kernel's rows: whole 64s)
-            exact = p.bits == 5  # 5-bit fields: int8 mode computes them with the exact kernel
+            exact = p.bits == 5 and preferred()  # fields: int8 mode computes them exactly
             want = kern.qmm_i8(x, p.codes, p.scale, mins(p), p.bits, p.block) if not exact else got
             got = kern.qmm_i8(x, t.codes, t.scale, mins(t), t.bits, t.block)
             assert torch.equal(got, want)

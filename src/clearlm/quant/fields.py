@@ -12,11 +12,16 @@ shift, a mask and an or for the fifth bit, the centring, the conversion and the 
     fields, are 0). A row of nb blocks is W = ceil(4 nb / 6) words:
     codes (N, nb * 20) in ggml's layout  →  (N, W, 32) as fields  →  tiles (N // T, W, T * 32).
 
-The codes are the same numbers (unsigned, 0 .. 31; Q5_0's centring and Q5_1's min apply as
-before) and the kernel's products are bit-identical (tests/test_quant_tiles.py); the price is
-memory: 32 W bytes per row instead of 20 nb (K = 896: 608 instead of 560 bytes, +8.6 %; K = 640:
-448 instead of 400, +12 %). Measured on AVX2 (AMD Zen 3, 1 thread, bench/quant_gemv.py shapes):
-a 9728 × 896 Q5_0 product 0.69× the time of ggml's layout.
+Where: :func:`preferred` (the kernel's AVX2 and plain C++ builds; not AVX-512, not the torch
+fallback); ``tile_rows(..., fields=True)`` forces them. The codes are the same numbers
+(unsigned, 0 .. 31; Q5_0's centring and Q5_1's min apply as before) and the kernel's products
+are bit-identical (tests/test_quant_tiles.py); the price is memory: 32 W bytes per row instead
+of 20 nb (K = 896: 608 instead of 560 bytes, +8.6 %; K = 640: 448 instead of 400, +12 %).
+Measured on AVX2 (AMD Zen 3, 1 thread, bench/quant_gemv.py shapes): a 9728 × 896 Q5_0 product
+0.64× the time of ggml's layout. The kernel multiplies the codes, read as code · 2^p, by x ·
+2^-p; where an activation is too small for that to be exact (0 < |x| < 2^-101) it shifts the
+codes down instead (same products). Scales and mins must stay below 2^100 (a GGUF's are
+float16: below 65,504).
 """
 
 from __future__ import annotations
@@ -27,6 +32,23 @@ WORD = 32  # bytes per word: 8 uint32 lanes
 PER_WORD = 6  # 5-bit fields per 32-bit lane
 GGML_BLOCK = 20  # bytes of one ggml 5-bit block's codes: 16 nibble bytes, 4 bytes of fifth bits
 CHUNK = 4096  # rows converted at a time (bounds the int32 temporaries: ~0.5 MB per row of 896)
+
+
+def preferred() -> bool:
+    """Whether row tiles hold 5-bit codes as bit fields here: where the C++ kernel is built and
+    its build reads them with the body whose summation order ggml's layout also gets (AVX2 or
+    plain C++: bit-identical products). An AVX-512 build keeps ggml's blocks (its 16-lane body
+    sums in another order, and its table lookups already read the fifth bits cheaply), and so
+    does the pure-torch fallback (no kernel: nothing to gain)."""
+    from clearlm.quant.kernels import load_kernels
+
+    kern = load_kernels()
+    return kern is not None and bool(kern.fields_preferred())
+
+
+def is_fields(codes: torch.Tensor, tile: int) -> bool:
+    """Whether a 5-bit weight's tiled codes (N // tile, ·, tile · bytes) are bit fields."""
+    return tile > 1 and codes.dim() == 3 and codes.shape[2] == tile * WORD
 
 
 def words(nb: int) -> int:

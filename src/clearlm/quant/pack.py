@@ -47,7 +47,7 @@ from gguf.quants import Q4_K
 from torch import nn
 
 from clearlm.errors import ClearLMError
-from clearlm.quant.fields import WORD, from_fields
+from clearlm.quant.fields import WORD, from_fields, is_fields
 
 Q = GGMLQuantizationType
 
@@ -64,7 +64,7 @@ class Packed:
     centred 4/5-bit codes (W = scale * (code - 8) or (code - 16), ggml's Q4_0 / Q5_0).
     Row tiles (quant/tiles.py, the layout decode reads fastest): the same blocks, T rows
     interleaved block by block: codes (N // T, K // block, T * bytes per block), scale / min
-    (N // T, K // block, T); 5-bit codes in tiles are bit fields (quant/fields.py): codes
+    (N // T, K // block, T); 5-bit codes in tiles may be bit fields (quant/fields.py): codes
     (N // T, W, T * 32), W = ceil(4 * K // 32 / 6) words per row."""
 
     codes: torch.Tensor
@@ -187,7 +187,7 @@ def untile_rows(p: Packed) -> Packed:
         return p
     tile, (n, k) = p.tile, p.shape
     nb, bpb = k // p.block, block_bytes(p)
-    if p.bits == 5:  # bit fields (quant/fields.py): (N // T, W, T * 32) → (N, W, 32) → ggml's
+    if p.bits == 5 and is_fields(p.codes, tile):  # (N // T, W, T * 32) → (N, W, 32) → ggml's
         w = p.codes.shape[1]
         codes = from_fields(p.codes.reshape(n // tile, w, tile, WORD).transpose(1, 2)
                             .reshape(n, w, WORD), nb)
@@ -211,7 +211,7 @@ def select_rows(p: Packed, rows: torch.Tensor) -> Packed:
     tile, (_, k) = p.tile, p.shape
     nb, bpb = k // p.block, block_bytes(p)
     t, r = rows // tile, rows % tile  # (R,) tile and row within it
-    if p.bits == 5:  # bit fields (quant/fields.py): the rows' words, back to ggml's layout
+    if p.bits == 5 and is_fields(p.codes, tile):  # the rows' words, back to ggml's layout
         codes = from_fields(p.codes.view(-1, p.codes.shape[1], tile, WORD)[t, :, r], nb)
     else:
         codes = p.codes.view(-1, nb, tile, bpb)[t, :, r]  # (R, nb, bpb)

@@ -15,9 +15,10 @@ of each row, and so on:
     scale / min (N, nb)  →  (N // T, nb, T)
 
 The values are the same bytes, only moved, except 5-bit codes (Q5_0, Q5_1), which tiles hold as
-bit fields (quant/fields.py: the same codes, in 32-byte words the AVX2 kernel reads in fewer
-operations; codes (N // T, W, T * 32)). The kernel (csrc/qgemv.cpp) sums every row in the same
-order either way, so a tiled weight gives bit-identical products (tests/test_quant_tiles.py).
+bit fields where the kernel's build prefers them (quant/fields.py: the same codes, in 32-byte
+words the AVX2 kernel reads in fewer operations; codes (N // T, W, T * 32)). The kernel
+(csrc/qgemv.cpp) sums every row in the same order either way, so a tiled weight gives bit-
+identical products (tests/test_quant_tiles.py).
 This module writes tiles; pack.py reads either layout (``untile_rows``, ``select_rows``,
 ``dequantize_packed``).
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from clearlm.quant.fields import WORD, to_fields
+from clearlm.quant.fields import WORD, preferred, to_fields
 from clearlm.quant.pack import Packed, block_bytes
 
 TILE = 8  # rows per tile: the kernel's R (csrc/qgemv.cpp), 16 accumulators of 16 floats
@@ -37,8 +38,9 @@ def can_tile(p: Packed, tile: int = TILE) -> bool:
     return p.tile == 1 and p.shape[0] % tile == 0
 
 
-def tile_rows(p: Packed, tile: int = TILE) -> Packed:
-    """``p`` (row-major, N a multiple of ``tile``) in row tiles: new tensors, the same bytes.
+def tile_rows(p: Packed, tile: int = TILE, fields: bool | None = None) -> Packed:
+    """``p`` (row-major, N a multiple of ``tile``) in row tiles: new tensors, the same bytes
+    (5-bit codes as bit fields where ``fields``; None: where quant/fields.preferred() says).
 
     Raises ValueError when N is not a multiple of ``tile`` or ``p`` is already tiled."""
     if not can_tile(p, tile):
@@ -48,7 +50,7 @@ def tile_rows(p: Packed, tile: int = TILE) -> Packed:
 
     def codes(c: torch.Tensor) -> torch.Tensor:
         units, size = nb, bpb  # blocks, or for 5-bit codes the words of their bit fields
-        if p.bits == 5:
+        if p.bits == 5 and (preferred() if fields is None else fields):
             c = to_fields(c)  # (N, W, 32)
             units, size = c.shape[1], WORD
         c = c.reshape(n // tile, tile, units, size)  # (tiles, rows, blocks or words, bytes)

@@ -18,8 +18,8 @@
 //              nT .. nT + T - 1 lie side by side, so R = T rows read one sequential stream
 //              (as ggml's repacked q4_0x8 / q8_0x8 layouts): on an AMD Zen 4, a 262144 x 640 Q8_0
 //              product read 7.5 GB/s on one core from row-major streams, 11.6 GB/s from one.
-//              5-bit codes in row tiles are bit fields instead (see "5-bit codes in row tiles"
-//              below; quant/fields.py): codes (N/T, W, T * 32), W words of 32 bytes per row.
+//              5-bit codes in row tiles may be bit fields instead (see "5-bit codes in row
+//              tiles" below; quant/fields.py): codes (N/T, W, T * 32), W words of 32 B per row.
 //
 // Numerics: with a min (Q4_1, Q5_1, Q4_K), each weight is rebuilt in registers as
 // fmaf(scale, code, min), which equals the float32 value gguf.quants.dequantize computes
@@ -496,6 +496,23 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Step
 // shift, mask and or): a 9728 x 896 Q5_0 product takes ~0.69x the time on AVX2 (Zen 3).
 constexpr int64_t fields_words(int64_t nb) { return (4 * nb + 5) / 6; }
 
+// Whether a weight's codes are bit fields: 5-bit, row tiles, T * 32 bytes per tile word (ggml's
+// blocks in tiles take T * 20).
+inline bool is_fields(int bits, int64_t T, const torch::Tensor& codes) {
+  return bits == 5 && T > 1 && codes.size(2) == T * 32;
+}
+
+// Whether x * 2^-p is exact for every value of x and every shift p <= 25: zero, not finite, or
+// |x| >= 2^-101 (the result stays a normal float32). Activations of real models always are;
+// where one is not (|x| < 2^-101), the product reads the fields with shifts instead (SHIFT).
+bool scalable_for_fields(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (a != 0.0f && a < 0x1p-101f) return false;  // (NaN compares false: fine as it is)
+  }
+  return true;
+}
+
 // xs = x with column k scaled by 2^-p, p = 5 ((k / 8) % 6) (the field its codes lie in).
 void scale_for_fields(const float* x, int64_t M, int64_t K, float* xs) {
   for (int64_t m = 0; m < M; ++m) {
@@ -537,7 +554,9 @@ void dequant_row_fields(const uint8_t* codes, const S* sc, const S* mn, const St
 // As dot_tile (AVX2) for fields: y[m, r] for MC rows of xs (x scaled, see above) and R weight
 // rows. Blocks are taken six at a time (four words), so each field's word and shift are
 // compile-time constants; slot o (even / odd block) and the j & 1 accumulators as in dot_tile.
-template <int R, int MC, bool MIN>
+// SHIFT: xs is x itself and each field is shifted down to the code (one more operation per 8
+// codes): the same products, for rows that cannot be scaled exactly (scalable_for_fields).
+template <int R, int MC, bool MIN, bool SHIFT>
 void dot_tile_fields(const float* xs, int64_t ldx, const uint8_t* codes, const float* sc,
                      const float* mn, const Steps& L, int64_t nb, bool pf, float* y,
                      int64_t ldy) {
@@ -574,8 +593,13 @@ void dot_tile_fields(const float* xs, int64_t ldx, const uint8_t* codes, const f
         for (int j = 0; j < 4; ++j) {
           int p;
           const __m256i v = field(j, p);
-          const __m256 q = _mm256_cvtepi32_ps(_mm256_sub_epi32(
-              _mm256_and_si256(v, _mm256_set1_epi32(31 << p)), _mm256_set1_epi32(16 << p)));
+          const __m256 q =
+              SHIFT ? _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                          _mm256_and_si256(_mm256_srli_epi32(v, p), _mm256_set1_epi32(31)),
+                          _mm256_set1_epi32(16)))
+                    : _mm256_cvtepi32_ps(_mm256_sub_epi32(
+                          _mm256_and_si256(v, _mm256_set1_epi32(31 << p)),
+                          _mm256_set1_epi32(16 << p)));
           UNROLL
           for (int i = 0; i < MC; ++i) {
             const __m256 xv = _mm256_loadu_ps(xs + i * ldx + b * 32 + 8 * j);
@@ -590,8 +614,10 @@ void dot_tile_fields(const float* xs, int64_t ldx, const uint8_t* codes, const f
         for (int j = 0; j < 4; ++j) {
           int p;
           const __m256i v = field(j, p);
-          const __m256 q = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(31 << p)));
-          const __m256 w = _mm256_fmadd_ps(s, q, _mm256_set1_ps(std::ldexp(m, p)));
+          const __m256 q = _mm256_cvtepi32_ps(
+              SHIFT ? _mm256_and_si256(_mm256_srli_epi32(v, p), _mm256_set1_epi32(31))
+                    : _mm256_and_si256(v, _mm256_set1_epi32(31 << p)));
+          const __m256 w = _mm256_fmadd_ps(s, q, _mm256_set1_ps(SHIFT ? m : std::ldexp(m, p)));
           UNROLL
           for (int i = 0; i < MC; ++i) {
             const __m256 xv = _mm256_loadu_ps(xs + i * ldx + b * 32 + 8 * j);
@@ -623,23 +649,28 @@ void dot_tile_fields(const float* xs, int64_t ldx, const uint8_t* codes, const f
   }
 }
 
-// All M rows of xs against R weight rows, in the passes dot_rows (AVX2) makes.
+// All M rows of x against R weight rows, in the passes dot_rows (AVX2) makes: with xs (x
+// scaled) where it is given, else with x and shifts.
 template <int R>
-void dot_rows_fields(const float* xs, int64_t M, int64_t ldx, const uint8_t* codes,
-                     const float* sc, const float* mn, const Steps& L, int64_t nb, float* y,
-                     int64_t ldy) {
+void dot_rows_fields(const float* x, const float* xs, int64_t M, int64_t ldx,
+                     const uint8_t* codes, const float* sc, const float* mn, const Steps& L,
+                     int64_t nb, float* y, int64_t ldy) {
   constexpr int P2 = R < 2 ? R : 2, P1 = R < 4 ? R : 4;
   auto pass = [&](auto mc, auto p, int64_t m) {
     constexpr int MC = decltype(mc)::value, P = decltype(p)::value;
-    for (int r = 0; r < R; r += P) {
-      if (mn) {
-        dot_tile_fields<P, MC, true>(xs + m * ldx, ldx, codes + r * L.crs, sc + r * L.srs,
-                                     mn + r * L.srs, L, nb, m == 0, y + m * ldy + r, ldy);
-      } else {
-        dot_tile_fields<P, MC, false>(xs + m * ldx, ldx, codes + r * L.crs, sc + r * L.srs,
-                                      nullptr, L, nb, m == 0, y + m * ldy + r, ldy);
+    auto tile = [&](auto min, auto shift) {
+      constexpr bool MIN = decltype(min)::value, SHIFT = decltype(shift)::value;
+      for (int r = 0; r < R; r += P) {
+        dot_tile_fields<P, MC, MIN, SHIFT>((SHIFT ? x : xs) + m * ldx, ldx, codes + r * L.crs,
+                                           sc + r * L.srs, MIN ? mn + r * L.srs : nullptr, L,
+                                           nb, m == 0, y + m * ldy + r, ldy);
       }
-    }
+    };
+    using std::bool_constant;
+    if (mn && xs) tile(bool_constant<true>{}, bool_constant<false>{});
+    else if (mn) tile(bool_constant<true>{}, bool_constant<true>{});
+    else if (xs) tile(bool_constant<false>{}, bool_constant<false>{});
+    else tile(bool_constant<false>{}, bool_constant<true>{});
   };
   using std::integral_constant;
   int64_t m = 0;
@@ -648,9 +679,9 @@ void dot_rows_fields(const float* xs, int64_t M, int64_t ldx, const uint8_t* cod
   for (; m < M; ++m) pass(integral_constant<int, 1>{}, integral_constant<int, P1>{}, m);
 }
 #else
-// Without AVX2: each row dequantized, then summed with x (xs * 2^p, exact).
+// Without AVX2: each row dequantized, then summed with x (as the plain dot_rows: the same sums).
 template <int R>
-void dot_rows_fields(const float* xs, int64_t M, int64_t ldx, const uint8_t* codes,
+void dot_rows_fields(const float* x, const float*, int64_t M, int64_t ldx, const uint8_t* codes,
                      const float* sc, const float* mn, const Steps& L, int64_t nb, float* y,
                      int64_t ldy) {
   std::vector<float> w(nb * 32);
@@ -660,7 +691,7 @@ void dot_rows_fields(const float* xs, int64_t M, int64_t ldx, const uint8_t* cod
     for (int64_t m = 0; m < M; ++m) {
       float acc = 0.0f;
       for (int64_t k = 0; k < nb * 32; ++k) {
-        acc += std::ldexp(xs[m * ldx + k], 5 * static_cast<int>((k / 8) % 6)) * w[k];
+        acc += x[m * ldx + k] * w[k];
       }
       y[m * ldy + r] = acc;
     }
@@ -689,13 +720,13 @@ template <int BITS, int BS, typename S>
 void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
               const torch::Tensor& mn, int64_t T, torch::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1), N = y.size(1), nb = K / BS;
-  const bool fields = BITS == 5 && T > 1;  // 5-bit codes in tiles: bit fields (words of 32 B)
+  const bool fields = is_fields(BITS, T, codes);  // 5-bit codes as bit fields (32-B words)
   const Arrangement A = fields ? Arrangement{T, 32, fields_words(nb) * 32, nb}
                                : Arrangement{T, block_bytes(BITS, BS), row_bytes_of(BITS, K), nb};
   const Steps L = A.steps();
   const float* xp = x.data_ptr<float>();
-  std::vector<float> xs;  // fields: x scaled by 2^-p per field
-  if (fields) {
+  std::vector<float> xs;  // fields: x scaled by 2^-p per field, where that is exact
+  if (fields && scalable_for_fields(xp, M * K)) {
     xs.resize(M * K);
     scale_for_fields(xp, M, K, xs.data());
   }
@@ -736,8 +767,8 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
         const int64_t s = A.scale_at(n) - b0 * nb;
         if constexpr (BITS == 5) {
           if (fields) {
-            dot_rows_fields<R>(xs.data(), M, K, cp + A.code_at(n), sf + s, mf ? mf + s : nullptr,
-                               L, nb, yp + n, N);
+            dot_rows_fields<R>(xp, xs.empty() ? nullptr : xs.data(), M, K, cp + A.code_at(n),
+                               sf + s, mf ? mf + s : nullptr, L, nb, yp + n, N);
             return;
           }
         }
@@ -759,7 +790,7 @@ template <int BITS, int BS, typename S>
 void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                   int64_t T, int64_t r0, torch::Tensor& out) {
   const int64_t K = out.size(1), nb = K / BS;
-  const bool fields = BITS == 5 && T > 1;
+  const bool fields = is_fields(BITS, T, codes);
   const Arrangement A = fields ? Arrangement{T, 32, fields_words(nb) * 32, nb}
                                : Arrangement{T, block_bytes(BITS, BS), row_bytes_of(BITS, K), nb};
   const Steps L = A.steps();
@@ -800,6 +831,18 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 int64_t qgemv_row_bytes(int64_t bits, int64_t K) { return row_bytes_of(static_cast<int>(bits), K); }
 // 32-byte words per row of nb blocks of 5-bit codes held as bit fields (in row tiles).
 int64_t qgemv_fields_words(int64_t nb) { return fields_words(nb); }
+
+// Whether row tiles should hold 5-bit codes as bit fields on this build: where the products of
+// ggml's layout run the AVX2 (or plain C++) body, whose summation order the fields' body keeps
+// (bit-identical results); the AVX-512 body sums 16 lanes in another order, and its table
+// lookups already read ggml's fifth bits cheaply, so AVX-512 builds keep ggml's blocks.
+bool qgemv_fields_preferred() {
+#if defined(__AVX512F__)
+  return false;
+#else
+  return true;
+#endif
+}
 
 // y (M, N) = x (M, K) float32 contiguous @ dequant(W).T; W in row tiles of T rows (1: row-major).
 void qmm_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,

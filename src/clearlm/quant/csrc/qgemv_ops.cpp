@@ -8,6 +8,7 @@
 // qgemv.cpp
 int64_t qgemv_row_bytes(int64_t bits, int64_t K);
 int64_t qgemv_fields_words(int64_t nb);
+bool qgemv_fields_preferred();
 void qmm_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
              const torch::Tensor& mn, int64_t bits, int64_t bs, int64_t T, torch::Tensor& y);
 void dequant_run(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
@@ -17,7 +18,7 @@ namespace {
 
 // The weight's shape (N, K) and rows per tile T, read off its tensors: row-major codes (N,
 // row_bytes) with scales (N, nb), or row tiles of T rows: codes (N/T, nb, T * bpb) with scales
-// (N/T, nb, T), 5-bit codes (N/T, W, T * 32) as bit fields (qgemv.cpp's layouts;
+// (N/T, nb, T), or 5-bit codes (N/T, W, T * 32) as bit fields (qgemv.cpp's layouts;
 // quant/tiles.py: tile_rows, quant/fields.py). T is 1 or 8.
 struct Shape {
   int64_t N, K, T;
@@ -37,8 +38,8 @@ Shape check(const torch::Tensor& codes, const torch::Tensor& scale, const torch:
   const int64_t T = scale.dim() == 3 ? scale.size(2) : 1, nb = scale.size(1);
   const int64_t bpb = bits == 8 ? bs : bits == 4 ? 16 : 20;
   TORCH_CHECK(T == 1 || T == 8, "row tiles must hold 8 rows");
-  // 5-bit codes in row tiles are bit fields: W 32-byte words per row (qgemv.cpp, fields.py)
-  const bool fields = bits == 5 && T > 1;
+  // 5-bit codes in row tiles may be bit fields: W 32-byte words per row (qgemv.cpp, fields.py)
+  const bool fields = bits == 5 && T > 1 && codes.dim() == 3 && codes.size(2) == T * 32;
   TORCH_CHECK(scale.dim() == 2 ? codes.size(1) == qgemv_row_bytes(bits, nb * bs)
               : fields         ? codes.size(1) == qgemv_fields_words(nb) && codes.size(2) == T * 32
                                : codes.size(1) == nb && codes.size(2) == T * bpb,
@@ -77,7 +78,7 @@ torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
-  if (bits == 5 && w.T > 1) {  // bit fields: the exact kernel (faster there than int8 on AVX2)
+  if (bits == 5 && w.T > 1 && codes.size(2) == w.T * 32) {  // bit fields: the exact kernel
     auto y = torch::empty({x.size(0), w.N}, x.options());
     qmm_run(x, codes, scale, mn, bits, bs, w.T, y);
     return y;
@@ -153,4 +154,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "qmm with activations rounded to int8 per block of 32 (AVX-512 VNNI or AVX2)");
   m.def("qmm_i8_available", &qmm_i8_available, "whether qmm_i8 was built (AVX-512 VNNI or AVX2)");
   m.def("dequant", &dequant, "rows [r0, r1) of dequant(W) as float32");
+  m.def("fields_preferred", &qgemv_fields_preferred,
+        "whether row tiles hold 5-bit codes as bit fields on this build (not on AVX-512)");
 }
