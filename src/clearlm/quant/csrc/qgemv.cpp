@@ -489,11 +489,13 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Step
 // lie word by word side by side (codes (N/T, W, T * 32)), so the word steps are Steps' block
 // steps. A field is read as and(word, 31 << p): the code times 2^p, an exact int32 (minus
 // 16 << p for centred codes: two's complement, still exact), converted exactly to float32
-// and multiplied by x * 2^-p (xs: x scaled once per product, exact for |x| >= 2^-100): the
-// same float32 products x * (code - 16) as from ggml's layout, summed in the same order (as
-// dot_tile: same lanes, same accumulators), so the results are bit-identical. Four vector
-// operations per 8 codes (and, sub, convert, FMA) instead of seven (the fifth bit's variable
-// shift, mask and or): a 9728 x 896 Q5_0 product takes ~0.69x the time on AVX2 (Zen 3).
+// and multiplied by x * 2^-p (xs: x scaled once per product; where that is not exact, see
+// scalable_for_fields, the fields are shifted instead): the same float32 products
+// x * (code - 16) as from ggml's layout, summed in the same order as the AVX2 and plain dot_tile
+// (same lanes, same accumulators), so the results are bit-identical; AVX-512 builds sum ggml's
+// blocks in 16 lanes and keep them (qgemv_fields_preferred). Four vector operations per 8 codes
+// (and, sub, convert, FMA) instead of seven (the fifth bit's variable shift, mask and or): a
+// 9728 x 896 Q5_0 product takes 0.64-0.69x the time on AVX2 (Zen 3).
 constexpr int64_t fields_words(int64_t nb) { return (4 * nb + 5) / 6; }
 
 // Whether a weight's codes are bit fields: 5-bit, row tiles, T * 32 bytes per tile word (ggml's
