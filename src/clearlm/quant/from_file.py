@@ -112,15 +112,18 @@ def packed_nbytes(qtype: object, shape: tuple[int, int], tile: int = 1) -> int:
     n, k = shape
     if tile == 1:
         return row_layout(qtype, k).nbytes() * n
-    return _tiled_row_nbytes(qtype, k, tile) * n
+    return tile_layout(qtype, k, tile).nbytes() // tile * n
 
 
 @functools.lru_cache(maxsize=64)
-def _tiled_row_nbytes(qtype: object, k: int, tile: int) -> int:
+def tile_layout(qtype: object, k: int, tile: int) -> Packed:
+    """One tile of ``tile`` packed all-zero rows of K values (quant/tiles.py): the dtypes and
+    per-tile shapes a tiled matrix of this type has. Read it, never write into it.
+    Raises UnsupportedQuantError as pack_blocks."""
     row = row_layout(qtype, k)
     rows = [None if a is None else a.expand(tile, *a.shape[1:]).contiguous()
             for a in (row.codes, row.scale, row.min)]
-    return tile_rows(Packed(*rows, row.bits, row.block, row.qtype), tile).nbytes() // tile
+    return tile_rows(Packed(*rows, row.bits, row.block, row.qtype), tile)
 
 
 def _tiled(p: Packed, tile: int) -> Packed:

@@ -42,10 +42,10 @@ from safetensors import safe_open
 from clearlm.cache import packed_copies, packed_dir, remove_stale_copies
 from clearlm.errors import SamplingParamsError
 from clearlm.loading.gguf_file import GGUFTensor
-from clearlm.quant.from_file import row_layout
+from clearlm.quant.from_file import row_layout, tile_layout
 from clearlm.quant.fuse import join_rows
 from clearlm.quant.pack import Packed
-from clearlm.quant.tiles import TILE, tile_rows
+from clearlm.quant.tiles import TILE
 
 ENV = "CLEARLM_PACK_CACHE"
 ALIGN = 64  # bytes: every tensor starts on a cache line
@@ -139,9 +139,7 @@ def _fits(p: Packed, t: GGUFTensor, tile: int) -> bool:
     if p.tile != 1:  # row tiles (quant/tiles.py): the layout of one tile of zero rows
         if p.tile != TILE:
             return False
-        rows = [want.codes, want.scale, want.min]
-        want = tile_rows(Packed(*[None if a is None else a.expand(TILE, *a.shape[1:])
-                                  for a in rows], want.bits, want.block, want.qtype))
+        want = tile_layout(t.tensor_type, k, TILE)
     n //= p.tile
     pairs = [(p.codes, want.codes), (p.scale, want.scale)]
     if (p.min is None) != (want.min is None):

@@ -123,6 +123,19 @@ inline float reduce8(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+
+// The passes of the AVX2 products over all M rows of x against R weight rows: tiles of 4, 2, 1
+// rows of x (MC), each against R / P passes of P weight rows (at most 8 accumulators of the 16
+// registers: P = 4 / MC rows); pass(MC, P, m) as integral constants and the tile's first row.
+template <int R, typename Pass>
+void x_row_tiles(int64_t M, Pass&& pass) {
+  using std::integral_constant;
+  constexpr int P2 = R < 2 ? R : 2, P1 = R < 4 ? R : 4;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) pass(integral_constant<int, 4>{}, integral_constant<int, 1>{}, m);
+  for (; m + 2 <= M; m += 2) pass(integral_constant<int, 2>{}, integral_constant<int, P2>{}, m);
+  for (; m < M; ++m) pass(integral_constant<int, 1>{}, integral_constant<int, P1>{}, m);
+}
 #endif
 
 #if defined(__AVX512F__)
@@ -414,13 +427,11 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
   }
 }
 
-// All M rows of x against R weight rows: tiles of 4, 2, 1 rows of x, each against R / P passes
-// of P weight rows (at most 8 accumulators of the 16 registers: P = 4 / MC rows).
+// All M rows of x against R weight rows, in x_row_tiles' passes.
 template <int BITS, int BS, int R>
 void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, const float* sc,
               const float* mn, const Steps& L, int64_t K, float* y, int64_t ldy) {
-  constexpr int P2 = R < 2 ? R : 2, P1 = R < 4 ? R : 4;
-  auto pass = [&](auto mc, auto p, int64_t m) {
+  x_row_tiles<R>(M, [&](auto mc, auto p, int64_t m) {
     constexpr int MC = decltype(mc)::value, P = decltype(p)::value;
     for (int r = 0; r < R; r += P) {
       if (mn) {
@@ -431,12 +442,7 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, cons
                                          nullptr, L, K, m == 0, y + m * ldy + r, ldy);
       }
     }
-  };
-  using std::integral_constant;
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) pass(integral_constant<int, 4>{}, integral_constant<int, 1>{}, m);
-  for (; m + 2 <= M; m += 2) pass(integral_constant<int, 2>{}, integral_constant<int, P2>{}, m);
-  for (; m < M; ++m) pass(integral_constant<int, 1>{}, integral_constant<int, P1>{}, m);
+  });
 }
 
 // One row of the dequantized weight (same FMA as dequant_row).
@@ -498,10 +504,19 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Step
 // 9728 x 896 Q5_0 product takes 0.64-0.69x the time on AVX2 (Zen 3).
 constexpr int64_t fields_words(int64_t nb) { return (4 * nb + 5) / 6; }
 
-// Whether a weight's codes are bit fields: 5-bit, row tiles, T * 32 bytes per tile word (ggml's
-// blocks in tiles take T * 20).
-inline bool is_fields(int bits, int64_t T, const torch::Tensor& codes) {
-  return bits == 5 && T > 1 && codes.size(2) == T * 32;
+// Whether a weight's codes are bit fields: 5-bit, row tiles (3-d codes), T * 32 bytes per tile
+// word (ggml's blocks in tiles take T * 20).
+bool is_fields(int64_t bits, int64_t T, const torch::Tensor& codes) {
+  return bits == 5 && T > 1 && codes.dim() == 3 && codes.size(2) == T * 32;
+}
+
+// The arrangement of a (N, K) weight in tiles of T rows: blocks of ggml's codes, or words of
+// bit fields (32 bytes each; fields).
+template <int BITS, int BS>
+Arrangement arrangement(int64_t T, int64_t K, bool fields) {
+  const int64_t nb = K / BS;
+  return fields ? Arrangement{T, 32, fields_words(nb) * 32, nb}
+                : Arrangement{T, block_bytes(BITS, BS), row_bytes_of(BITS, K), nb};
 }
 
 // Whether x * 2^-p is exact for every value of x and every shift p <= 25: zero, not finite, or
@@ -524,6 +539,19 @@ void scale_for_fields(const float* x, int64_t M, int64_t K, float* xs) {
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// The field at bits p .. p + 4 of every lane of the word v, minus `centre` (16 for centred
+// codes, else 0), as 8 float32: the value itself (SHIFT) or times 2^p (and, subtract, convert:
+// exact either way, see above).
+template <bool SHIFT>
+inline __m256 field_value(__m256i v, int p, int centre) {
+  __m256i q = SHIFT ? _mm256_and_si256(_mm256_srli_epi32(v, p), _mm256_set1_epi32(31))
+                    : _mm256_and_si256(v, _mm256_set1_epi32(31 << p));
+  if (centre) q = _mm256_sub_epi32(q, _mm256_set1_epi32(SHIFT ? centre : centre << p));
+  return _mm256_cvtepi32_ps(q);
+}
+#endif
+
 // One row of the dequantized weight: fmaf(s, code (- 16 without mins), m), as dequant_row.
 template <typename S>
 void dequant_row_fields(const uint8_t* codes, const S* sc, const S* mn, const Steps& L,
@@ -538,9 +566,8 @@ void dequant_row_fields(const uint8_t* codes, const S* sc, const S* mn, const St
       const int p = 5 * static_cast<int>(f % 6);
 #if defined(__AVX2__) && defined(__FMA__)
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(word));
-      __m256i q = _mm256_and_si256(_mm256_srli_epi32(v, p), _mm256_set1_epi32(31));
-      q = _mm256_sub_epi32(q, _mm256_set1_epi32(centre));
-      _mm256_storeu_ps(out + 8 * f, _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(q),
+      _mm256_storeu_ps(out + 8 * f, _mm256_fmadd_ps(_mm256_set1_ps(s),
+                                                    field_value<true>(v, p, centre),
                                                     _mm256_set1_ps(m)));
 #else
       for (int l = 0; l < 8; ++l) {
@@ -595,13 +622,7 @@ void dot_tile_fields(const float* xs, int64_t ldx, const uint8_t* codes, const f
         for (int j = 0; j < 4; ++j) {
           int p;
           const __m256i v = field(j, p);
-          const __m256 q =
-              SHIFT ? _mm256_cvtepi32_ps(_mm256_sub_epi32(
-                          _mm256_and_si256(_mm256_srli_epi32(v, p), _mm256_set1_epi32(31)),
-                          _mm256_set1_epi32(16)))
-                    : _mm256_cvtepi32_ps(_mm256_sub_epi32(
-                          _mm256_and_si256(v, _mm256_set1_epi32(31 << p)),
-                          _mm256_set1_epi32(16 << p)));
+          const __m256 q = field_value<SHIFT>(v, p, 16);
           UNROLL
           for (int i = 0; i < MC; ++i) {
             const __m256 xv = _mm256_loadu_ps(xs + i * ldx + b * 32 + 8 * j);
@@ -616,9 +637,7 @@ void dot_tile_fields(const float* xs, int64_t ldx, const uint8_t* codes, const f
         for (int j = 0; j < 4; ++j) {
           int p;
           const __m256i v = field(j, p);
-          const __m256 q = _mm256_cvtepi32_ps(
-              SHIFT ? _mm256_and_si256(_mm256_srli_epi32(v, p), _mm256_set1_epi32(31))
-                    : _mm256_and_si256(v, _mm256_set1_epi32(31 << p)));
+          const __m256 q = field_value<SHIFT>(v, p, 0);
           const __m256 w = _mm256_fmadd_ps(s, q, _mm256_set1_ps(SHIFT ? m : std::ldexp(m, p)));
           UNROLL
           for (int i = 0; i < MC; ++i) {
@@ -651,14 +670,13 @@ void dot_tile_fields(const float* xs, int64_t ldx, const uint8_t* codes, const f
   }
 }
 
-// All M rows of x against R weight rows, in the passes dot_rows (AVX2) makes: with xs (x
+// All M rows of x against R weight rows, in x_row_tiles' passes (as dot_rows): with xs (x
 // scaled) where it is given, else with x and shifts.
 template <int R>
 void dot_rows_fields(const float* x, const float* xs, int64_t M, int64_t ldx,
                      const uint8_t* codes, const float* sc, const float* mn, const Steps& L,
                      int64_t nb, float* y, int64_t ldy) {
-  constexpr int P2 = R < 2 ? R : 2, P1 = R < 4 ? R : 4;
-  auto pass = [&](auto mc, auto p, int64_t m) {
+  x_row_tiles<R>(M, [&](auto mc, auto p, int64_t m) {
     constexpr int MC = decltype(mc)::value, P = decltype(p)::value;
     auto tile = [&](auto min, auto shift) {
       constexpr bool MIN = decltype(min)::value, SHIFT = decltype(shift)::value;
@@ -673,12 +691,7 @@ void dot_rows_fields(const float* x, const float* xs, int64_t M, int64_t ldx,
     else if (mn) tile(bool_constant<true>{}, bool_constant<true>{});
     else if (xs) tile(bool_constant<false>{}, bool_constant<false>{});
     else tile(bool_constant<false>{}, bool_constant<true>{});
-  };
-  using std::integral_constant;
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) pass(integral_constant<int, 4>{}, integral_constant<int, 1>{}, m);
-  for (; m + 2 <= M; m += 2) pass(integral_constant<int, 2>{}, integral_constant<int, P2>{}, m);
-  for (; m < M; ++m) pass(integral_constant<int, 1>{}, integral_constant<int, P1>{}, m);
+  });
 }
 #else
 // Without AVX2: each row dequantized, then summed with x (as the plain dot_rows: the same sums).
@@ -723,8 +736,7 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
               const torch::Tensor& mn, int64_t T, torch::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1), N = y.size(1), nb = K / BS;
   const bool fields = is_fields(BITS, T, codes);  // 5-bit codes as bit fields (32-B words)
-  const Arrangement A = fields ? Arrangement{T, 32, fields_words(nb) * 32, nb}
-                               : Arrangement{T, block_bytes(BITS, BS), row_bytes_of(BITS, K), nb};
+  const Arrangement A = arrangement<BITS, BS>(T, K, fields);
   const Steps L = A.steps();
   const float* xp = x.data_ptr<float>();
   std::vector<float> xs;  // fields: x scaled by 2^-p per field, where that is exact
@@ -793,8 +805,7 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
                   int64_t T, int64_t r0, torch::Tensor& out) {
   const int64_t K = out.size(1), nb = K / BS;
   const bool fields = is_fields(BITS, T, codes);
-  const Arrangement A = fields ? Arrangement{T, 32, fields_words(nb) * 32, nb}
-                               : Arrangement{T, block_bytes(BITS, BS), row_bytes_of(BITS, K), nb};
+  const Arrangement A = arrangement<BITS, BS>(T, K, fields);
   const Steps L = A.steps();
   const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
   const S* sp = scale.data_ptr<S>();
@@ -831,8 +842,12 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 
 // Entry points for qgemv_ops.cpp (which checks the arguments first).
 int64_t qgemv_row_bytes(int64_t bits, int64_t K) { return row_bytes_of(static_cast<int>(bits), K); }
-// 32-byte words per row of nb blocks of 5-bit codes held as bit fields (in row tiles).
+// 32-byte words per row of nb blocks of 5-bit codes held as bit fields (in row tiles), and
+// whether a weight's codes are such fields.
 int64_t qgemv_fields_words(int64_t nb) { return fields_words(nb); }
+bool qgemv_is_fields(int64_t bits, int64_t T, const torch::Tensor& codes) {
+  return is_fields(bits, T, codes);
+}
 
 // Whether row tiles should hold 5-bit codes as bit fields on this build: where the products of
 // ggml's layout run the AVX2 (or plain C++) body, whose summation order the fields' body keeps

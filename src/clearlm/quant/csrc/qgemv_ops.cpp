@@ -9,6 +9,7 @@
 int64_t qgemv_row_bytes(int64_t bits, int64_t K);
 int64_t qgemv_fields_words(int64_t nb);
 bool qgemv_fields_preferred();
+bool qgemv_is_fields(int64_t bits, int64_t T, const torch::Tensor& codes);
 void qmm_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
              const torch::Tensor& mn, int64_t bits, int64_t bs, int64_t T, torch::Tensor& y);
 void dequant_run(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
@@ -39,7 +40,7 @@ Shape check(const torch::Tensor& codes, const torch::Tensor& scale, const torch:
   const int64_t bpb = bits == 8 ? bs : bits == 4 ? 16 : 20;
   TORCH_CHECK(T == 1 || T == 8, "row tiles must hold 8 rows");
   // 5-bit codes in row tiles may be bit fields: W 32-byte words per row (qgemv.cpp, fields.py)
-  const bool fields = bits == 5 && T > 1 && codes.dim() == 3 && codes.size(2) == T * 32;
+  const bool fields = qgemv_is_fields(bits, T, codes);
   TORCH_CHECK(scale.dim() == 2 ? codes.size(1) == qgemv_row_bytes(bits, nb * bs)
               : fields         ? codes.size(1) == qgemv_fields_words(nb) && codes.size(2) == T * 32
                                : codes.size(1) == nb && codes.size(2) == T * bpb,
@@ -78,11 +79,7 @@ torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
-  if (bits == 5 && w.T > 1 && codes.size(2) == w.T * 32) {  // bit fields: the exact kernel
-    auto y = torch::empty({x.size(0), w.N}, x.options());
-    qmm_run(x, codes, scale, mn, bits, bs, w.T, y);
-    return y;
-  }
+  if (qgemv_is_fields(bits, w.T, codes)) return qmm(x, codes, scale, mn, bits, bs);  // exact
   std::vector<int64_t> exact_rows;  // rows with a block max |x| outside the int8 path's range
   auto y = qmm_i8_impl(x, codes, scale, mn, bits, bs, w.N, w.T, exact_rows);
   for (const int64_t m : exact_rows) {
@@ -107,31 +104,36 @@ torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn
 // Inductor derives from the operator (aoti_torch_<device>_<name>), instead of going through
 // its proxy executor (an IValue stack and a boxed dispatcher call per product). The symbols are
 // found at the package's load because clearlm.aot reopens this library RTLD_GLOBAL first.
+namespace {
+using Product = torch::Tensor (*)(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
+                                  int64_t, int64_t);
+
+// Tensor handles in, the product's new tensor handle out; an exception becomes an error code.
+template <Product product>
+AOTITorchError as_shim(AtenTensorHandle x, AtenTensorHandle codes, AtenTensorHandle scale,
+                       AtenTensorHandle mn, int64_t bits, int64_t bs, AtenTensorHandle* ret0) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    at::Tensor y = product(*tensor_handle_to_tensor_pointer(x),
+                           *tensor_handle_to_tensor_pointer(codes),
+                           *tensor_handle_to_tensor_pointer(scale),
+                           *tensor_handle_to_tensor_pointer(mn), bits, bs);
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(y));
+  });
+}
+}  // namespace
+
 extern "C" {
 AOTITorchError aoti_torch_cpu_qmm(AtenTensorHandle x, AtenTensorHandle codes,
                                   AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits,
                                   int64_t bs, AtenTensorHandle* ret0) {
-  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
-  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    at::Tensor y = qmm(*tensor_handle_to_tensor_pointer(x),
-                       *tensor_handle_to_tensor_pointer(codes),
-                       *tensor_handle_to_tensor_pointer(scale),
-                       *tensor_handle_to_tensor_pointer(mn), bits, bs);
-    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(y));
-  });
+  return as_shim<qmm>(x, codes, scale, mn, bits, bs, ret0);
 }
 
 AOTITorchError aoti_torch_cpu_qmm_i8(AtenTensorHandle x, AtenTensorHandle codes,
                                      AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits,
                                      int64_t bs, AtenTensorHandle* ret0) {
-  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
-  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
-    at::Tensor y = qmm_i8(*tensor_handle_to_tensor_pointer(x),
-                          *tensor_handle_to_tensor_pointer(codes),
-                          *tensor_handle_to_tensor_pointer(scale),
-                          *tensor_handle_to_tensor_pointer(mn), bits, bs);
-    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(y));
-  });
+  return as_shim<qmm_i8>(x, codes, scale, mn, bits, bs, ret0);
 }
 }
 
