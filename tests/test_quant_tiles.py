@@ -22,15 +22,15 @@ from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.ops import int8_available
 from clearlm.quant.pack import SUPPORTED, dequantize_packed, pack_blocks, select_rows, untile_rows
-from clearlm.quant.tiles import TILE, can_tile, tile_rows
+from clearlm.quant.tiles import can_tile, tile_rows, tile_size
 
 needs_kernel = pytest.mark.skipif(load_kernels() is None, reason="no C++ kernel (needs g++)")
-N, K = 48, 512  # 6 tiles of 8 rows; K: 16 blocks of 32, 32 of 16 (Q6_K)
+N, K = 48, 512  # 6 tiles of 8 rows or 12 of 4; K: 16 blocks of 32, 32 of 16 (Q6_K)
 
 
-def packed_pair(qtype: Q, n: int = N, k: int = K):
+def packed_pair(qtype: Q, n: int = N, k: int = K, tile: int | None = None):
     p = pack_blocks(random_blocks(qtype, n, k), qtype, (n, k))
-    return p, tile_rows(p)
+    return p, tile_rows(p, tile)
 
 
 def mins(p) -> torch.Tensor:
@@ -40,10 +40,10 @@ def mins(p) -> torch.Tensor:
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
 def test_tiles_hold_the_same_blocks(qtype: Q) -> None:
     p, t = packed_pair(qtype)
-    assert t.tile == TILE and t.shape == p.shape == (N, K)
-    assert t.codes.shape[0] == t.scale.shape[0] == N // TILE
+    assert t.tile == tile_size(p.bits, p.block) in (4, 8) and t.shape == p.shape == (N, K)
+    assert t.codes.shape[0] == t.scale.shape[0] == N // t.tile
     if qtype in (Q.Q5_0, Q.Q5_1) and preferred():  # bit fields: 11 words of 32 B per 16 blocks
-        assert t.codes.shape[1:] == (11, TILE * 32)
+        assert t.codes.shape[1:] == (11, t.tile * 32)
         assert t.nbytes() - p.nbytes() == N * (11 * 32 - 16 * 20)
     else:
         assert t.nbytes() == p.nbytes()
@@ -65,7 +65,7 @@ def test_five_bit_tiles_either_way(qtype: Q, fields: bool) -> None:
     float32 rounding of it, and bit-identical to row-major where the build prefers that form."""
     p = pack_blocks(random_blocks(qtype, N, 224), qtype, (N, 224))  # 7 blocks: a part word
     t = tile_rows(p, fields=fields)
-    assert t.codes.shape[1:] == ((5, TILE * 32) if fields else (7, TILE * 20))
+    assert t.codes.shape[1:] == ((5, t.tile * 32) if fields else (7, t.tile * 20))
     assert torch.equal(untile_rows(t).codes, p.codes)
     rows = torch.tensor([47, 0, 8, 8])
     assert torch.equal(select_rows(t, rows).codes, p.codes[rows])
@@ -133,11 +133,12 @@ def test_five_bit_fields_layout() -> None:
 @needs_kernel
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
 @pytest.mark.parametrize("k", [K, 224, 640], ids=lambda k: f"K{k}")  # 16, 7, 20 blocks of 32
-def test_kernel_products_are_bit_identical(qtype: Q, k: int) -> None:
+@pytest.mark.parametrize("tile", [4, 8])  # each build prefers one per format (tile_size)
+def test_kernel_products_are_bit_identical(qtype: Q, k: int, tile: int) -> None:
     if k != K and qtype not in (Q.Q5_0, Q.Q5_1, Q.Q8_0):
         pytest.skip("other row lengths: the 5-bit fields' last word (K-quants need 256)")
     kern = load_kernels()
-    p, t = packed_pair(qtype, k=k)
+    p, t = packed_pair(qtype, k=k, tile=tile)
     torch.manual_seed(0)
     for m in (1, 2, 3, 4, 7, 16):  # every tile of x rows the kernel uses (4, 2, 1)
         x = torch.randn(m, k)
@@ -180,11 +181,11 @@ def test_embedding_lookup_on_a_tiled_table() -> None:
 
 def test_what_cannot_be_tiled() -> None:
     p = pack_blocks(random_blocks(Q.Q4_0, 12, K), Q.Q4_0, (12, K))
-    assert not can_tile(p)
+    assert not can_tile(p, 8) and can_tile(p, 4)
     with pytest.raises(ValueError, match="tiles of 8 rows"):
-        tile_rows(p)
+        tile_rows(p, 8)
     p, t = packed_pair(Q.Q4_0)
-    with pytest.raises(ValueError, match="tile 8"):
+    with pytest.raises(ValueError, match=f"tile {t.tile}"):
         tile_rows(t)  # already tiled
     assert untile_rows(p) is p
 
@@ -193,19 +194,19 @@ def test_what_cannot_be_tiled() -> None:
 def test_kernel_refuses_other_tile_sizes() -> None:
     kern = load_kernels()
     p = pack_blocks(random_blocks(Q.Q8_0, 16, 64), Q.Q8_0, (16, 64))
-    t = tile_rows(p, 4)  # a valid arrangement, but the kernel computes tiles of 8 rows only
-    with pytest.raises(RuntimeError, match="8 rows"):
+    t = tile_rows(p, 2)  # a valid arrangement, but the kernel computes tiles of 4 or 8 rows
+    with pytest.raises(RuntimeError, match="4 or 8 rows"):
         kern.qmm(torch.randn(1, 64), t.codes, t.scale, mins(t), t.bits, t.block)
 
 
 def test_a_compact_load_tiles_what_linear_layers_read(smollm2_path: Path, monkeypatch) -> None:
     """SmolLM2 (tied head, k_proj of 192 rows): every QuantLinear and the tied table are tiled
-    in 8s, and the logits of a 4-token prompt (the kernel's path) equal, bit for bit, those of
-    the same load kept row-major."""
+    (tile_size's rows for each format), and the logits of a 4-token prompt (the kernel's path)
+    equal, bit for bit, those of the same load kept row-major."""
     ids = [1, 504, 2444, 314]
     model = clearlm.load(str(smollm2_path), weights="compact")
     mods = [m for m in model.transformer.modules() if isinstance(m, (QuantLinear, QuantEmbedding))]
-    assert mods and all(m.packed().tile == TILE for m in mods)
+    assert mods and all(m.packed().tile == tile_size(m.bits, m.block) for m in mods)
     got = model.logits(ids)
     monkeypatch.setattr("clearlm.loading.gguf_compact._tile", lambda *args: 1)
     plain = clearlm.load(str(smollm2_path), weights="compact")

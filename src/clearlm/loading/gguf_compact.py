@@ -5,7 +5,7 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
 1. the module tree on the meta device (loading/load.py ``skeleton``): no weight memory;
 2. each tensor of the file whose module is a plain ``nn.Linear`` / ``nn.Embedding`` and whose
    type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K) is packed straight from the
-   mapped bytes, a band of rows at a time (quant/from_file.py), in row tiles of 8 rows where a
+   mapped bytes, a band of rows at a time (quant/from_file.py), in row tiles (4 or 8 rows) where a
    linear layer reads it (quant/tiles.py), and its module replaced by a QuantLinear /
    QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
    these matrices ever exists, and their file pages are dropped from the process once packed.
@@ -39,12 +39,12 @@ from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
 from clearlm.quant import pack_cache
 from clearlm.quant.embedding import QuantEmbedding
-from clearlm.quant.from_file import pack_group, packed_nbytes
+from clearlm.quant.from_file import pack_group, packed_nbytes, row_layout
 from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed
-from clearlm.quant.tiles import TILE
+from clearlm.quant.tiles import tile_size
 
 TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
 
@@ -83,7 +83,7 @@ def compact_plan(
         shape = tuple(reversed(t.shape))
         if t.tensor_type in SUPPORTED and paths and all(_plain(model, p, shape) for p in paths):
             plan.packed[t.name] = paths
-            plan.tiles[t.name] = _tile(model, paths, shape)
+            plan.tiles[t.name] = _tile(model, paths, shape, t.tensor_type)
             plan.packed_bytes += packed_nbytes(t.tensor_type, shape,  # type: ignore[arg-type]
                                                plan.tiles[t.name])
         else:
@@ -194,12 +194,15 @@ def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:
     return type(m) in (nn.Linear, nn.Embedding) and tuple(m.weight.shape) == shape
 
 
-def _tile(model: nn.Module, paths: list[str], shape: tuple[int, ...]) -> int:
-    """Rows per row tile for a packed tensor: tiles (quant/tiles.py) where a decode product
-    reads it (an nn.Linear, a tied head included) and its rows fill whole tiles; row-major for
-    an embedding alone, which is only ever read a row at a time."""
+def _tile(model: nn.Module, paths: list[str], shape: tuple[int, ...], qtype: object) -> int:
+    """Rows per row tile for a packed tensor of this GGML type: tiles (quant/tiles.py, of
+    tile_size's rows for its format) where a decode product reads it (an nn.Linear, a tied head
+    included) and its rows fill whole tiles; row-major for an embedding alone, which is only
+    ever read a row at a time."""
     linear = any(type(model.get_submodule(p)) is nn.Linear for p in paths)
-    return TILE if linear and shape[0] % TILE == 0 else 1
+    row = row_layout(qtype, shape[1])
+    tile = tile_size(row.bits, row.block)
+    return tile if linear and shape[0] % tile == 0 else 1
 
 
 def _rope_heads(path: str, config: ModelConfig) -> int | None:

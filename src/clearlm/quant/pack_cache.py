@@ -45,7 +45,6 @@ from clearlm.loading.gguf_file import GGUFTensor
 from clearlm.quant.from_file import row_layout, tile_layout
 from clearlm.quant.fuse import join_rows
 from clearlm.quant.pack import Packed
-from clearlm.quant.tiles import TILE
 
 ENV = "CLEARLM_PACK_CACHE"
 ALIGN = 64  # bytes: every tensor starts on a cache line
@@ -101,7 +100,7 @@ def read(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]],
     """The packed jobs for ``tensors`` (each job's GGUF tensors, in order) from the cached copy,
     or None when there is none, it is off, or it does not match them (then a warning): other
     names, or a member whose format, dtypes, shapes or rows per tile (``tiles``, the same
-    nesting as ``tensors``: 1 or quant/tiles.TILE, what this load plans) are not what packing
+    nesting as ``tensors``: 1 or quant/tiles.tile_size's, what this load plans) are not what packing
     gives."""
     if not enabled():
         return None
@@ -137,9 +136,7 @@ def _fits(p: Packed, t: GGUFTensor, tile: int) -> bool:
     if p.tile != tile:
         return False
     if p.tile != 1:  # row tiles (quant/tiles.py): the layout of one tile of zero rows
-        if p.tile != TILE:
-            return False
-        want = tile_layout(t.tensor_type, k, TILE)
+        want = tile_layout(t.tensor_type, k, p.tile)
     n //= p.tile
     pairs = [(p.codes, want.codes), (p.scale, want.scale)]
     if (p.min is None) != (want.min is None):

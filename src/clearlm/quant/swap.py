@@ -34,7 +34,7 @@ from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed, pack_blocks
-from clearlm.quant.tiles import TILE, tile_rows
+from clearlm.quant.tiles import can_tile, tile_rows
 
 
 @dataclass
@@ -85,8 +85,7 @@ def quantize_model(model: nn.Module, reader: GGUFFile, config: ModelConfig) -> S
                 continue
             if packed is None:  # row tiles where a linear layer reads it (as gguf_compact.py)
                 linear = any(type(_module(model, p)) is nn.Linear for p in targets)
-                tile = TILE if linear and shape[0] % TILE == 0 else 1
-                packed = _pack(t, shape, path, arch.unpermute_qk, config, tile)
+                packed = _pack(t, shape, path, arch.unpermute_qk, config, linear)
                 report.packed_bytes += packed.nbytes()
             if type(old) is nn.Embedding:
                 new: nn.Module = QuantEmbedding(packed)
@@ -108,12 +107,12 @@ def _module(model: nn.Module, path: str) -> nn.Module | None:
 
 
 def _pack(t, shape: tuple[int, int], path: str, unpermute_qk: bool, config: ModelConfig,
-          tile: int) -> Packed:
+          linear: bool) -> Packed:
     """Repack one reader tensor, with llama's Q/K rows put back in rotate-half order, in row
-    tiles of ``tile`` rows (1: row-major)."""
+    tiles (quant/tiles.py) where a linear layer reads it and its rows fill whole tiles."""
     packed = pack_blocks(t.data, t.tensor_type, shape)
     if unpermute_qk and path.endswith("q_proj"):
         packed = _permute_rows(packed, config.n_heads)
     elif unpermute_qk and path.endswith("k_proj"):
         packed = _permute_rows(packed, config.n_kv_heads)
-    return packed if tile == 1 else tile_rows(packed, tile)
+    return tile_rows(packed) if linear and can_tile(packed) else packed

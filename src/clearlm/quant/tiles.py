@@ -1,7 +1,7 @@
 """Row tiles: a packed weight's blocks rearranged so a decode product reads one stream.
 
 The row-major layout (pack.py) stores row n's blocks one after another. The kernel computes
-R = 8 output rows at once, sharing each load of x, so row-major it reads 8 streams, one per row;
+several output rows at once, sharing each load of x, so row-major it reads one stream per row;
 on an AMD Zen 4 (2 cores) a 262,144 × 640 Q8_0 product read 7.5 GB/s on one core (14.7 on
 two) that way, and 11.6 (23.0 on two) in the same run when the 8 rows' blocks b lie side by
 side, so that the whole product is one sequential read (bench/quant_gemv.py shows both).
@@ -9,7 +9,9 @@ llama.cpp repacks for the same reason (ggml-cpu's repack.cpp: block_q4_0x8, bloc
 others for AVX2 / AVX-512).
 
 A tile of T rows n0 .. n0 + T - 1 (n0 a multiple of T) holds block 0 of each row, then block 1
-of each row, and so on:
+of each row, and so on (T: :func:`tile_size`, what the kernel's build reads fastest: 8 with
+AVX-512, whose body computes 8 rows at once; with AVX2, 4, the rows of one pass, except Q8_0,
+read 8 rows a pass; measurements in csrc/qgemv.cpp, qgemv_preferred_tile):
 
     codes (N, nb * bpb)  →  (N // T, nb, T * bpb)     bpb: bytes of one block's codes
     scale / min (N, nb)  →  (N // T, nb, T)
@@ -28,21 +30,33 @@ from __future__ import annotations
 import torch
 
 from clearlm.quant.fields import WORD, preferred, to_fields
+from clearlm.quant.kernels import load_kernels
 from clearlm.quant.pack import Packed, block_bytes
 
-TILE = 8  # rows per tile: the kernel's R (csrc/qgemv.cpp), 16 accumulators of 16 floats
+TILE = 8  # rows per tile without the kernel (the torch fallback converts tiles back anyway)
 
 
-def can_tile(p: Packed, tile: int = TILE) -> bool:
-    """Whether ``p`` is row-major with a whole number of tiles of ``tile`` rows."""
+def tile_size(bits: int, block: int) -> int:
+    """Rows per row tile for a weight of ``bits``-bit codes (pack.py: 4, 5 or 8) in blocks of
+    ``block`` values, on this machine's kernel build: 4 or 8 (:data:`TILE` without a kernel)."""
+    kern = load_kernels()
+    return TILE if kern is None else int(kern.preferred_tile(bits, block))
+
+
+def can_tile(p: Packed, tile: int | None = None) -> bool:
+    """Whether ``p`` is row-major with a whole number of tiles of ``tile`` rows (None:
+    :func:`tile_size`'s for its format)."""
+    tile = tile or tile_size(p.bits, p.block)
     return p.tile == 1 and p.shape[0] % tile == 0
 
 
-def tile_rows(p: Packed, tile: int = TILE, fields: bool | None = None) -> Packed:
-    """``p`` (row-major, N a multiple of ``tile``) in row tiles: new tensors, the same bytes
-    (5-bit codes as bit fields where ``fields``; None: where quant/fields.preferred() says).
+def tile_rows(p: Packed, tile: int | None = None, fields: bool | None = None) -> Packed:
+    """``p`` (row-major, N a multiple of ``tile``) in row tiles of ``tile`` rows (None:
+    :func:`tile_size`'s for its format): new tensors, the same bytes (5-bit codes as bit fields
+    where ``fields``; None: where quant/fields.preferred() says).
 
     Raises ValueError when N is not a multiple of ``tile`` or ``p`` is already tiled."""
+    tile = tile or tile_size(p.bits, p.block)
     if not can_tile(p, tile):
         raise ValueError(f"cannot tile a {p.shape} weight (tile {p.tile}) in tiles of {tile} rows")
     n, k = p.shape

@@ -455,6 +455,8 @@ void run(const std::vector<QRow>& xs, const uint8_t* cp, const S* sp, const S* m
 #else
           for (; n < b1; n += 4) rows(std::integral_constant<int, 4>{}, n);  // 2 per tile
 #endif
+        } else if (T == 4) {
+          for (; n < b1; n += 4) rows(std::integral_constant<int, 4>{}, n);
         } else {
           for (; n + 4 <= b1 && T == 1; n += 4) rows(std::integral_constant<int, 4>{}, n);
           for (; n < b1; ++n) rows(std::integral_constant<int, 1>{}, n);

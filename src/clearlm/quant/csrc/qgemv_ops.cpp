@@ -9,6 +9,7 @@
 int64_t qgemv_row_bytes(int64_t bits, int64_t K);
 int64_t qgemv_fields_words(int64_t nb);
 bool qgemv_fields_preferred();
+int64_t qgemv_preferred_tile(int64_t bits, int64_t bs);
 bool qgemv_is_fields(int64_t bits, int64_t T, const torch::Tensor& codes);
 void qmm_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
              const torch::Tensor& mn, int64_t bits, int64_t bs, int64_t T, torch::Tensor& y);
@@ -38,7 +39,7 @@ Shape check(const torch::Tensor& codes, const torch::Tensor& scale, const torch:
               "codes and scale must both be row-major (2-d) or both row tiles (3-d)");
   const int64_t T = scale.dim() == 3 ? scale.size(2) : 1, nb = scale.size(1);
   const int64_t bpb = bits == 8 ? bs : bits == 4 ? 16 : 20;
-  TORCH_CHECK(T == 1 || T == 8, "row tiles must hold 8 rows");
+  TORCH_CHECK(T == 1 || T == 4 || T == 8, "row tiles must hold 4 or 8 rows");
   // 5-bit codes in row tiles may be bit fields: W 32-byte words per row (qgemv.cpp, fields.py)
   const bool fields = qgemv_is_fields(bits, T, codes);
   TORCH_CHECK(scale.dim() == 2 ? codes.size(1) == qgemv_row_bytes(bits, nb * bs)
@@ -158,4 +159,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequant", &dequant, "rows [r0, r1) of dequant(W) as float32");
   m.def("fields_preferred", &qgemv_fields_preferred,
         "whether row tiles hold 5-bit codes as bit fields on this build (not on AVX-512)");
+  m.def("preferred_tile", &qgemv_preferred_tile,
+        "rows per row tile for (bits, block size) codes on this build (4 or 8)");
 }
