@@ -2,7 +2,7 @@
 
 Part 1 (shapes): for each model's matrix shapes (N out, K in) and 8192 x 8192, the time of one
 x (1, K) @ W.T for W held as Q8_0 / Q4_1 / Q4_K / Q5_0 / Q6_K (random blocks, repacked by
-clearlm.quant.pack) through QuantLinear, in row tiles of 8 rows as a compact load holds them
+clearlm.quant.pack) through QuantLinear, in row tiles as a compact load holds them
 (clearlm.quant.tiles) and row-major ("Q8_0 rows"), and for float32 F.linear; ms, GB/s of weight
 bytes read, and the ratio to float32. With ``--candidates``, 8192 x 8192 also times torch's own
 packed CPU kernels (``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``) and bfloat16.

@@ -158,8 +158,10 @@ def test_round_trip_of_unshared_jobs_of_mixed_formats(tmp_path, cache_on):
     q, k = tile_rows(random_packed(Q.Q5_0, n=16, seed=1)), tile_rows(random_packed(Q.Q5_0, n=8,
                                                                                    seed=2))
     codes, scale = (torch.cat([getattr(q, f), getattr(k, f)]) for f in ("codes", "scale"))
-    lead = [Packed(codes[:2], scale[:2], None, 5, 32, "Q5_0"),  # Q and K share buffers, as
-            Packed(codes[2:], scale[2:], None, 5, 32, "Q5_0")]  # from_file.pack_group packs
+    nq = q.codes.shape[0]  # Q's tiles: 16 rows in tiles of tile_size's rows (4 or 8)
+    lead = [Packed(codes[:nq], scale[:nq], None, 5, 32, "Q5_0"),  # Q and K share buffers, as
+            Packed(codes[nq:], scale[nq:], None, 5, 32, "Q5_0")]  # from_file.pack_group packs
+    assert lead[0].shape == (16, 32 * scale.shape[1]) and lead[1].shape[0] == 8
     jobs = [[random_packed(Q.Q5_0), random_packed(Q.Q8_0), random_packed(Q.Q6_K)],
             [tile_rows(random_packed(Q.Q4_1, n=8))], [*lead, random_packed(Q.Q8_0, seed=3)]]
     tensors = [[fake_tensor(name, p.qtype, p.shape[0]) for name, p in zip(names, job, strict=True)]
@@ -180,16 +182,37 @@ def test_round_trip_of_unshared_jobs_of_mixed_formats(tmp_path, cache_on):
             assert got.min is None or torch.equal(got.min, want.min)
 
 
+def test_each_kernel_layout_keeps_its_own_copy(tmp_path, monkeypatch, cache_on):
+    """Processes whose kernel builds pack differently (AVX2: tiles of 4 and 5-bit bit fields;
+    AVX-512 or no kernel: tiles of 8, ggml's 5-bit blocks) use different copies of one file, and
+    writing one leaves the other's: neither rejects and rewrites the other's at every load (a
+    breaker's finding). Simulated here by the layout the key reads; the second load of each
+    layout reads its copy without a warning."""
+    gguf = write_tiny_llama(tmp_path / "m.gguf", matrix_type=Q.Q8_0)
+    paths = []
+    for tile, fields in ((4, True), (8, False), (4, True)):
+        monkeypatch.setattr(pack_cache, "tile_size", lambda bits, block, t=tile: t)
+        monkeypatch.setattr(pack_cache, "preferred", lambda f=fields: f)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "was not used" warning
+            clearlm.load(gguf, threads=1)
+        paths.append(pack_cache.cache_path(gguf))
+    assert paths[0] != paths[1] and paths[0] == paths[2]
+    assert sorted(cache_on.glob("m-*.safetensors")) == sorted(paths[:2])  # both kept
+
+
 def test_the_cli_says_a_damaged_copy_in_one_warning_line(tmp_path, cache_on):
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=6)
-    clearlm.load(path, threads=1)
+    env = {**os.environ, "COLUMNS": "200", "CLEARLM_NO_KERNELS": "1",  # no kernel build
+           "CLEARLM_CACHE": str(cache_on.parent)}
+    # the copy written by a process like the CLI's below (no kernel: its own layout, own copy)
+    subprocess.run([sys.executable, "-c", f"import clearlm; clearlm.load({str(path)!r})"],
+                   check=True, env=env, timeout=120)
     (copy,) = cache_on.glob("t-*.safetensors")
     copy.write_bytes(b"not a safetensors file")
     proc = subprocess.run(
         [sys.executable, "-m", "clearlm", "generate", "hi", "-n", "2", "-m", str(path), "-q"],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "COLUMNS": "200", "CLEARLM_NO_KERNELS": "1",  # no kernel build
-             "CLEARLM_CACHE": str(cache_on.parent)},
+        capture_output=True, text=True, timeout=120, env=env,
     )
     assert proc.returncode == 0, proc.stderr
     (line,) = proc.stderr.strip().splitlines()

@@ -156,7 +156,7 @@ QWEN = Path.home() / ".cache" / "clearlm" / "qwen2.5-coder-0.5b-instruct-q4_k_m.
 def test_pack_group_shares_the_leading_members_that_agree() -> None:
     """Qwen2.5's layer 0 has Q5_0 Q and K and a Q8_0 V: Q and K are packed into one buffer
     (fuse.py fuses exactly those two), V apart, each with the bytes pack_tensor gives alone, in
-    row tiles of 8 as a compact load packs them, or row-major."""
+    row tiles as a compact load packs them (quant/tiles.tile_size), or row-major."""
     from clearlm.loading.gguf_file import GGUFFile
     from clearlm.quant.from_file import pack_group, pack_tensor
 

@@ -184,6 +184,9 @@ def test_what_cannot_be_tiled() -> None:
     assert not can_tile(p, 8) and can_tile(p, 4)
     with pytest.raises(ValueError, match="tiles of 8 rows"):
         tile_rows(p, 8)
+    for bad in (0, -4):
+        with pytest.raises(ValueError, match="at least one row"):
+            tile_rows(p, bad)
     p, t = packed_pair(Q.Q4_0)
     with pytest.raises(ValueError, match=f"tile {t.tile}"):
         tile_rows(t)  # already tiled

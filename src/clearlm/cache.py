@@ -86,17 +86,23 @@ COPY_NAME = re.compile(r".+-[0-9a-f]{16}\.safetensors")  # <file stem>-<key>.saf
 _TMP_NAME = re.compile(r".+-[0-9a-f]{16}\.safetensors\.(\d+)\.tmp")  # ... .<writer's pid>.tmp
 
 
-def copy_source(copy: Path) -> str | None:
-    """The real path of the GGUF file a packed copy was made from (``clearlm.source`` in its
-    safetensors header: an 8-byte little-endian length, then JSON), or None if unreadable."""
+def copy_metadata(copy: Path, key: str) -> str | None:
+    """One string of a packed copy's metadata (its safetensors header: an 8-byte little-endian
+    length, then JSON), or None if unreadable or absent."""
     try:
         with open(copy, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n)) if n < 1 << 26 else {}
-        source = header["__metadata__"]["clearlm.source"]
-        return source if isinstance(source, str) else None
+        value = header["__metadata__"][key]
+        return value if isinstance(value, str) else None
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None
+
+
+def copy_source(copy: Path) -> str | None:
+    """The real path of the GGUF file a packed copy was made from (``clearlm.source``), or None
+    if unreadable."""
+    return copy_metadata(copy, "clearlm.source")
 
 
 def packed_copies(source: str | os.PathLike[str],

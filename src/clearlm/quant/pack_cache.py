@@ -10,9 +10,11 @@ memory. The price is disk: about 1.2× the file's quantized bytes per model (pac
 
 The key (16 hex digits of a SHA-256) covers the GGUF's real path, size, modification and
 status-change times, inode and device, and the code that decides the packed bytes (pack.py,
-from_file.py, tiles.py, fields.py, this file, loading/*.py, families/*.py): editing any of
-them, or replacing or rewriting the file (even with its mtime put back), makes a new key. Each
-copy records the real path it was made from: writing one deletes the older copies of that file,
+from_file.py, tiles.py, fields.py, this file, loading/*.py, families/*.py) and what the kernel
+build makes of it (rows per tile, 5-bit bit fields: an AVX2 build, an AVX-512 build and a process
+without the kernel each keep their own copy): editing any of them, or replacing or rewriting the
+file (even with its mtime put back), makes a new key. Each copy records the real path it was
+made from and that layout: writing one deletes the older copies of that file of the same layout,
 the copies of files that are gone and the temporary files of killed writers
 (clearlm.cache.remove_stale_copies). A copy is written to a temporary name and renamed, so a
 crash leaves no partial copy under the real name; a copy that does not open, or whose tensor
@@ -39,12 +41,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from clearlm.cache import packed_copies, packed_dir, remove_stale_copies
+from clearlm.cache import copy_metadata, packed_copies, packed_dir, remove_stale_copies
 from clearlm.errors import SamplingParamsError
 from clearlm.loading.gguf_file import GGUFTensor
+from clearlm.quant.fields import preferred
 from clearlm.quant.from_file import row_layout, tile_layout
 from clearlm.quant.fuse import join_rows
 from clearlm.quant.pack import Packed
+from clearlm.quant.tiles import tile_size
 
 ENV = "CLEARLM_PACK_CACHE"
 ALIGN = 64  # bytes: every tensor starts on a cache line
@@ -83,7 +87,17 @@ def cache_path(gguf: str | os.PathLike[str]) -> Path:
     ident = (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     h = hashlib.sha256("\0".join(map(str, ident)).encode())
     h.update(_code_digest())
+    h.update(_layouts().encode())
     return packed_dir() / f"{Path(real).stem}-{h.hexdigest()[:16]}.safetensors"
+
+
+def _layouts() -> str:
+    """What this process's kernel build makes packing lay out (rows per tile for each code
+    layout, 5-bit codes as bit fields or not): a process with an AVX2 build, one with an
+    AVX-512 build and one without the kernel pack differently, so each keeps its own copy
+    instead of rejecting and rewriting the others' at every load."""
+    codes = ((8, 32), (8, 16), (5, 32), (4, 32))  # Q8_0; Q6_K; Q5_x; Q4_x and Q4_K (pack.py)
+    return f"tiles {[tile_size(b, bs) for b, bs in codes]} fields {preferred()}"
 
 
 @functools.cache
@@ -188,13 +202,15 @@ def write(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]], jobs: l
                          "tensors": [k for k in saved if k.startswith(f"{i}.")]})
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            source = {"clearlm.source": os.path.realpath(gguf)}  # whose copy (cache.py)
+            source = {"clearlm.source": os.path.realpath(gguf),  # whose copy (cache.py)
+                      "clearlm.layout": _layouts()}  # for which kernel build
             _save(saved, {"clearlm.jobs": json.dumps(meta), **source}, tmp)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-        for old in packed_copies(gguf, path.parent.parent):  # this file's older versions
-            if old != path:
+        for old in packed_copies(gguf, path.parent.parent):  # this file's older versions, of
+            # this layout (or none named: older clearlm); another build's copy stays its own
+            if old != path and copy_metadata(old, "clearlm.layout") in (None, _layouts()):
                 old.unlink(missing_ok=True)
         remove_stale_copies(path.parent.parent)  # copies of files gone, killed writers' .tmp
     except Exception as e:  # noqa: BLE001 - a cache that cannot be written costs only speed

@@ -45,8 +45,10 @@ def tile_size(bits: int, block: int) -> int:
 
 def can_tile(p: Packed, tile: int | None = None) -> bool:
     """Whether ``p`` is row-major with a whole number of tiles of ``tile`` rows (None:
-    :func:`tile_size`'s for its format)."""
-    tile = tile or tile_size(p.bits, p.block)
+    :func:`tile_size`'s for its format). Raises ValueError for a tile below 1."""
+    tile = tile_size(p.bits, p.block) if tile is None else tile
+    if tile < 1:
+        raise ValueError(f"a row tile holds at least one row, got {tile}")
     return p.tile == 1 and p.shape[0] % tile == 0
 
 
@@ -55,8 +57,9 @@ def tile_rows(p: Packed, tile: int | None = None, fields: bool | None = None) ->
     :func:`tile_size`'s for its format): new tensors, the same bytes (5-bit codes as bit fields
     where ``fields``; None: where quant/fields.preferred() says).
 
-    Raises ValueError when N is not a multiple of ``tile`` or ``p`` is already tiled."""
-    tile = tile or tile_size(p.bits, p.block)
+    Raises ValueError when N is not a multiple of ``tile``, ``tile`` is below 1 or ``p`` is
+    already tiled."""
+    tile = tile_size(p.bits, p.block) if tile is None else tile
     if not can_tile(p, tile):
         raise ValueError(f"cannot tile a {p.shape} weight (tile {p.tile}) in tiles of {tile} rows")
     n, k = p.shape

@@ -21,7 +21,7 @@ namespace {
 // The weight's shape (N, K) and rows per tile T, read off its tensors: row-major codes (N,
 // row_bytes) with scales (N, nb), or row tiles of T rows: codes (N/T, nb, T * bpb) with scales
 // (N/T, nb, T), or 5-bit codes (N/T, W, T * 32) as bit fields (qgemv.cpp's layouts;
-// quant/tiles.py: tile_rows, quant/fields.py). T is 1 or 8.
+// quant/tiles.py: tile_rows, quant/fields.py). T is 1, 4 or 8.
 struct Shape {
   int64_t N, K, T;
 };
