@@ -39,12 +39,11 @@ from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
 from clearlm.quant import pack_cache
 from clearlm.quant.embedding import QuantEmbedding
-from clearlm.quant.from_file import pack_group, packed_nbytes, row_layout
+from clearlm.quant.from_file import pack_group, packed_nbytes, planned_tile
 from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed
-from clearlm.quant.tiles import tile_size
 
 TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
 
@@ -195,14 +194,11 @@ def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:
 
 
 def _tile(model: nn.Module, paths: list[str], shape: tuple[int, ...], qtype: object) -> int:
-    """Rows per row tile for a packed tensor of this GGML type: tiles (quant/tiles.py, of
-    tile_size's rows for its format) where a decode product reads it (an nn.Linear, a tied head
-    included) and its rows fill whole tiles; row-major for an embedding alone, which is only
-    ever read a row at a time."""
+    """Rows per row tile for a packed tensor of this GGML type (quant/from_file.planned_tile):
+    tiles where a decode product reads it (an nn.Linear, a tied head included) and its rows
+    fill whole tiles; row-major for an embedding alone."""
     linear = any(type(model.get_submodule(p)) is nn.Linear for p in paths)
-    row = row_layout(qtype, shape[1])
-    tile = tile_size(row.bits, row.block)
-    return tile if linear and shape[0] % tile == 0 else 1
+    return planned_tile(qtype, shape, linear)  # type: ignore[arg-type]
 
 
 def _rope_heads(path: str, config: ModelConfig) -> int | None:

@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES
 from clearlm.loading.gguf_file import GGUFFile, GGUFTensor
 from clearlm.loading.transforms import unpermute_rope_rows
 from clearlm.quant.pack import Packed, pack_blocks
-from clearlm.quant.tiles import tile_rows
+from clearlm.quant.tiles import tile_rows, tile_size
 
 BAND_BYTES = 4 << 20  # file bytes packed per step
 
@@ -104,6 +104,16 @@ def row_layout(qtype: object, k: int) -> Packed:
     block, type_size = GGML_QUANT_SIZES[qtype]  # type: ignore[index]
     row = np.zeros((1, k // block * type_size), dtype=np.uint8)  # d = 0: a valid block
     return pack_blocks(row, qtype, (1, k))  # type: ignore[arg-type]
+
+
+def planned_tile(qtype: object, shape: tuple[int, int], linear: bool) -> int:
+    """Rows per row tile a load packs a (N, K) matrix of this type in: quant/tiles.tile_size's
+    for its format where a linear layer reads it (decode products) and N fills whole tiles,
+    else 1 (row-major: an embedding alone is only read a row at a time).
+    Raises UnsupportedQuantError as pack_blocks."""
+    row = row_layout(qtype, shape[1])
+    tile = tile_size(row.bits, row.block)
+    return tile if linear and shape[0] % tile == 0 else 1
 
 
 def packed_nbytes(qtype: object, shape: tuple[int, int], tile: int = 1) -> int:

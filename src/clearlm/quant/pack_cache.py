@@ -39,6 +39,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from gguf import GGML_QUANT_SIZES
 from safetensors import safe_open
 
 from clearlm.cache import copy_metadata, packed_copies, packed_dir, remove_stale_copies
@@ -47,7 +48,7 @@ from clearlm.loading.gguf_file import GGUFTensor
 from clearlm.quant.fields import preferred
 from clearlm.quant.from_file import row_layout, tile_layout
 from clearlm.quant.fuse import join_rows
-from clearlm.quant.pack import Packed
+from clearlm.quant.pack import SUPPORTED, Packed
 from clearlm.quant.tiles import tile_size
 
 ENV = "CLEARLM_PACK_CACHE"
@@ -96,8 +97,9 @@ def _layouts() -> str:
     layout, 5-bit codes as bit fields or not): a process with an AVX2 build, one with an
     AVX-512 build and one without the kernel pack differently, so each keeps its own copy
     instead of rejecting and rewriting the others' at every load."""
-    codes = ((8, 32), (8, 16), (5, 32), (4, 32))  # Q8_0; Q6_K; Q5_x; Q4_x and Q4_K (pack.py)
-    return f"tiles {[tile_size(b, bs) for b, bs in codes]} fields {preferred()}"
+    rows = (row_layout(q, GGML_QUANT_SIZES[q][0]) for q in SUPPORTED)  # one block of each
+    codes = sorted({(r.bits, r.block) for r in rows})  # pack.py's code layouts
+    return f"tiles {[(b, bs, tile_size(b, bs)) for b, bs in codes]} fields {preferred()}"
 
 
 @functools.cache
@@ -202,15 +204,16 @@ def write(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]], jobs: l
                          "tensors": [k for k in saved if k.startswith(f"{i}.")]})
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
+            layout = _layouts()
             source = {"clearlm.source": os.path.realpath(gguf),  # whose copy (cache.py)
-                      "clearlm.layout": _layouts()}  # for which kernel build
+                      "clearlm.layout": layout}  # for which kernel build
             _save(saved, {"clearlm.jobs": json.dumps(meta), **source}, tmp)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
         for old in packed_copies(gguf, path.parent.parent):  # this file's older versions, of
             # this layout (or none named: older clearlm); another build's copy stays its own
-            if old != path and copy_metadata(old, "clearlm.layout") in (None, _layouts()):
+            if old != path and copy_metadata(old, "clearlm.layout") in (None, layout):
                 old.unlink(missing_ok=True)
         remove_stale_copies(path.parent.parent)  # copies of files gone, killed writers' .tmp
     except Exception as e:  # noqa: BLE001 - a cache that cannot be written costs only speed

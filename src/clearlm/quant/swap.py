@@ -31,10 +31,11 @@ from clearlm.loading.gguf import gguf_to_ours
 from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.transforms import unpermute_rope_rows
 from clearlm.quant.embedding import QuantEmbedding
+from clearlm.quant.from_file import planned_tile
 from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed, pack_blocks
-from clearlm.quant.tiles import can_tile, tile_rows
+from clearlm.quant.tiles import tile_rows
 
 
 @dataclass
@@ -85,7 +86,8 @@ def quantize_model(model: nn.Module, reader: GGUFFile, config: ModelConfig) -> S
                 continue
             if packed is None:  # row tiles where a linear layer reads it (as gguf_compact.py)
                 linear = any(type(_module(model, p)) is nn.Linear for p in targets)
-                packed = _pack(t, shape, path, arch.unpermute_qk, config, linear)
+                tile = planned_tile(t.tensor_type, shape, linear)
+                packed = _pack(t, shape, path, arch.unpermute_qk, config, tile)
                 report.packed_bytes += packed.nbytes()
             if type(old) is nn.Embedding:
                 new: nn.Module = QuantEmbedding(packed)
@@ -107,12 +109,12 @@ def _module(model: nn.Module, path: str) -> nn.Module | None:
 
 
 def _pack(t, shape: tuple[int, int], path: str, unpermute_qk: bool, config: ModelConfig,
-          linear: bool) -> Packed:
+          tile: int) -> Packed:
     """Repack one reader tensor, with llama's Q/K rows put back in rotate-half order, in row
-    tiles (quant/tiles.py) where a linear layer reads it and its rows fill whole tiles."""
+    tiles of ``tile`` rows (1: row-major)."""
     packed = pack_blocks(t.data, t.tensor_type, shape)
     if unpermute_qk and path.endswith("q_proj"):
         packed = _permute_rows(packed, config.n_heads)
     elif unpermute_qk and path.endswith("k_proj"):
         packed = _permute_rows(packed, config.n_kv_heads)
-    return tile_rows(packed) if linear and can_tile(packed) else packed
+    return packed if tile == 1 else tile_rows(packed, tile)
