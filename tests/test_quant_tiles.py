@@ -158,6 +158,35 @@ def test_kernel_products_are_bit_identical(qtype: Q, k: int, tile: int) -> None:
         assert torch.equal(got, want) and torch.equal(want, dequantize_packed(p)[r0:r1])
 
 
+@needs_kernel
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q5_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("tiled", [False, True], ids=["rows", "tiles"])
+def test_centred_codes_with_inf_and_nan(qtype: Q, tiled: bool) -> None:
+    """Centred codes (code - 8 / 16) are summed from -C times the sum of x (csrc/qgemv.cpp,
+    centre_init), which would make a row with an inf NaN where F.linear gives +-inf (inf - inf):
+    such a row is computed again alone with the centre per code. Each row still equals itself
+    computed alone, bit for bit, and its infs and NaNs are F.linear's."""
+    kern = load_kernels()
+    p = pack_blocks(random_blocks(qtype, N, K, seed=5), qtype, (N, K))
+    w = tile_rows(p) if tiled else p
+    torch.manual_seed(3)
+    x = torch.randn(6, K)
+    x[1, 5] = float("inf")  # every y[1, n] is +-inf, or NaN where W[n, 5] is 0
+    x[3, 40] = float("-inf")
+    x[4, 9] = float("nan")
+    got = kern.qmm(x, w.codes, w.scale, mins(w), w.bits, w.block)  # (6, N)
+    ref = x @ dequantize_packed(p).T
+    for m in range(6):
+        alone = kern.qmm(x[m : m + 1], w.codes, w.scale, mins(w), w.bits, w.block)[0]
+        assert torch.equal(got[m].nan_to_num(), alone.nan_to_num()), m
+        assert torch.equal(got[m].isnan(), ref[m].isnan()), m
+        assert torch.equal(got[m].isinf(), ref[m].isinf()), m
+        assert torch.equal(got[m].isinf() & (got[m] > 0), ref[m].isinf() & (ref[m] > 0)), m
+    assert torch.isinf(got[1]).sum() > N // 2 and torch.isnan(got[4]).all()
+    rows = [0, 2, 5]  # finite: within float32 rounding of the product
+    assert (got[rows].double() - ref[rows].double()).abs().max() < 1e-3
+
+
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("t", [1, 3, 21])  # decode, several rows, chunked prefill
 def test_quant_linear_on_tiles_equals_row_major(qtype: Q, t: int) -> None:
