@@ -5,10 +5,10 @@ Paths (chosen per call by the number of rows M = B*T):
   (``csrc/qgemv.cpp``) reads the codes and scales, rebuilds each weight in registers and
   accumulates in float32; the weight rows are read once for all M input rows, and each block's
   weights are rebuilt once per tile of 4 rows of x.
-- M > SMALL_M (prefill): the weight is dequantized ROWS_PER_CHUNK output rows at a time (kernel,
-  or pure torch without it) and multiplied with torch's float32 matmul, so prefill keeps the
-  speed of dense float32 while the temporary float32 copy stays small (a few MB, not the
-  vocabulary-sized head).
+- M > SMALL_M (prefill): the weight is dequantized a band of output rows at a time (kernel,
+  or pure torch without it; bands of equal rows, about CHUNK_ELEMS values) and multiplied with
+  torch's float32 matmul, so prefill keeps the speed of dense float32 while the temporary
+  float32 copy stays small (4 MiB, not the vocabulary-sized head).
 Both reproduce ``F.linear(x, W_deq, bias)`` up to float32 summation order (W_deq: the GGUF's
 dequantized float32 weight, see pack.py); tests/test_quant.py bounds the difference.
 """
@@ -26,7 +26,15 @@ from clearlm.quant.pack import Packed, PackedModule, dequantize_packed
 # kernel vs dequantize + matmul at M = 16: 50 / 206 / 119 ms vs 99 / 317 / 186; at M = 32:
 # 97 / 397 / 227 vs 112 / 384 / 221 (even), so the kernel serves up to 16 rows.
 SMALL_M = 16
-CHUNK_ELEMS = 1 << 22  # float32 elements per dequantized chunk (16 MiB)
+# Float32 values per dequantized band (about 4 MiB). Measured pp512 (2 threads, Zen 3, one
+# process, six alternations with the former bands: as many rows as fit 16 MiB, then a remainder,
+# e.g. Qwen2.5's 896 x 4,864 down projection as 862 + 34 rows): Qwen2.5-0.5B 151-168 -> 175-186
+# tok/s, Gemma 3 270M 567-592 -> 580-600, SmolLM2 537-575 -> 570-584; the logits bit-identical.
+CHUNK_ELEMS = 1 << 20
+# Band rows are a multiple of this: a band's first output column is then as aligned in the
+# result as F.linear's would be, and torch's matmul gives each output the same sum bit for bit
+# (tests/test_quant.py: the torch path equals F.linear exactly; bands of 27 rows did not).
+BAND_ROWS = 64
 
 
 class QuantLinear(PackedModule):
@@ -84,9 +92,13 @@ class QuantLinear(PackedModule):
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def _chunked(self, x2: torch.Tensor) -> torch.Tensor:
-        """Dequantize a band of output rows at a time and use float32 matmul: (M, K) -> (M, N)."""
+        """Dequantize a band of output rows at a time and use float32 matmul: (M, K) -> (M, N).
+        The N rows are cut into the fewest bands of about CHUNK_ELEMS values (equal rows, rounded
+        up to whole BAND_ROWS; the last band takes what is left)."""
         n = self.out_features
-        rows = max(1, min(n, CHUNK_ELEMS // self.in_features))
+        bands = max(1, -(-n * self.in_features // CHUNK_ELEMS))  # ceil: bands of equal rows,
+        per_band = -(-n // bands)
+        rows = -(-per_band // BAND_ROWS) * BAND_ROWS  # rounded up to whole 64s (alignment)
         if rows >= n:
             return F.linear(x2, self.dequantized(), self.bias)
         y = x2.new_empty(x2.shape[0], n)  # (M, N)
