@@ -479,9 +479,9 @@ void dot_rows(const float* x, const float* xc, int64_t M, int64_t ldx, const uin
 // bit-identical). Then sum_k x_k (code_k - C) = xc + sum_k x_k code_k, taken lane by lane with one
 // FMA per 8 codes. The same sum in exact arithmetic, rounded differently: its float32 error
 // grows with sum |x| (code + C) instead of sum |x| |code - C| (tests/test_quant.py's bound holds).
-// The rows of x holding an inf or NaN are added to `bad`: there -C * sum would turn a product
-// F.linear gives as +-inf into NaN (inf - inf), so qmm_impl computes them again alone, with the
-// centre in the inner loop.
+// The rows of x holding an inf or NaN are added to `bad_rows`: there -C * sum would turn a
+// product F.linear gives as +-inf into NaN (inf - inf), so qmm_impl computes them again alone,
+// with the centre in the inner loop.
 void centre_init(const float* x, int64_t M, int64_t K, int centre, float* xc,
                  std::vector<int64_t>& bad_rows) {
   const __m256 c = _mm256_set1_ps(-static_cast<float>(centre));
