@@ -162,10 +162,10 @@ def test_kernel_products_are_bit_identical(qtype: Q, k: int, tile: int) -> None:
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q5_0], ids=lambda q: q.name)
 @pytest.mark.parametrize("tiled", [False, True], ids=["rows", "tiles"])
 def test_centred_codes_with_inf_and_nan(qtype: Q, tiled: bool) -> None:
-    """Centred codes (code - 8 / 16) are summed from -C times the sum of x (csrc/qgemv.cpp,
-    centre_init), which would make a row with an inf NaN where F.linear gives +-inf (inf - inf):
-    such a row is computed again alone with the centre per code. Each row still equals itself
-    computed alone, bit for bit, and its infs and NaNs are F.linear's."""
+    """Centred codes (code - 8 / 16) with infinities and NaNs in x: each row equals itself
+    computed alone, bit for bit, and its infs and NaNs are F.linear's. (A kernel that summed
+    x · code from -C · Σx, to save the subtract per code, made such rows NaN where F.linear
+    gives ±inf; it was reverted for its rounding, see the README's "Centred Q4_0 / Q5_0".)"""
     kern = load_kernels()
     p = pack_blocks(random_blocks(qtype, N, K, seed=5), qtype, (N, K))
     w = tile_rows(p) if tiled else p

@@ -1,11 +1,10 @@
 """5-bit codes as bit fields: the layout row tiles hold Q5_0 / Q5_1 codes in.
 
 ggml's 5-bit block (pack.py: 16 bytes of low nibbles, then a little-endian uint32 of fifth bits)
-costs the AVX2 kernel six vector operations per 8 codes: the nibble's mask or shift, a variable
-shift, a mask and an or for the fifth bit, the conversion and the FMA (Q5_0's centre is taken
-out of the loop: csrc/qgemv.cpp, centre_init). In row tiles (quant/tiles.py) clearlm holds
-5-bit codes as bit fields instead, which the kernel reads in three (csrc/qgemv.cpp,
-dot_tile_fields: and, convert, FMA):
+costs the AVX2 kernel seven vector operations per 8 codes: the nibble's mask or shift, a variable
+shift, a mask and an or for the fifth bit, the centring, the conversion and the FMA. In row tiles
+(quant/tiles.py) clearlm holds 5-bit codes as bit fields instead, which the kernel reads in four
+(csrc/qgemv.cpp, dot_tile_fields: and, subtract, convert, FMA):
 
     field f = 4b + j of a row holds codes 8j .. 8j + 7 of block b, code 8j + l in 32-bit lane l;
     a 32-byte word (8 little-endian uint32 lanes) holds six fields, field f in word f // 6 at

@@ -28,8 +28,6 @@
 // dequantized matrix. Without a min (Q8_0, Q4_0, Q5_0; Q6_K's blocks of 16 excepted) a block sums
 // s_b * (x . q)_b, q the signed (or centred) codes: one multiply by s_b per 32 products instead
 // of one per weight, the same sum rounded differently (tests/test_quant.py's float32 bound holds).
-// The AVX2 body takes centred codes' (x . (code - C)) as xc + x . code, xc = -C * sum x computed
-// once per row of x (centre_init): one integer subtract fewer per 8 codes.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -279,9 +277,8 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
 // of P weight rows (at most 16 accumulators: P = 8 / MC rows). The codes are prefetched on the
 // first tile only (later tiles find them in cache).
 template <int BITS, int BS, int R>
-void dot_rows(const float* x, const float*, int64_t M, int64_t ldx, const uint8_t* codes,
-              const float* sc, const float* mn, const Steps& L, int64_t K, float* y,
-              int64_t ldy) {
+void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, const float* sc,
+              const float* mn, const Steps& L, int64_t K, float* y, int64_t ldy) {
   constexpr int P4 = R < 2 ? R : 2, P2 = R < 4 ? R : 4, P1 = R < 8 ? R : 8;
   auto pass = [&](auto mc, auto p, int64_t m) {
     constexpr int MC = decltype(mc)::value, P = decltype(p)::value;
@@ -367,14 +364,9 @@ struct BlockCodes {
 // mins (else it is summed as s * (x . q) where BS = 32). Every accumulator index is a compile-time
 // constant (blocks in pairs: even ones into slot 0, odd ones into slot 1), so the accumulators
 // stay in registers: an index b & 1 kept them on the stack (a load and a store per FMA).
-// INIT (centred 4/5-bit codes, see centre_init): each block's lane sums start at xc, -C times
-// the sum of the x values they multiply, and take the codes as they are (0 .. 31): the centre
-// leaves the inner loop (one integer subtract per 8 codes of every row; Q5_0 fields 9728 x 896
-// and 896 x 896 on Zen 3, one thread, streamed from memory: 0.92-0.94x the time); xc: row i's
-// block b at xc + i * (ldx / 4) + 8 b.
-template <int BITS, int BS, int R, int MC, bool MIN, bool INIT = false>
-void dot_tile(const float* x, const float* xc, int64_t ldx, const uint8_t* codes, const float* sc,
-              const float* mn, const Steps& L, int64_t K, bool pf, float* y, int64_t ldy) {
+template <int BITS, int BS, int R, int MC, bool MIN>
+void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc, const float* mn,
+              const Steps& L, int64_t K, bool pf, float* y, int64_t ldy) {
   __m256 acc[MC][R][2];
   UNROLL
   for (int i = 0; i < MC; ++i) {
@@ -382,7 +374,7 @@ void dot_tile(const float* x, const float* xc, int64_t ldx, const uint8_t* codes
     for (int r = 0; r < R; ++r) acc[i][r][0] = acc[i][r][1] = _mm256_setzero_ps();
   }
   constexpr int64_t bpb = block_bytes(BITS, BS);
-  constexpr int centre = (BITS == 8 || MIN || INIT) ? 0 : BITS == 4 ? 8 : 16;
+  constexpr int centre = (BITS == 8 || MIN) ? 0 : BITS == 4 ? 8 : 16;
   auto block = [&](int64_t b, auto slot) {
     constexpr int o = decltype(slot)::value;  // 0: even block, 1: odd block
     const int64_t e = b * BS;
@@ -405,12 +397,7 @@ void dot_tile(const float* x, const float* xc, int64_t ldx, const uint8_t* codes
           UNROLL
           for (int i = 0; i < MC; ++i) {
             const __m256 xv = _mm256_loadu_ps(x + i * ldx + e + 8 * j);
-            if constexpr (INIT) {
-              t[i] = _mm256_fmadd_ps(xv, q, j == 0 ? _mm256_loadu_ps(xc + i * (ldx / 4) + 8 * b)
-                                                   : t[i]);
-            } else {
-              t[i] = j == 0 ? _mm256_mul_ps(xv, q) : _mm256_fmadd_ps(xv, q, t[i]);
-            }
+            t[i] = j == 0 ? _mm256_mul_ps(xv, q) : _mm256_fmadd_ps(xv, q, t[i]);
           }
         }
         UNROLL
@@ -443,63 +430,22 @@ void dot_tile(const float* x, const float* xc, int64_t ldx, const uint8_t* codes
   }
 }
 
-// All M rows of x against R weight rows, in x_row_tiles' passes; xc: centre_init's sums of x
-// (centred 4/5-bit codes only; null: the centre is subtracted from every code).
+// All M rows of x against R weight rows, in x_row_tiles' passes.
 template <int BITS, int BS, int R>
-void dot_rows(const float* x, const float* xc, int64_t M, int64_t ldx, const uint8_t* codes,
-              const float* sc, const float* mn, const Steps& L, int64_t K, float* y,
-              int64_t ldy) {
+void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, const float* sc,
+              const float* mn, const Steps& L, int64_t K, float* y, int64_t ldy) {
   x_row_tiles<R, BITS == 8 && BS == 32>(M, [&](auto mc, auto p, int64_t m) {
     constexpr int MC = decltype(mc)::value, P = decltype(p)::value;
     for (int r = 0; r < R; r += P) {
-      const uint8_t* c = codes + r * L.crs;
-      float* yr = y + m * ldy + r;
       if (mn) {
-        dot_tile<BITS, BS, P, MC, true>(x + m * ldx, nullptr, ldx, c, sc + r * L.srs,
-                                        mn + r * L.srs, L, K, m == 0, yr, ldy);
-        continue;
+        dot_tile<BITS, BS, P, MC, true>(x + m * ldx, ldx, codes + r * L.crs, sc + r * L.srs,
+                                        mn + r * L.srs, L, K, m == 0, y + m * ldy + r, ldy);
+      } else {
+        dot_tile<BITS, BS, P, MC, false>(x + m * ldx, ldx, codes + r * L.crs, sc + r * L.srs,
+                                         nullptr, L, K, m == 0, y + m * ldy + r, ldy);
       }
-      if constexpr (BITS != 8 && BS == 32) {
-        if (xc) {
-          dot_tile<BITS, BS, P, MC, false, true>(x + m * ldx, xc + m * (ldx / 4), ldx, c,
-                                                 sc + r * L.srs, nullptr, L, K, m == 0, yr, ldy);
-          continue;
-        }
-      }
-      dot_tile<BITS, BS, P, MC, false>(x + m * ldx, nullptr, ldx, c, sc + r * L.srs, nullptr, L,
-                                       K, m == 0, yr, ldy);
     }
   });
-}
-
-// The starting lane sums of centred 4/5-bit blocks (code - C, C = 8 or 16): for every row m of
-// x (M, K) and block b, xc[m * K / 4 + 8 b + l] = -C * (((x[32 b + l] + x[32 b + 8 + l]) +
-// x[32 b + 16 + l]) + x[32 b + 24 + l]), the float32 sum of the four values lane l of the block
-// multiplies (in that order: the same in every layout, so tiles, fields and row-major stay
-// bit-identical). Then sum_k x_k (code_k - C) = xc + sum_k x_k code_k, taken lane by lane with one
-// FMA per 8 codes. The same sum in exact arithmetic, rounded differently: its float32 error
-// grows with sum |x| (code + C) instead of sum |x| |code - C| (tests/test_quant.py's bound holds).
-// The rows of x holding an inf or NaN are added to `bad_rows`: there -C * sum would turn a
-// product F.linear gives as +-inf into NaN (inf - inf), so qmm_impl computes them again alone,
-// with the centre in the inner loop.
-void centre_init(const float* x, int64_t M, int64_t K, int centre, float* xc,
-                 std::vector<int64_t>& bad_rows) {
-  const __m256 c = _mm256_set1_ps(-static_cast<float>(centre));
-  for (int64_t m = 0; m < M; ++m) {
-    __m256 bad = _mm256_setzero_ps();
-    for (int64_t b = 0; b < K / 32; ++b) {
-      const float* v = x + m * K + 32 * b;
-      __m256 sum = _mm256_loadu_ps(v);
-      bad = _mm256_or_ps(bad, _mm256_sub_ps(sum, sum));  // 0 for finite values, else NaN
-      for (int j = 1; j < 4; ++j) {
-        const __m256 a = _mm256_loadu_ps(v + 8 * j);
-        bad = _mm256_or_ps(bad, _mm256_sub_ps(a, a));
-        sum = _mm256_add_ps(sum, a);
-      }
-      _mm256_storeu_ps(xc + m * (K / 4) + 8 * b, _mm256_mul_ps(c, sum));
-    }
-    if (_mm256_movemask_ps(_mm256_cmp_ps(bad, bad, _CMP_UNORD_Q))) bad_rows.push_back(m);
-  }
 }
 
 // One row of the dequantized weight (same FMA as dequant_row).
@@ -523,9 +469,8 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Step
 }
 #else
 template <int BITS, int BS, int R>
-void dot_rows(const float* x, const float*, int64_t M, int64_t ldx, const uint8_t* codes,
-              const float* sc, const float* mn, const Steps& L, int64_t K, float* y,
-              int64_t ldy) {
+void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, const float* sc,
+              const float* mn, const Steps& L, int64_t K, float* y, int64_t ldy) {
   std::vector<float> w(K);
   for (int r = 0; r < R; ++r) {
     dequant_row<BITS, BS, float>(codes + r * L.crs, sc + r * L.srs, mn ? mn + r * L.srs : nullptr,
@@ -555,12 +500,11 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Step
 // 16 << p for centred codes: two's complement, still exact), converted exactly to float32
 // and multiplied by x * 2^-p (xs: x scaled once per product; where that is not exact, see
 // scalable_for_fields, the fields are shifted instead): the same float32 products
-// x * code (Q5_0: from the lane sums' starts xc, see centre_init) as from ggml's layout, summed
-// in the same order as the AVX2 and plain dot_tile (same lanes, same accumulators), so the
-// results are bit-identical; AVX-512 builds sum ggml's blocks in 16 lanes and keep them
-// (qgemv_fields_preferred). Three vector operations per 8 codes (and, convert, FMA) instead of
-// seven (the fifth bit's variable shift, mask and or; the centre's subtract): a 9728 x 896 Q5_0
-// product took 0.64-0.69x the time on AVX2 (Zen 3) with four (the subtract), 0.92-0.94x that since.
+// x * (code - 16) as from ggml's layout, summed in the same order as the AVX2 and plain dot_tile
+// (same lanes, same accumulators), so the results are bit-identical; AVX-512 builds sum ggml's
+// blocks in 16 lanes and keep them (qgemv_fields_preferred). Four vector operations per 8 codes
+// (and, sub, convert, FMA) instead of seven (the fifth bit's variable shift, mask and or): a
+// 9728 x 896 Q5_0 product takes 0.64-0.69x the time on AVX2 (Zen 3).
 constexpr int64_t fields_words(int64_t nb) { return (4 * nb + 5) / 6; }
 
 // Whether a weight's codes are bit fields: 5-bit, row tiles (3-d codes), T * 32 bytes per tile
@@ -644,11 +588,10 @@ void dequant_row_fields(const uint8_t* codes, const S* sc, const S* mn, const St
 // compile-time constants; slot o (even / odd block) and the j & 1 accumulators as in dot_tile.
 // SHIFT: xs is x itself and each field is shifted down to the code (one more operation per 8
 // codes): the same products, for rows that cannot be scaled exactly (scalable_for_fields).
-// INIT: the lane sums start at xc (centre_init) and the codes stay uncentred, as dot_tile's.
-template <int R, int MC, bool MIN, bool SHIFT, bool INIT>
-void dot_tile_fields(const float* xs, const float* xc, int64_t ldx, const uint8_t* codes,
-                     const float* sc, const float* mn, const Steps& L, int64_t nb, bool pf,
-                     float* y, int64_t ldy) {
+template <int R, int MC, bool MIN, bool SHIFT>
+void dot_tile_fields(const float* xs, int64_t ldx, const uint8_t* codes, const float* sc,
+                     const float* mn, const Steps& L, int64_t nb, bool pf, float* y,
+                     int64_t ldy) {
   __m256 acc[MC][R][2];
   UNROLL
   for (int i = 0; i < MC; ++i) {
@@ -682,16 +625,11 @@ void dot_tile_fields(const float* xs, const float* xc, int64_t ldx, const uint8_
         for (int j = 0; j < 4; ++j) {
           int p;
           const __m256i v = field(j, p);
-          const __m256 q = field_value<SHIFT>(v, p, INIT ? 0 : 16);
+          const __m256 q = field_value<SHIFT>(v, p, 16);
           UNROLL
           for (int i = 0; i < MC; ++i) {
             const __m256 xv = _mm256_loadu_ps(xs + i * ldx + b * 32 + 8 * j);
-            if constexpr (INIT) {
-              t[i] = _mm256_fmadd_ps(xv, q, j == 0 ? _mm256_loadu_ps(xc + i * (ldx / 4) + 8 * b)
-                                                   : t[i]);
-            } else {
-              t[i] = j == 0 ? _mm256_mul_ps(xv, q) : _mm256_fmadd_ps(xv, q, t[i]);
-            }
+            t[i] = j == 0 ? _mm256_mul_ps(xv, q) : _mm256_fmadd_ps(xv, q, t[i]);
           }
         }
         UNROLL
@@ -736,40 +674,34 @@ void dot_tile_fields(const float* xs, const float* xc, int64_t ldx, const uint8_
 }
 
 // All M rows of x against R weight rows, in x_row_tiles' passes (as dot_rows): with xs (x
-// scaled) where it is given, else with x and shifts; centred codes from xc where it is given.
+// scaled) where it is given, else with x and shifts.
 template <int R>
-void dot_rows_fields(const float* x, const float* xs, const float* xc, int64_t M, int64_t ldx,
+void dot_rows_fields(const float* x, const float* xs, int64_t M, int64_t ldx,
                      const uint8_t* codes, const float* sc, const float* mn, const Steps& L,
                      int64_t nb, float* y, int64_t ldy) {
   x_row_tiles<R>(M, [&](auto mc, auto p, int64_t m) {
     constexpr int MC = decltype(mc)::value, P = decltype(p)::value;
-    auto tile = [&](auto min, auto shift, auto init) {
+    auto tile = [&](auto min, auto shift) {
       constexpr bool MIN = decltype(min)::value, SHIFT = decltype(shift)::value;
-      constexpr bool INIT = decltype(init)::value;
       for (int r = 0; r < R; r += P) {
-        dot_tile_fields<P, MC, MIN, SHIFT, INIT>(
-            (SHIFT ? x : xs) + m * ldx, INIT ? xc + m * (ldx / 4) : nullptr, ldx,
-            codes + r * L.crs, sc + r * L.srs, MIN ? mn + r * L.srs : nullptr, L, nb, m == 0,
-            y + m * ldy + r, ldy);
+        dot_tile_fields<P, MC, MIN, SHIFT>((SHIFT ? x : xs) + m * ldx, ldx, codes + r * L.crs,
+                                           sc + r * L.srs, MIN ? mn + r * L.srs : nullptr, L,
+                                           nb, m == 0, y + m * ldy + r, ldy);
       }
     };
     using std::bool_constant;
-    constexpr bool_constant<true> yes;
-    constexpr bool_constant<false> no;
-    if (mn && xs) tile(yes, no, no);
-    else if (mn) tile(yes, yes, no);
-    else if (xs && xc) tile(no, no, yes);
-    else if (xs) tile(no, no, no);
-    else if (xc) tile(no, yes, yes);
-    else tile(no, yes, no);
+    if (mn && xs) tile(bool_constant<true>{}, bool_constant<false>{});
+    else if (mn) tile(bool_constant<true>{}, bool_constant<true>{});
+    else if (xs) tile(bool_constant<false>{}, bool_constant<false>{});
+    else tile(bool_constant<false>{}, bool_constant<true>{});
   });
 }
 #else
 // Without AVX2: each row dequantized, then summed with x (as the plain dot_rows: the same sums).
 template <int R>
-void dot_rows_fields(const float* x, const float*, const float*, int64_t M, int64_t ldx,
-                     const uint8_t* codes, const float* sc, const float* mn, const Steps& L,
-                     int64_t nb, float* y, int64_t ldy) {
+void dot_rows_fields(const float* x, const float*, int64_t M, int64_t ldx, const uint8_t* codes,
+                     const float* sc, const float* mn, const Steps& L, int64_t nb, float* y,
+                     int64_t ldy) {
   std::vector<float> w(nb * 32);
   for (int r = 0; r < R; ++r) {
     dequant_row_fields<float>(codes + r * L.crs, sc + r * L.srs, mn ? mn + r * L.srs : nullptr,
@@ -815,16 +747,6 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
     xs.resize(M * K);
     scale_for_fields(xp, M, K, xs.data());
   }
-  std::vector<float> xc;  // centred 4/5-bit codes: the lane sums' starts (AVX2 body)
-  std::vector<int64_t> bad_rows;  // rows of x with an inf or NaN: computed again below
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-  if (BITS != 8 && BS == 32 && !mn.numel()) {
-    xc.resize(M * K / 4);
-    centre_init(xp, M, K, BITS == 4 ? 8 : 16, xc.data(), bad_rows);
-    if (M == 1 && !bad_rows.empty()) xc.clear(), bad_rows.clear();  // the centre per code
-  }
-#endif
-  const float* xcp = xc.empty() ? nullptr : xc.data();
   const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
   const S* sp = scale.data_ptr<S>();
   const S* mp = mn.numel() ? mn.data_ptr<S>() : nullptr;
@@ -862,14 +784,13 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
         const int64_t s = A.scale_at(n) - b0 * nb;
         if constexpr (BITS == 5) {
           if (fields) {
-            dot_rows_fields<R>(xp, xs.empty() ? nullptr : xs.data(), xcp, M, K,
-                               cp + A.code_at(n), sf + s, mf ? mf + s : nullptr, L, nb, yp + n,
-                               N);
+            dot_rows_fields<R>(xp, xs.empty() ? nullptr : xs.data(), M, K, cp + A.code_at(n),
+                               sf + s, mf ? mf + s : nullptr, L, nb, yp + n, N);
             return;
           }
         }
-        dot_rows<BITS, BS, R>(xp, xcp, M, K, cp + A.code_at(n), sf + s, mf ? mf + s : nullptr,
-                              L, K, yp + n, N);
+        dot_rows<BITS, BS, R>(xp, M, K, cp + A.code_at(n), sf + s, mf ? mf + s : nullptr, L, K,
+                              yp + n, N);
       };
       int64_t n = b0;
       if (T == 8) {
@@ -882,10 +803,6 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
       }
     }
   });
-  for (const int64_t m : bad_rows) {  // alone, so with the centre per code (see centre_init)
-    torch::Tensor ym = y.narrow(0, m, 1);  // (1, N), contiguous
-    qmm_impl<BITS, BS, S>(x.narrow(0, m, 1), codes, scale, mn, T, ym);
-  }
 }
 
 template <int BITS, int BS, typename S>
