@@ -226,18 +226,26 @@ template <int BITS, int BS, int R, int MC>
 void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc, const float* mn,
               const Steps& L, int64_t K, bool pf, float* y, int64_t ldy) {
   __m512 acc[MC][R][2];
+  UNROLL
   for (int i = 0; i < MC; ++i) {
+    UNROLL
     for (int r = 0; r < R; ++r) acc[i][r][0] = acc[i][r][1] = _mm512_setzero_ps();
   }
   constexpr int64_t bpb = block_bytes(BITS, BS);
-  for (int64_t b = 0; b < K / BS; ++b) {
+  // Blocks in pairs, every accumulator index a compile-time constant (slot o: even blocks into
+  // 0, odd into 1, as the AVX2 body), so the accumulators stay in registers: an index b & 1
+  // kept them on the stack (a load and a store per FMA).
+  auto block = [&](int64_t b, auto slot) {
+    constexpr int o = decltype(slot)::value;
     const int64_t e = b * BS;
     if (pf) {  // one prefetch per 64-byte line, PF_BYTES ahead in each row's stream
+      UNROLL
       for (int r = 0; r < R; ++r) {
         const int64_t off = r * L.crs + b * L.cbs;
         if ((off & 63) < bpb) _mm_prefetch(codes + off + PF_BYTES, _MM_HINT_T0);
       }
     }
+    UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512 s = _mm512_set1_ps(sc[r * L.srs + b * L.sbs]);
       const uint8_t* blk = codes + r * L.crs + b * L.cbs;
@@ -248,25 +256,36 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
         } else {
           centred32<BITS>(blk, q0, q1);
         }
+        UNROLL
         for (int i = 0; i < MC; ++i) {
           const float* xi = x + i * ldx + e;
           const __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(xi + 16), q1,
                                            _mm512_mul_ps(_mm512_loadu_ps(xi), q0));
-          acc[i][r][b & 1] = _mm512_fmadd_ps(s, t, acc[i][r][b & 1]);
+          acc[i][r][o] = _mm512_fmadd_ps(s, t, acc[i][r][o]);
         }
         continue;
       }
       __m512 w0, w1;
       block_weights<BITS, BS>(blk, s, _mm512_set1_ps(mn ? mn[r * L.srs + b * L.sbs] : 0.0f), w0,
                               w1);
+      UNROLL
       for (int i = 0; i < MC; ++i) {
         const float* xi = x + i * ldx + e;
         acc[i][r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(xi), w0, acc[i][r][0]);
         if (BS == 32) acc[i][r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(xi + 16), w1, acc[i][r][1]);
       }
     }
+  };
+  using std::integral_constant;
+  int64_t b = 0;
+  for (; b + 2 <= K / BS; b += 2) {
+    block(b, integral_constant<int, 0>{});
+    block(b + 1, integral_constant<int, 1>{});
   }
+  if (b < K / BS) block(b, integral_constant<int, 0>{});
+  UNROLL
   for (int i = 0; i < MC; ++i) {
+    UNROLL
     for (int r = 0; r < R; ++r) {
       y[i * ldy + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][r][0], acc[i][r][1]));
     }
