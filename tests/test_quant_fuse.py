@@ -128,11 +128,14 @@ def test_join_rows_views_consecutive_bands_and_copies_the_rest() -> None:
         assert torch.equal(got, torch.cat(parts)) and got.data_ptr() != buf.data_ptr()
 
 
+@pytest.mark.parametrize("sorted_names", [False, True], ids=["qkv-order", "name-order"])
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
-def test_compact_load_fuses_without_a_copy(tmp_path, monkeypatch, qtype: Q) -> None:
+def test_compact_load_fuses_without_a_copy(tmp_path, monkeypatch, qtype: Q,
+                                           sorted_names: bool) -> None:
     """A compact load packs each block's Q/K/V and gate/up into shared buffers as it goes
     (quant/from_file.pack_group), so fusing them is a view: no buffer is held twice at the
-    peak of the load."""
+    peak of the load. Also where the file lists attn_k before attn_q (real files sort names:
+    packed in file order, K's rows came first and fusing Q, K, V copied them)."""
     views = []
 
     def spy(parts):
@@ -141,7 +144,8 @@ def test_compact_load_fuses_without_a_copy(tmp_path, monkeypatch, qtype: Q) -> N
         return out
 
     monkeypatch.setattr(fuse, "join_rows", spy)
-    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=qtype, seed=3)
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=qtype, seed=3,
+                            sorted_names=sorted_names)
     model = clearlm.load(path, threads=1).transformer
     assert model.layers[0].self_attn.qkv_split and model.layers[0].mlp.gate_up_split
     n_layers = len(model.layers)

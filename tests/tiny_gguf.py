@@ -56,11 +56,13 @@ def write_tiny_llama(
     seed: int = 0,
     chat_template: str | None = CHATML,
     overrides: dict | None = None,
+    sorted_names: bool = False,
 ) -> Path:
     """Write a random tiny model: 256 byte tokens, 3 merges, 3 special tokens; return its path.
     ``chat_template=None`` leaves the template out (as in Gemma 3 270M base). ``overrides``
     maps a metadata key to (value, GGUFValueType), written over the standard value (bad-file
-    tests)."""
+    tests). ``sorted_names``: tensors in name order (``blk.0.attn_k`` before ``blk.0.attn_q``,
+    as in the real SmolLM2, Qwen2.5 and Gemma 3 files) instead of Q, K, V, … order."""
     rng = np.random.default_rng(seed)
     merged = ["he", "ll", "ĠĠ"]  # a few merges so the BPE has some to apply
     tokens = byte_level_alphabet() + merged + SPECIALS
@@ -92,6 +94,8 @@ def write_tiny_llama(
     def mat(n_out: int, n_in: int) -> np.ndarray:
         return (rng.standard_normal((n_out, n_in)) * 0.1).astype(np.float32)
 
+    tensors: list[tuple[str, np.ndarray, GGMLQuantizationType | None]] = []
+
     def add(name: str, a: np.ndarray, quant: bool = True) -> None:
         if quant and matrix_type != GGMLQuantizationType.F32:
             try:
@@ -99,9 +103,9 @@ def write_tiny_llama(
             except NotImplementedError:  # gguf cannot quantize every type: random bytes will do
                 shape = quant_shape_to_byte_shape(a.shape, matrix_type)
                 raw = rng.integers(0, 256, size=shape, dtype=np.uint8)
-            w.add_tensor(name, raw, raw_dtype=matrix_type)
+            tensors.append((name, raw, matrix_type))
         else:
-            w.add_tensor(name, a)
+            tensors.append((name, a, None))
 
     add("token_embd.weight", mat(vocab, d_model))
     add("output_norm.weight", 1 + 0.1 * rng.standard_normal(d_model).astype(np.float32), False)
@@ -120,6 +124,8 @@ def write_tiny_llama(
         add(p + "ffn_gate.weight", mat(d_ff, d_model))
         add(p + "ffn_up.weight", mat(d_ff, d_model))
         add(p + "ffn_down.weight", mat(d_model, d_ff))
+    for name, a, raw_dtype in sorted(tensors) if sorted_names else tensors:
+        w.add_tensor(name, a, raw_dtype=raw_dtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

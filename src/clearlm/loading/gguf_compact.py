@@ -161,11 +161,16 @@ def _fuse_group_of(paths: list[str]) -> str | None:
     return parent if kind is not None and parent.endswith("." + kind) else None
 
 
+def _fuse_rank(member: tuple) -> int:
+    """Where a member (tensor, rope heads, module paths) sits in its fused matrix."""
+    return list(_FUSED).index(member[2][0].rpartition(".")[2])
+
+
 def pack_jobs(file: GGUFFile, plan: CompactPlan, arch, config: ModelConfig,
               source: str = "") -> list[list[tuple]]:
     """The packing jobs of a compact load, in file order: each a list of (tensor, rope heads,
-    module paths) members packed together (a block's Q/K/V or gate/up: quant/from_file.
-    pack_group), or one tensor alone."""
+    module paths) members packed together (a block's Q/K/V or gate/up, in that order:
+    quant/from_file.pack_group), or one tensor alone."""
     jobs: list[list[tuple]] = []
     groups: dict[str, list] = {}  # a block's Q/K/V or gate/up, until all its members are seen
     for t in file.tensors:
@@ -180,7 +185,10 @@ def pack_jobs(file: GGUFFile, plan: CompactPlan, arch, config: ModelConfig,
         members = groups.setdefault(group, [])
         members.append((t, heads, paths))
         if len(members) == FUSE_GROUPS[group.rpartition(".")[2]]:
-            jobs.append(groups.pop(group))
+            # in the order fuse.py joins them (q, k, v / gate, up), not the file's: GGUF
+            # writers often sort names (attn_k before attn_q), and members packed k-then-q
+            # are not the leading rows fuse_group needs for a view, so it copied them
+            jobs.append(sorted(groups.pop(group), key=_fuse_rank))
     return jobs + list(groups.values())  # incomplete groups last, as they are
 
 
