@@ -128,14 +128,16 @@ def test_join_rows_views_consecutive_bands_and_copies_the_rest() -> None:
         assert torch.equal(got, torch.cat(parts)) and got.data_ptr() != buf.data_ptr()
 
 
+@pytest.mark.parametrize("v_type", [None, Q.F16], ids=["v-packed", "v-F16"])
 @pytest.mark.parametrize("sorted_names", [False, True], ids=["qkv-order", "name-order"])
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
 def test_compact_load_fuses_without_a_copy(tmp_path, monkeypatch, qtype: Q,
-                                           sorted_names: bool) -> None:
+                                           sorted_names: bool, v_type: Q | None) -> None:
     """A compact load packs each block's Q/K/V and gate/up into shared buffers as it goes
     (quant/from_file.pack_group), so fusing them is a view: no buffer is held twice at the
     peak of the load. Also where the file lists attn_k before attn_q (real files sort names:
-    packed in file order, K's rows came first and fusing Q, K, V copied them)."""
+    packed in file order, K's rows came first and fusing Q, K, V copied them), and where V is
+    not packed (float16), so Q and K fuse alone (an incomplete group; a breaker's case)."""
     views = []
 
     def spy(parts):
@@ -145,9 +147,11 @@ def test_compact_load_fuses_without_a_copy(tmp_path, monkeypatch, qtype: Q,
 
     monkeypatch.setattr(fuse, "join_rows", spy)
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=qtype, seed=3,
-                            sorted_names=sorted_names)
+                            sorted_names=sorted_names,
+                            tensor_types={"attn_v": v_type} if v_type else None)
     model = clearlm.load(path, threads=1).transformer
-    assert model.layers[0].self_attn.qkv_split and model.layers[0].mlp.gate_up_split
+    attn = model.layers[0].self_attn
+    assert len(attn.qkv_split) == (2 if v_type else 3) and model.layers[0].mlp.gate_up_split
     n_layers = len(model.layers)
     per = 3 if qtype == Q.Q4_1 else 2  # codes, scale (and min for Q4_1)
     assert len(views) == 2 * n_layers * per and all(views)

@@ -57,12 +57,15 @@ def write_tiny_llama(
     chat_template: str | None = CHATML,
     overrides: dict | None = None,
     sorted_names: bool = False,
+    tensor_types: dict[str, GGMLQuantizationType] | None = None,
 ) -> Path:
     """Write a random tiny model: 256 byte tokens, 3 merges, 3 special tokens; return its path.
     ``chat_template=None`` leaves the template out (as in Gemma 3 270M base). ``overrides``
     maps a metadata key to (value, GGUFValueType), written over the standard value (bad-file
     tests). ``sorted_names``: tensors in name order (``blk.0.attn_k`` before ``blk.0.attn_q``,
-    as in the real SmolLM2, Qwen2.5 and Gemma 3 files) instead of Q, K, V, … order."""
+    as in the real SmolLM2, Qwen2.5 and Gemma 3 files) instead of Q, K, V, … order.
+    ``tensor_types`` maps a name's last part (``attn_v``) to its type in every layer instead of
+    ``matrix_type``."""
     rng = np.random.default_rng(seed)
     merged = ["he", "ll", "ĠĠ"]  # a few merges so the BPE has some to apply
     tokens = byte_level_alphabet() + merged + SPECIALS
@@ -97,13 +100,16 @@ def write_tiny_llama(
     tensors: list[tuple[str, np.ndarray, GGMLQuantizationType | None]] = []
 
     def add(name: str, a: np.ndarray, quant: bool = True) -> None:
-        if quant and matrix_type != GGMLQuantizationType.F32:
+        kind = (tensor_types or {}).get(name.split(".")[-2], matrix_type)
+        if kind == GGMLQuantizationType.F16:
+            tensors.append((name, a.astype(np.float16), None))
+        elif quant and kind != GGMLQuantizationType.F32:
             try:
-                raw = quantize(a, matrix_type)
+                raw = quantize(a, kind)
             except NotImplementedError:  # gguf cannot quantize every type: random bytes will do
-                shape = quant_shape_to_byte_shape(a.shape, matrix_type)
+                shape = quant_shape_to_byte_shape(a.shape, kind)
                 raw = rng.integers(0, 256, size=shape, dtype=np.uint8)
-            tensors.append((name, raw, matrix_type))
+            tensors.append((name, raw, kind))
         else:
             tensors.append((name, a, None))
 

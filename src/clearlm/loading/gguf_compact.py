@@ -189,7 +189,8 @@ def pack_jobs(file: GGUFFile, plan: CompactPlan, arch, config: ModelConfig,
             # writers often sort names (attn_k before attn_q), and members packed k-then-q
             # are not the leading rows fuse_group needs for a view, so it copied them
             jobs.append(sorted(groups.pop(group), key=_fuse_rank))
-    return jobs + list(groups.values())  # incomplete groups last, as they are
+    # incomplete groups last (a V or up that is not packed), their members in fused order too
+    return jobs + [sorted(members, key=_fuse_rank) for members in groups.values()]
 
 
 def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:
