@@ -161,6 +161,46 @@ def test_cli_generate_compile_flag(tmp_path, monkeypatch, backend) -> None:
     assert ("builds the compiled step" in noted) if backend == "aot" else ("compiles" in noted)
 
 
+def test_cli_chat_compile_flag(tmp_path, monkeypatch) -> None:
+    """chat --compile decodes through the compiled step too, a one-shot answer and every answer
+    of a conversation (the step recorded in place of the compiled one, as above), with the same
+    text as eager; the answer whose first step built the step gives that time apart."""
+    from typer.testing import CliRunner
+
+    import clearlm.aot
+    from clearlm.cli import app
+
+    calls = []
+
+    def fake_compile(model, **kwargs):
+        def step(m, token, cache):
+            calls.append(int(token))
+            if len(calls) == 1:
+                step.compile_s = 0.25  # as a step that compiled on its first call
+            return decode_step(m, token, cache)
+
+        step.package_path = lambda: tmp_path / "p.pt2"
+        step.built, step.compile_s = True, None
+        model.decode_fn = step
+        return step
+
+    monkeypatch.setattr(clearlm.aot, "compile_decode_aot", fake_compile)
+    path = write_tiny_llama(tmp_path / "t.gguf", context_length=96)
+    args = ["chat", "-m", str(path), "-n", "4", "-t", "1", "--temperature", "0"]
+    want = CliRunner().invoke(app, [*args, "hello", "-q"])
+    assert want.exit_code == 0 and calls == []
+    got = CliRunner().invoke(app, [*args, "hello", "-q", "--compile"])
+    assert got.exit_code == 0, got.output
+    assert got.output == want.output and len(calls) >= 1
+    eager = CliRunner().invoke(app, [*args, "-q"], input="hello\nagain\n")
+    calls.clear()
+    got = CliRunner().invoke(app, [*args, "--compile"], input="hello\nagain\n",
+                             env={"COLUMNS": "200"})
+    assert got.exit_code == 0, got.output
+    assert got.stdout == eager.stdout and len(calls) >= 2  # both answers took steps
+    assert got.stderr.count("compile 0.2 s (first step)") == 1  # the first answer only
+
+
 def test_compiled_step_writes_the_cache_in_place(tiny_compact, monkeypatch, tmp_path) -> None:
     """The compiled step writes each new key/value into the cache buffers themselves: Inductor's
     code allocates no buffer of the cache's shape (a scatter_ into a slot view was compiled as a

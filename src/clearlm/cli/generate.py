@@ -217,6 +217,7 @@ def chat(
     tensor_parallel: pl.TensorParallelOpt = 1,
     pipeline_parallel: pl.PipelineParallelOpt = 1,
     dist_timeout: pl.DistTimeoutOpt = 30.0,
+    compile_decode: CompileOpt = False,
     matmul_precision: Precision = "highest",
     activations: Activations = "float32",
 ) -> None:
@@ -240,7 +241,7 @@ def chat(
         _conversation(
             model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet,
             placement,
-            weights, matmul_precision, activations,
+            weights, matmul_precision, activations, compile_decode,
         )  # fmt: skip
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -261,6 +262,7 @@ def chat(
         chat=True,
         placement=placement,
         weights=weights,
+        compile_decode=compile_decode,
         matmul_precision=matmul_precision,
         activations=activations,
     )
@@ -280,8 +282,10 @@ def _conversation(
     weights: str | None = None,
     matmul_precision: str = "highest",
     activations: str = "float32",
+    compile_decode: bool = False,
 ) -> None:
-    """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl."""
+    """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl
+    (``compile_decode``: every answer decodes through the compiled step, as generate's)."""
     from clearlm.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
 
     stop = check_before_load(model_name, sampling, CHAT_DEFAULTS, stop)
@@ -292,6 +296,8 @@ def _conversation(
         placement=placement,
         weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
+    if compile_decode:
+        compile_step(m, quiet)
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
     from clearlm.cli.repl import run_repl  # (imports torch: after the checks above)
 

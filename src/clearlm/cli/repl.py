@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from clearlm.cli.app import err
 from clearlm.cli.output import print_stats, write_out
+from clearlm.cli.runtime import compile_seconds
 from clearlm.errors import ClearLMError
 from clearlm.generation import generate
 
@@ -80,7 +81,9 @@ def _answer(
     quiet: bool = False,
 ) -> None:
     """Stream one answer to the last user message and keep it; on Ctrl-C or an error the
-    unanswered message is dropped so the conversation stays well formed."""
+    unanswered message is dropped so the conversation stays well formed. With ``--compile``,
+    the answer whose first step built the compiled step gives that time apart on its stats."""
+    compiled_before = compile_seconds(model)
     try:
         ids = model.chat_prompt(conv.messages(), parse_special_in_content)
         result = generate(
@@ -98,7 +101,8 @@ def _answer(
     write_out("\n")
     conv.turns.append({"role": "assistant", "content": result.text})
     if not quiet:
-        print_stats(result, model.config.context_length)
+        built = compile_seconds(model) if compiled_before is None else None  # built in this turn
+        print_stats(result, model.config.context_length, built)
 
 
 def run_repl(
