@@ -248,24 +248,11 @@ def chat(
         {"role": "user", "content": text}
     ]
     _run(
-        model,
-        dtype,
-        lambda m: m.chat_prompt(messages, special),
-        max_new_tokens,
-        stops,
-        sampling,
-        CHAT_DEFAULTS,
-        as_json,
-        logprobs,
-        threads,
-        quiet,
-        chat=True,
-        placement=placement,
-        weights=weights,
-        compile_decode=compile_decode,
-        matmul_precision=matmul_precision,
-        activations=activations,
-    )
+        model, dtype, lambda m: m.chat_prompt(messages, special), max_new_tokens, stops,
+        sampling, CHAT_DEFAULTS, as_json, logprobs, threads, quiet, chat=True,
+        placement=placement, weights=weights, compile_decode=compile_decode,
+        matmul_precision=matmul_precision, activations=activations,
+    )  # fmt: skip
 
 
 def _conversation(
