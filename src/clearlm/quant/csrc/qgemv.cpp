@@ -116,6 +116,20 @@ inline void prefetch_range(const void* p, int64_t bytes) {
 // every index must be a constant for it to live in registers.
 #define UNROLL _Pragma("GCC unroll 8")
 
+// Blocks 0 .. nb - 1 in pairs: block(b, slot) with slot an integral constant, 0 for even blocks
+// and 1 for odd ones, so that the accumulator a block adds into is indexed by a compile-time
+// constant and stays in a register (an index b & 1 kept the accumulators on the stack).
+template <typename Block>
+inline void blocks_in_pairs(int64_t nb, Block&& block) {
+  using std::integral_constant;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    block(b, integral_constant<int, 0>{});
+    block(b + 1, integral_constant<int, 1>{});
+  }
+  if (b < nb) block(b, integral_constant<int, 0>{});
+}
+
 #if defined(__AVX2__)
 // The sum of a vector's 8 lanes.
 inline float reduce8(__m256 v) {
@@ -232,9 +246,7 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
     for (int r = 0; r < R; ++r) acc[i][r][0] = acc[i][r][1] = _mm512_setzero_ps();
   }
   constexpr int64_t bpb = block_bytes(BITS, BS);
-  // Blocks in pairs, every accumulator index a compile-time constant (slot o: even blocks into
-  // 0, odd into 1, as the AVX2 body), so the accumulators stay in registers: an index b & 1
-  // kept them on the stack (a load and a store per FMA).
+  // slot o: even blocks into accumulator 0, odd into 1 (blocks_in_pairs)
   auto block = [&](int64_t b, auto slot) {
     constexpr int o = decltype(slot)::value;
     const int64_t e = b * BS;
@@ -276,13 +288,7 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
       }
     }
   };
-  using std::integral_constant;
-  int64_t b = 0;
-  for (; b + 2 <= K / BS; b += 2) {
-    block(b, integral_constant<int, 0>{});
-    block(b + 1, integral_constant<int, 1>{});
-  }
-  if (b < K / BS) block(b, integral_constant<int, 0>{});
+  blocks_in_pairs(K / BS, block);
   UNROLL
   for (int i = 0; i < MC; ++i) {
     UNROLL
@@ -435,13 +441,7 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
       }
     }
   };
-  using std::integral_constant;
-  int64_t b = 0;
-  for (; b + 2 <= K / BS; b += 2) {
-    block(b, integral_constant<int, 0>{});
-    block(b + 1, integral_constant<int, 1>{});
-  }
-  if (b < K / BS) block(b, integral_constant<int, 0>{});
+  blocks_in_pairs(K / BS, block);
   UNROLL
   for (int i = 0; i < MC; ++i) {
     UNROLL
