@@ -108,6 +108,11 @@ def test_bad_bytes_are_one_typed_error(tmp_path) -> None:
         bad.write_bytes(cut)
         with pytest.raises(InvalidModelFileError, match="truncated or corrupt"):
             open_gguf(bad)
+    # the header's message names the file's size, not struct's buffer offsets
+    with pytest.raises(InvalidModelFileError) as e:
+        open_gguf(tmp_path / "header.gguf")
+    assert "its header ends early: the file has 3,000 bytes" in str(e.value)
+    assert "unpack" not in str(e.value) and "GGUFFormatError" not in str(e.value)
     wrong_version = tmp_path / "v9.gguf"
     wrong_version.write_bytes(b"GGUF" + (9).to_bytes(4, "little") + data[8:])
     with pytest.raises(InvalidModelFileError, match="version 9"):

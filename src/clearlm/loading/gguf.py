@@ -20,7 +20,7 @@ from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
 from clearlm.families import GGUFArch, gguf_arch
 from clearlm.loading.gguf_config import config_from_gguf
-from clearlm.loading.gguf_file import GGUFFile
+from clearlm.loading.gguf_file import GGUFFile, GGUFFormatError
 from clearlm.loading.load import TensorInfo
 from clearlm.loading.transforms import unpermute_qk, unshift_norm
 
@@ -55,9 +55,9 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     try:
         return GGUFFile(path)
     except (ValueError, OSError) as e:  # GGUFFormatError is a ValueError
+        why = str(e) if isinstance(e, GGUFFormatError) else f"{type(e).__name__}: {e}"
         raise InvalidModelFileError(
-            f"{path} is a truncated or corrupt GGUF file ({type(e).__name__}: {e}); "
-            "download it again"
+            f"{path} is a truncated or corrupt GGUF file ({why}); download it again"
         ) from None
 
 

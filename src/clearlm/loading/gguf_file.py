@@ -77,8 +77,12 @@ class GGUFFile:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             self._parse()
-        except (struct.error, IndexError) as e:
-            raise GGUFFormatError(f"the header ends early ({e})") from None
+        except (struct.error, IndexError):
+            # struct.error names buffer offsets; the file's size says the same to a user
+            raise GGUFFormatError(
+                f"its header ends early: the file has {len(self._map):,} bytes, fewer than the "
+                "header describes"
+            ) from None
 
     def _parse(self) -> None:
         buf = self._map
