@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from clearlm.errors import ClearLMError  # noqa: E402
 from clearlm.generation import decode_step, prefill  # noqa: E402
 from clearlm.precision import set_matmul_precision  # noqa: E402
 from clearlm.quant.distance import cache_for  # noqa: E402
@@ -96,4 +97,11 @@ if __name__ == "__main__":
     ap.add_argument("--decode", choices=["eager", "compiled", "aot"], default="eager")
     ap.add_argument("--int8", action="store_true")
     a = ap.parse_args()
-    print(json.dumps(main(a.model, a.weights, a.threads, a.precision, a.decode, a.int8)))
+    if a.threads < 1:
+        ap.error(f"THREADS must be at least 1, got {a.threads}")
+    if a.int8 and a.weights != "compact":
+        ap.error("--int8 needs compact weights (int8 activations are a compact mode)")
+    try:
+        print(json.dumps(main(a.model, a.weights, a.threads, a.precision, a.decode, a.int8)))
+    except ClearLMError as e:  # a bad model path or file: one line, as the CLI says it
+        sys.exit(f"error: {e}")

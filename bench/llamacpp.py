@@ -60,7 +60,11 @@ def resolve(models: list[str]) -> list[Path]:
                           capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"error: {(proc.stderr.strip().splitlines() or ['cannot resolve'])[-1]}")
-    return [Path(line) for line in proc.stdout.splitlines()]
+    paths = [Path(line) for line in proc.stdout.splitlines()]
+    for path in paths:  # a path is passed through as it is: llama-bench would fail on it later
+        if not path.is_file():
+            sys.exit(f"error: model file not found: {path}")
+    return paths
 
 
 def label(path: Path) -> str:
@@ -70,7 +74,8 @@ def label(path: Path) -> str:
 def run_child(cmd: list[str]) -> tuple[str, float]:
     """Run cmd; return its stdout and its own peak RSS in MiB (ru_maxrss is KiB on Linux).
 
-    Raises RuntimeError with the child's stderr when it fails."""
+    Raises RuntimeError naming the command, its exit code and its stderr's last line when it
+    fails."""
     with tempfile.TemporaryFile("w+") as err:  # a file: a chatty stderr cannot block the pipe
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
         out = proc.stdout.read()
@@ -79,7 +84,8 @@ def run_child(cmd: list[str]) -> tuple[str, float]:
         proc.stdout.close()
         if proc.returncode != 0:
             err.seek(0)
-            raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {err.read()[-2000:]}")
+            last = ([ln for ln in err.read().splitlines() if ln.strip()] or ["no output"])[-1]
+            raise RuntimeError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}): {last}")
     return out, usage.ru_maxrss / 1024
 
 
@@ -138,6 +144,42 @@ def build_llama_bench() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (exit 2, one line) what would fail or measure nothing, before llama.cpp is built."""
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.threads < 1:
+        ap.error(f"--threads must be at least 1, got {args.threads}")
+    if args.llama_bench and not (os.path.isfile(args.llama_bench)
+                                 and os.access(args.llama_bench, os.X_OK)):
+        ap.error(f"--llama-bench {args.llama_bench}: not an executable file")
+    if args.weights == "float32" and args.int8 == "on":
+        ap.error("--int8 on needs compact weights (int8 activations are a compact mode): "
+                 "use --weights compact or both")
+
+
+def measure(binary: str, paths: list[Path], modes: list[Mode], threads: int,
+            repeats: int) -> dict[tuple[Path, Mode | str], list[Run]]:
+    """Every run, llama-bench and clearlm's modes alternating per file, ``repeats`` times (each
+    AOT package built once first, untimed: the timed runs load it).
+
+    Raises RuntimeError when a child fails."""
+    for path in paths:
+        for mode in modes:
+            if mode.decode == "aot":
+                r = clearlm_run(path, mode, threads)
+                built = f"built in {r.compile_s:.0f} s" if r.compile_s else "already built"
+                print(f"[aot] {path.name} {mode.label()}: package {built}", file=sys.stderr)
+    runs: dict[tuple[Path, Mode | str], list[Run]] = {}
+    for rep in range(repeats):
+        for path in paths:
+            runs.setdefault((path, "llama.cpp"), []).append(llama_bench(binary, path, threads))
+            for mode in modes:
+                runs.setdefault((path, mode), []).append(clearlm_run(path, mode, threads))
+            print(f"[repeat {rep + 1}/{repeats}] {path.name} done", file=sys.stderr)
+    return runs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=MODELS, help="aliases or GGUF paths")
@@ -153,6 +195,7 @@ def main() -> None:
     ap.add_argument("--int8", choices=["off", "on", "both"], default="off",
                     help="compact layers with int8-rounded decode activations (opt-in, inexact)")
     args = ap.parse_args()
+    check_args(ap, args)
     binary = args.llama_bench or build_llama_bench()
 
     def choices(value: str, both: list) -> list:
@@ -165,19 +208,10 @@ def main() -> None:
              for d in decodes(args.decode)
              if not (i == "on" and w == "float32")]  # int8 activations are a compact mode
     paths = resolve(args.models)
-    for path in paths:  # build each AOT package once, untimed: the timed runs load it
-        for mode in modes:
-            if mode.decode == "aot":
-                r = clearlm_run(path, mode, args.threads)
-                built = f"built in {r.compile_s:.0f} s" if r.compile_s else "already built"
-                print(f"[aot] {path.name} {mode.label()}: package {built}", file=sys.stderr)
-    runs: dict[tuple[Path, Mode | str], list[Run]] = {}
-    for rep in range(args.repeats):
-        for path in paths:
-            runs.setdefault((path, "llama.cpp"), []).append(llama_bench(binary, path, args.threads))
-            for mode in modes:
-                runs.setdefault((path, mode), []).append(clearlm_run(path, mode, args.threads))
-            print(f"[repeat {rep + 1}/{args.repeats}] {path.name} done", file=sys.stderr)
+    try:
+        runs = measure(binary, paths, modes, args.threads, args.repeats)
+    except RuntimeError as e:  # a child failed: its last line, not a traceback of ours
+        sys.exit(f"error: {e}")
     rows = [
         table_row(label(p), mode.label(), median_run(runs[p, "llama.cpp"]),
                   median_run(runs[p, mode]))

@@ -3,6 +3,7 @@ Markdown row of issue 10's table, llama-bench's JSON; bench/build_llamacpp.sh's 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,37 @@ def test_compiled_row_adds_the_compile_time_to_the_load_cell():
     assert ours.compile_s == 14.0  # the median: a warm Inductor cache in two of three
     row = table_row("m", "compact, compiled", Run(300.0, 100.0, 150.0), ours)
     assert row.endswith("| 0.4 s + 14 s compile |")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (["--threads", "0"], "--threads must be at least 1, got 0"),
+    (["--llama-bench", "/nonexistent/llama-bench"], "not an executable file"),
+    (["--weights", "float32", "--int8", "on"], "--int8 on needs compact weights"),
+])
+def test_bench_refuses_what_would_fail_or_measure_nothing(args, message):
+    """Each refused in one line, exit 2, before llama.cpp is built (a breaker found tracebacks,
+    a llama-bench abort on -t 0, and an empty table after minutes for float32 + int8)."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "bench" / "llamacpp.py"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr and "build" not in proc.stdout
+
+
+def test_bench_names_a_failing_child_in_one_line(tmp_path):
+    """A llama-bench that fails: 'error: NAME failed (exit N): its last stderr line', exit 1."""
+    root = Path(__file__).resolve().parents[1]
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\necho 'noise' >&2\necho 'failed to load model' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    proc = subprocess.run([sys.executable, str(root / "bench" / "llamacpp.py"), "--llama-bench",
+                           str(fake), "--models", str(model), "--repeats", "1"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CLEARLM_NO_KERNELS": "1"})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: llama-bench failed (exit 3): failed to load model")
