@@ -119,6 +119,38 @@ def test_quant_linear_matches_f_linear(qtype: Q, t: int, path_kind: str, monkeyp
         assert torch.equal(y, ref)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("fields", [False, True], ids=["bytes", "fields"])
+def test_torch_path_dequantizes_only_the_band(qtype: Q, fields: bool, monkeypatch) -> None:
+    """Without the kernel, a band of rows of a tiled weight is dequantized from those rows alone
+    (it was the whole matrix, sliced, for every band: 0.5 tok/s on SmolLM2) and equals the
+    whole matrix's rows; a prefill through bands equals F.linear with the dequantized weight."""
+    from clearlm.quant import pack
+    from clearlm.quant.tiles import tile_rows
+
+    n, k = 128, 512
+    monkeypatch.setattr(qlinear, "load_kernels", lambda: None)
+    raw = random_blocks(qtype, n, k, seed=5)
+    w = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (N, K)
+    tiled = tile_rows(pack_blocks(raw, qtype, (n, k)), 8, fields=fields and qtype == Q.Q5_0)
+    layer = QuantLinear(tiled)
+    sizes = []
+    real = qlinear.dequantize_packed
+
+    def spy(p: pack.Packed) -> torch.Tensor:
+        sizes.append(p.shape[0])
+        return real(p)
+
+    monkeypatch.setattr(qlinear, "dequantize_packed", spy)
+    assert torch.equal(layer.dequantized(64, 128), w[64:128])
+    assert torch.equal(layer.dequantized(8, 24), w[8:24])
+    assert sizes == [64, 16]
+    monkeypatch.setattr(qlinear, "CHUNK_ELEMS", 64 * k)  # two bands of 64 rows
+    x = torch.randn(20, k)  # (M, K): the prefill path
+    assert torch.equal(layer(x), F.linear(x, w))
+    assert sizes[2:] == [64, 64]
+
+
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_0, Q.Q6_K], ids=lambda q: q.name)
 def test_kernel_row_does_not_depend_on_batch_rows(qtype: Q) -> None:
     """The kernel computes 7 rows of x in tiles of 4, 2 and 1 rows: each row's result equals,

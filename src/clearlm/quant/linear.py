@@ -59,7 +59,11 @@ class QuantLinear(PackedModule):
         kern = load_kernels()
         if kern is not None:
             return kern.dequant(self.codes, self.scale, self.min, self.bits, self.block, r0, r1)
-        return dequantize_packed(self.packed())[r0:r1]
+        if r0 == 0 and r1 == self.out_features:
+            return dequantize_packed(self.packed())
+        # only the band's rows: dequantizing the whole matrix for each band made every
+        # product without the kernel cost (bands) × (the whole matrix): 0.5 tok/s on SmolLM2
+        return dequantize_packed(self.packed(torch.arange(r0, r1)))
 
     def weight_nbytes(self) -> int:
         return self.packed().nbytes()
