@@ -144,6 +144,21 @@ def test_a_copy_for_other_tensors_is_not_used(tmp_path, cache_on):
         clearlm.load(path, threads=1)
 
 
+def test_a_copy_with_unreadable_jobs_says_so(tmp_path, cache_on):
+    """Metadata whose job list lacks its names: a plain reason, not a bare KeyError ('names')."""
+    from safetensors.torch import load_file, save_file
+
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=4)
+    clearlm.load(path, threads=1)
+    (copy,) = cache_on.glob("t-*.safetensors")
+    save_file(load_file(copy), copy, metadata={"clearlm.jobs": '[{"rows": 1}]'})
+    with pytest.warns(UserWarning, match=r"was not used \(its tensor list is missing or "
+                                         r"unreadable\); packing it"):
+        got = clearlm.load(path, threads=1)
+    with torch.inference_mode():
+        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+
+
 def test_off_writes_nothing(tmp_path, monkeypatch, cache_on):
     monkeypatch.setenv("CLEARLM_PACK_CACHE", "off")
     clearlm.load(write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0), threads=1)

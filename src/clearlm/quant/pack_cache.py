@@ -128,7 +128,10 @@ def read(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]],
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get("clearlm.jobs", "null"))
             names = [[t.name for t in job] for job in tensors]
-            if not isinstance(meta, list) or [j["names"] for j in meta] != names:
+            if not isinstance(meta, list) or not all(isinstance(j, dict) and "names" in j
+                                                     for j in meta):
+                raise ValueError("its tensor list is missing or unreadable")
+            if [j["names"] for j in meta] != names:
                 raise ValueError("its tensor list differs from this load's")
             jobs = [_job(f, i, j) for i, j in enumerate(meta)]
         for job, members, planned in zip(jobs, tensors, tiles, strict=True):
@@ -137,7 +140,8 @@ def read(gguf: str | os.PathLike[str], tensors: list[list[GGUFTensor]],
                     raise ValueError(f"{t.name} is not laid out as packing lays it out")
         return jobs
     except Exception as e:  # noqa: BLE001 - any bad copy: pack as if there were none
-        warnings.warn(f"clearlm: the packed copy of {name} was not used ({e}); packing it",
+        why = str(e) if isinstance(e, ValueError) else f"unreadable: {type(e).__name__}: {e}"
+        warnings.warn(f"clearlm: the packed copy of {name} was not used ({why}); packing it",
                       stacklevel=2)
         return None
 
