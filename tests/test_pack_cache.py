@@ -159,6 +159,22 @@ def test_a_copy_with_unreadable_jobs_says_so(tmp_path, cache_on):
         assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
 
 
+def test_a_refused_file_leaves_no_copy(tmp_path, cache_on):
+    """A file whose FFN tensors do not fit its header (feed_forward_length says 64, the
+    tensors hold 128) is refused, and its packed attention matrices are not written to the
+    cache first (a breaker found ~96 MB copies of such files left behind)."""
+    from gguf import GGUFValueType as T
+
+    from clearlm.errors import InvalidModelFileError
+
+    path = write_tiny_llama(tmp_path / "bad.gguf", matrix_type=Q.Q8_0, tensor_types={
+        "ffn_gate": Q.F32, "ffn_up": Q.F32, "ffn_down": Q.F32},
+        overrides={"llama.feed_forward_length": (64, T.UINT32)})
+    with pytest.raises(InvalidModelFileError, match="has shape"):
+        clearlm.load(path, threads=1)
+    assert not list(cache_on.glob("*.safetensors"))
+
+
 def test_off_writes_nothing(tmp_path, monkeypatch, cache_on):
     monkeypatch.setenv("CLEARLM_PACK_CACHE", "off")
     clearlm.load(write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0), threads=1)

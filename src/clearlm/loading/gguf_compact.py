@@ -124,9 +124,9 @@ def load_compact(
                 w = unpermute_qk(ours, w, config)
             state[ours] = to_torch(unshift_norm(ours, w, arch.norm_shift), dtype)
             file.release(t.data_offset, t.n_bytes)
-        if done is None:
+        fresh = done is None
+        if fresh:
             done = [job.result() for job in futures]
-            pack_cache.write(file.path, tensors, done)
     for members, packed_each in zip(jobs, done, strict=True):
         for (_, _, paths), packed in zip(members, packed_each, strict=True):
             _swap(model, packed, paths)
@@ -135,6 +135,8 @@ def load_compact(
     if tied_float:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     check_shapes(model, state, source, meta_only=True)  # the float rest, still on meta
+    if fresh:  # written once the whole file is known good: a refused file leaves no copy
+        pack_cache.write(file.path, tensors, done)
     model.load_state_dict(state, strict=False, assign=True)
     if tied_float:
         model.lm_head.weight = model.embed_tokens.weight
