@@ -233,3 +233,25 @@ def test_sinusoid_table_grows_with_identical_rows(monkeypatch):
     assert len(model.sinusoids) == 32
     full = sinusoidal_table(42, 8, "fairseq")
     assert torch.equal(model.sinusoids, full[:32])
+
+
+def test_garbage_scales_dequantize_without_numpy_warnings() -> None:
+    """A Q8_0 block whose float16 scale is +inf (bytes of a broken file) dequantizes to NaN
+    without numpy's 'invalid value encountered in multiply' on stderr: the file's one error
+    line comes later (shape check or NaN logits)."""
+    import warnings
+
+    import numpy as np
+    from gguf import GGMLQuantizationType
+
+    from clearlm.loading.gguf import dequantize_tensor
+    from clearlm.loading.gguf_file import GGUFTensor
+
+    block = np.frombuffer(np.array([0x7C00], np.uint16).tobytes() + bytes(32), np.uint8)
+    data = np.tile(block, (2, 1))  # (rows, bytes per row): 2 rows of one block each
+    t = GGUFTensor("blk.0.attn_q.weight", GGMLQuantizationType.Q8_0, (32, 2), 64, data.size, 0,
+                   data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would raise here
+        w = dequantize_tensor(t, "f.gguf")
+    assert w.shape == (2, 32) and np.isnan(w).all()

@@ -171,7 +171,10 @@ def dequantize_tensor(t: Any, source: str) -> np.ndarray:
             "dequantize; supported: " + ", ".join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))
         )
     try:
-        return dequantize(t.data, t.tensor_type).reshape(_stored_shape(t))
+        # garbage bytes make NaN / inf scales: numpy's RuntimeWarnings about them would print
+        # before the one-line error that a file that wrong ends in (shapes, NaN logits)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return dequantize(t.data, t.tensor_type).reshape(_stored_shape(t))
     except ValueError as e:
         raise InvalidModelFileError(f"{source}: tensor {t.name} is truncated ({e})") from None
 
