@@ -117,3 +117,25 @@ def test_bad_bytes_are_one_typed_error(tmp_path) -> None:
     wrong_version.write_bytes(b"GGUF" + (9).to_bytes(4, "little") + data[8:])
     with pytest.raises(InvalidModelFileError, match="version 9"):
         open_gguf(wrong_version)
+
+
+def test_tensors_that_share_bytes_are_refused(tmp_path) -> None:
+    """A tensor's type id changed from Q4_0 to Q8_0 in the table (a breaker's edit): its data
+    now runs into the next tensor's. Refused as a corrupt file, where it loaded and ended in
+    NaN logits (or, with finite bytes, would have produced text from the wrong numbers)."""
+    from gguf import GGMLQuantizationType as Q
+
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q4_0)
+    open_gguf(path)  # the file as written is fine
+    data = bytearray(path.read_bytes())
+    name = b"blk.0.attn_q.weight"
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
+    n_dims = int.from_bytes(data[at : at + 4], "little")
+    type_at = at + 4 + 8 * n_dims
+    assert int.from_bytes(data[type_at : type_at + 4], "little") == Q.Q4_0
+    data[type_at : type_at + 4] = int(Q.Q8_0).to_bytes(4, "little")
+    bad = tmp_path / "overlap.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(InvalidModelFileError, match="blk.0.attn_q.weight and .* overlap"):
+        open_gguf(bad)
+

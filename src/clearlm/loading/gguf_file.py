@@ -68,7 +68,8 @@ class GGUFFile:
 
     Raises:
         GGUFFormatError: bad magic or version, truncated header or data, unknown value or
-            tensor type, a duplicate key or tensor name, a bad alignment.
+            tensor type, a duplicate key or tensor name, a bad alignment, two tensors whose
+            bytes overlap.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -116,6 +117,13 @@ class GGUFFile:
         self.tensors = [self._tensor(*info) for info in infos]
         if len({t.name for t in self.tensors}) != len(self.tensors):
             raise GGUFFormatError("duplicate tensor name")
+        # each tensor's bytes are its own: a wrong type id or offset that makes two tensors
+        # share bytes would otherwise load as numbers, finite or not (a silent wrong answer)
+        spans = sorted((t.data_offset, t.data_offset + t.n_bytes, t.name) for t in self.tensors)
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
+            if start < end:
+                raise GGUFFormatError(f"tensors {first} and {second} overlap in the file (its "
+                                      "tensor table is corrupt)")
 
     def _tensor(self, name: str, dims: tuple[int, ...], raw_type: int, offset: int) -> GGUFTensor:
         try:
