@@ -76,6 +76,15 @@ def fresh(path):
             os.environ["CLEARLM_PACK_CACHE"] = old
 
 
+def loads_as_packing_with_warning(path, match: str) -> None:
+    """Loading ``path`` warns (a UserWarning matching ``match``) and gives the model that
+    packing gives: a copy refused or not kept never changes the weights."""
+    with pytest.warns(UserWarning, match=match):
+        got = clearlm.load(path, threads=1)
+    with torch.inference_mode():
+        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+
+
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_0], ids=lambda q: q.name)
 def test_second_load_maps_the_copy_and_equals_packing(tmp_path, monkeypatch, cache_on, qtype):
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=qtype, tied=False, seed=3)
@@ -127,10 +136,7 @@ def test_a_damaged_copy_warns_and_packs(tmp_path, monkeypatch, cache_on):
     clearlm.load(path, threads=1)
     (copy,) = cache_on.glob("t-*.safetensors")
     copy.write_bytes(copy.read_bytes()[: copy.stat().st_size // 2])  # cut short
-    with pytest.warns(UserWarning, match="packed copy of t.gguf was not used"):
-        got = clearlm.load(path, threads=1)
-    with torch.inference_mode():
-        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+    loads_as_packing_with_warning(path, "packed copy of t.gguf was not used")
     no_packing(monkeypatch)  # the load rewrote a whole copy
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -152,11 +158,8 @@ def test_a_copy_with_unreadable_jobs_says_so(tmp_path, cache_on):
     clearlm.load(path, threads=1)
     (copy,) = cache_on.glob("t-*.safetensors")
     save_file(load_file(copy), copy, metadata={"clearlm.jobs": '[{"rows": 1}]'})
-    with pytest.warns(UserWarning, match=r"was not used \(its tensor list is missing or "
-                                         r"unreadable\); packing it"):
-        got = clearlm.load(path, threads=1)
-    with torch.inference_mode():
-        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+    loads_as_packing_with_warning(path, r"was not used \(its tensor list is missing or "
+                                  r"unreadable\); packing it")
 
 
 def test_a_refused_file_leaves_no_copy(tmp_path, cache_on):
@@ -257,11 +260,8 @@ def test_a_cache_that_cannot_be_written_warns_and_loads(tmp_path, monkeypatch):
     blocked.write_text("a file where the cache folder should be")
     monkeypatch.setattr(pack_cache, "packed_dir", lambda cache_dir=None: blocked / "packed")
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=7)
-    with pytest.warns(UserWarning, match=r"could not keep a packed copy of t.gguf .*"
-                                         r"CLEARLM_PACK_CACHE=0 stops trying"):
-        got = clearlm.load(path, threads=1)
-    with torch.inference_mode():
-        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+    loads_as_packing_with_warning(path, r"could not keep a packed copy of t.gguf .*"
+                                  r"CLEARLM_PACK_CACHE=0 stops trying")
 
 
 def test_a_copy_with_a_tampered_layout_is_not_used(tmp_path, cache_on):
@@ -277,10 +277,7 @@ def test_a_copy_with_a_tampered_layout_is_not_used(tmp_path, cache_on):
     from safetensors.torch import save_file
 
     save_file(tensors, str(copy), {"clearlm.jobs": json.dumps(meta)})
-    with pytest.warns(UserWarning, match="is not laid out as packing lays it out"):
-        got = clearlm.load(path, threads=1)
-    with torch.inference_mode():
-        assert torch.equal(got.transformer(TOKENS), fresh(path).transformer(TOKENS))
+    loads_as_packing_with_warning(path, "is not laid out as packing lays it out")
 
 
 @pytest.mark.parametrize("tiled", [True, False])
