@@ -34,10 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from clearlm.errors import ClearLMError  # noqa: E402
 from clearlm.generation import decode_step, prefill  # noqa: E402
+from clearlm.load_options import parse_activations  # noqa: E402
 from clearlm.precision import set_matmul_precision  # noqa: E402
 from clearlm.quant.distance import cache_for  # noqa: E402
 from clearlm.quant.linear import set_int8_activations  # noqa: E402
 from clearlm.quant.weights import load_weights  # noqa: E402
+from clearlm.threads import set_threads  # noqa: E402
 
 N_PROMPT, N_GEN = 512, 128
 
@@ -97,10 +99,11 @@ if __name__ == "__main__":
     ap.add_argument("--decode", choices=["eager", "compiled", "aot"], default="eager")
     ap.add_argument("--int8", action="store_true")
     a = ap.parse_args()
-    if a.threads < 1:
-        ap.error(f"THREADS must be at least 1, got {a.threads}")
-    if a.int8 and a.weights != "compact":
-        ap.error("--int8 needs compact weights (int8 activations are a compact mode)")
+    try:  # the library's own rules, before the load: int8 is a compact mode, threads in range
+        parse_activations("int8" if a.int8 else None, a.weights)
+        set_threads(a.threads)
+    except ClearLMError as e:
+        ap.error(str(e))
     try:
         print(json.dumps(main(a.model, a.weights, a.threads, a.precision, a.decode, a.int8)))
     except ClearLMError as e:  # a bad model path or file: one line, as the CLI says it
