@@ -1,4 +1,4 @@
-"""Two ahead-of-time compiled decode steps (clearlm.aot packages) against each other, in one
+"""Two ahead-of-time compiled decode steps (clearlm.runtime.aot packages) against each other, in one
 process, steps alternating: for changes worth a few percent on a machine whose speed drifts
 by more than that between runs.
 
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from clearlm.aot import AOTDecodeStep
-from clearlm.quant.distance import cache_for
-from clearlm.quant.weights import load_weights
+import clearlm
+from clearlm.inspect.distance import cache_for
+from clearlm.runtime.aot import AOTDecodeStep
 
 STEPS = 128
 
@@ -43,7 +43,7 @@ def main() -> None:
     a = ap.parse_args()
     if not a.path and len(a.packages) != 2:
         sys.exit("error: give two packages (PKG_A PKG_B), or --path")
-    net = load_weights(a.model, "compact", threads=a.threads).transformer
+    net = clearlm.load(a.model, weights="compact", threads=a.threads).transformer
     ids = torch.randint(0, net.config.vocab_size, (1, STEPS),
                         generator=torch.Generator().manual_seed(0))  # (1, STEPS)
     if a.path:

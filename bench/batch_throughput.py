@@ -12,7 +12,8 @@ generating N tokens (default 32, greedy, end ids ignored), are added to one
   (no prefill in it): the steady-state rate;
 - ``× B=1``: decode tok/s CPU relative to B = 1.
 Weights: ``float32`` (every weight dequantized at load, the reference mode) and ``compact``
-(block-quantized matrices kept packed: clearlm.quant.swap.quantize_model on the same file).
+(block-quantized matrices kept packed: clearlm.loading.compact.swap.quantize_model on the same
+file).
 Each configuration runs once after an untimed warm-up of the same engine shape.
 Usage: ``.venv/bin/python bench/batch_throughput.py [--threads 1] [--batches 1,4,16]
 [--weights float32,compact] [--prompt-tokens 32] [--new-tokens 32]``.
@@ -49,7 +50,7 @@ def run(model, batch: int, prompt_len: int, new_tokens: int) -> dict[str, float]
     """One engine run of `batch` concurrent requests; rates in tokens per second."""
     from clearlm.engine import Request
     from clearlm.engine.scheduler import BatchEngine
-    from clearlm.sampling import SamplingParams
+    from clearlm.sampling.chain import SamplingParams
 
     engine = BatchEngine(
         model.transformer,

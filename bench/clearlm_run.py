@@ -4,15 +4,16 @@
                                 [--decode eager|compiled|aot] [--int8]   →   one JSON line on stdout
 
 --precision: the matmul precision, "highest" (default, exact float32) or "medium" (bfloat16
-products for prefills: clearlm.precision). --decode compiled: the decode steps run
-clearlm.compiled's step (torch.compile, Inductor's C++ wrapper), compiled during the warm-up
-(its time reported apart as compile_s). --decode aot: clearlm.aot's ahead-of-time compiled
+products for prefills: clearlm.runtime.precision). --decode compiled: the decode steps run
+clearlm.runtime.compiled's step (torch.compile, Inductor's C++ wrapper), compiled during the warm-up
+(its time reported apart as compile_s). --decode aot: clearlm.runtime.aot's ahead-of-time compiled
 step, its package loaded during the warm-up (the load time joins load_s; a package this process
 had to build first reports its build time as compile_s). --int8: compact layers round decode
 activations to int8 (clearlm.quant.linear.set_int8_activations; opt-in, not exact).
 
 Measured as llama-bench measures (llama.cpp tools/llama-bench): after an untimed warm-up,
-- load_s: seconds of ``load_weights(MODEL, WEIGHTS, threads=THREADS)`` (file to usable model);
+- load_s: seconds of ``clearlm.load(MODEL, weights=WEIGHTS, threads=THREADS)`` (file to usable
+  model);
 - pp512: 512 / seconds of one ``prefill`` of 512 token ids (seeded random ids in the
   vocabulary, like llama-bench's) into an empty KV cache;
 - tg128: 128 / seconds of 128 decode steps from an empty cache, the first fed the BOS id, each
@@ -32,14 +33,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+import clearlm  # noqa: E402
+from clearlm.api.options import parse_activations  # noqa: E402
 from clearlm.errors import ClearLMError  # noqa: E402
-from clearlm.generation import decode_step, prefill  # noqa: E402
-from clearlm.load_options import parse_activations  # noqa: E402
-from clearlm.precision import set_matmul_precision  # noqa: E402
-from clearlm.quant.distance import cache_for  # noqa: E402
+from clearlm.generation.loop import decode_step, prefill  # noqa: E402
+from clearlm.inspect.distance import cache_for  # noqa: E402
 from clearlm.quant.linear import set_int8_activations  # noqa: E402
-from clearlm.quant.weights import load_weights  # noqa: E402
-from clearlm.threads import set_threads  # noqa: E402
+from clearlm.runtime.precision import set_matmul_precision  # noqa: E402
+from clearlm.runtime.threads import set_threads  # noqa: E402
 
 N_PROMPT, N_GEN = 512, 128
 
@@ -47,7 +48,7 @@ N_PROMPT, N_GEN = 512, 128
 def main(model: str, weights: str, threads: int, precision: str = "highest",
          decode: str = "eager", int8: bool = False) -> dict[str, float | None]:
     t0 = time.perf_counter()
-    m = load_weights(model, weights, threads=threads)
+    m = clearlm.load(model, weights=weights, threads=threads)
     set_matmul_precision(m.transformer, precision)  # what clearlm.load(matmul_precision=) does
     load_s = time.perf_counter() - t0
     net = m.transformer
@@ -55,11 +56,11 @@ def main(model: str, weights: str, threads: int, precision: str = "highest",
         set_int8_activations(net)
     step = decode_step
     if decode == "compiled":
-        from clearlm.compiled import CompiledDecodeStep
+        from clearlm.runtime.compiled import CompiledDecodeStep
 
         step = CompiledDecodeStep(net)
     elif decode == "aot":
-        from clearlm.aot import AOTDecodeStep
+        from clearlm.runtime.aot import AOTDecodeStep
 
         step = AOTDecodeStep(net)
     vocab = m.config.vocab_size

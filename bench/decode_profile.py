@@ -1,6 +1,6 @@
 """Where one decode step's time goes, per op kind, for compact (quantized) models.
 
-For each model: load the GGUF with compact weights (clearlm.quant.weights.load_weights),
+For each model: load the GGUF with compact weights (clearlm.load(..., weights=...)),
 prefill a 16-token prompt, then time decode steps. Two measurements:
 - ``step``: wall and CPU time of one decode step (median of --steps steps, no timers); with
   --compile the eager and the compiled step alternate, step by step, on the same cache;
@@ -24,15 +24,15 @@ from pathlib import Path
 
 import torch
 
-from clearlm.generation import decode_step, prefill
-from clearlm.kv_cache import CacheRows, KVCache
+import clearlm
+from clearlm.generation.loop import decode_step, prefill
 from clearlm.model import attention, norms, positions, transformer
-from clearlm.models import resolve_model
+from clearlm.model.kv_cache import CacheRows, KVCache
 from clearlm.quant import ops
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear, set_int8_activations
-from clearlm.quant.weights import load_weights
+from clearlm.store.catalog import resolve_model
 
 CACHE = Path.home() / ".cache" / "clearlm"
 MODELS = {
@@ -94,7 +94,8 @@ def instrument(model: torch.nn.Module) -> None:
 def build(path: Path):
     """The compact model as ``clearlm.load(weights="compact")`` builds it (packed straight from
     the file, Q/K/V and gate/up fused: clearlm.quant.fuse)."""
-    return load_weights(str(path), "compact", threads=torch.get_num_threads()).transformer.eval()
+    model = clearlm.load(str(path), weights="compact", threads=torch.get_num_threads())
+    return model.transformer.eval()
 
 
 def run(name: str, args: argparse.Namespace) -> None:
@@ -103,7 +104,7 @@ def run(name: str, args: argparse.Namespace) -> None:
         set_int8_activations(model)
     step = decode_step
     if args.compile:
-        from clearlm.compiled import CompiledDecodeStep
+        from clearlm.runtime.compiled import CompiledDecodeStep
 
         step = CompiledDecodeStep(model, mode=args.mode, cpp_wrapper=args.cpp_wrapper)
     n = args.cache_len or 16 + 6 * args.steps + 8
@@ -159,7 +160,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--compile", action="store_true", help="time clearlm.compiled's step instead")
+    p.add_argument("--compile", action="store_true",
+                   help="time clearlm.runtime.compiled's step instead")
     p.add_argument("--mode", default="default", help="torch.compile mode with --compile")
     p.add_argument("--cpp-wrapper", action="store_true", help="Inductor's C++ wrapper")
     p.add_argument("--cache-len", type=int, default=0,

@@ -1,17 +1,17 @@
 """The compact-weight mode's distance from float32 on real GGUF files (issue 10, item 2).
 
 For each model: the float32 model (the reference, checked against transformers) and the compact
-one (clearlm.quant.weights.load_weights) read the same tokens of tests/data/alice.txt in
+one (clearlm.load(..., weights=...)) read the same tokens of tests/data/alice.txt in
 windows; printed as the README's Markdown table "Compact weights: distance from float32":
 - prefill path: one forward pass per window for both models;
 - decode path: the compact model fed 4 tokens at a time through a KV cache (QuantLinear's
   kernel path, as in decoding) against the float32 model's prefill logits;
-- perplexity of the whole text under each model (clearlm.evaluation.perplexity);
+- perplexity of the whole text under each model (clearlm.generation.perplexity.perplexity);
 - greedy text on the parity tests' prompts (tests/test_model_parity.py): how many of them give
   the same continuation in both modes.
 
 With ``--matmul-precision medium`` the compact model computes its prefill with bfloat16
-products (clearlm.precision); the float32 reference stays exact ("highest"). The decode path
+products (clearlm.runtime.precision); the float32 reference stays exact ("highest"). The decode path
 (4 rows: the kernel) is not touched by it. With ``--int8`` the compact model's decode-sized
 products (the "decode" and "greedy steps" paths) round their inputs to int8 per block of 32
 (clearlm.quant.linear.set_int8_activations); its prefill (more than 16 rows) stays exact.
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
-from clearlm.evaluation import perplexity
-from clearlm.precision import set_matmul_precision
-from clearlm.quant.distance import Accumulator, Distance, greedy, window_distances
+import clearlm
+from clearlm.generation.perplexity import perplexity
+from clearlm.inspect.distance import Accumulator, Distance, greedy, window_distances
 from clearlm.quant.linear import set_int8_activations
-from clearlm.quant.weights import load_weights
+from clearlm.runtime.precision import set_matmul_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma3-270m"]
@@ -65,8 +65,8 @@ def measure(
     int8: bool = False,
 ) -> list[str]:
     t0 = time.time()
-    ref = load_weights(name, "float32", threads=threads)
-    small = load_weights(name, "compact", threads=threads)
+    ref = clearlm.load(name, weights="float32", threads=threads)
+    small = clearlm.load(name, weights="compact", threads=threads)
     set_matmul_precision(small.transformer, precision)
     if int8:
         set_int8_activations(small.transformer)
@@ -102,7 +102,7 @@ def main() -> None:
         "--matmul-precision",
         choices=["highest", "medium"],
         default="highest",
-        help="the compact model's matmul precision (clearlm.precision)",
+        help="the compact model's matmul precision (clearlm.runtime.precision)",
     )
     ap.add_argument("--int8", action="store_true",
                     help="the compact model's decode-sized products with int8 activations")

@@ -92,7 +92,7 @@ Loaded = tuple[torch.nn.Module, Step, Step, int, str]  # model, prefill, decode,
 
 def load_clearlm(path: Path, dtype: str, weights: str) -> Loaded:
     import clearlm
-    from clearlm.generation import decode_step, new_cache, prefill
+    from clearlm.generation.loop import decode_step, new_cache, prefill
 
     model = clearlm.load(path, dtype=getattr(torch, dtype), weights=weights)
     m = model.transformer
@@ -198,9 +198,9 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from clearlm.api.options import parse_weights
     from clearlm.errors import ClearLMError
-    from clearlm.load_options import parse_weights
-    from clearlm.models import resolve_model
+    from clearlm.store.catalog import resolve_model
 
     try:  # the mode clearlm.load picks (or refuses: compact with bfloat16), before any run
         args.weights = parse_weights(args.weights, getattr(torch, args.dtype))

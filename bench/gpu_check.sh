@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 status=0
 "$PY" -m pytest -q -m cuda tests/test_devices.py -rs -s || status=1
 MODEL=qwen2.5-coder-1.5b-instruct
-"$PY" -c "from clearlm.models import resolve_model; resolve_model('$MODEL')" 2>/dev/null \
+"$PY" -c "from clearlm.store.catalog import resolve_model; resolve_model('$MODEL')" 2>/dev/null \
   || MODEL="${HOME}/.cache/clearlm/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 for dtype in bfloat16 float32; do
   "$PY" bench/gpu_decode.py "$MODEL" --dtype "$dtype" --steps 128 || status=1

@@ -18,7 +18,7 @@ import time
 import torch
 
 import clearlm
-from clearlm.generation import decode_step, new_cache, prefill
+from clearlm.generation.loop import decode_step, new_cache, prefill
 
 BANDWIDTH_GBS = {  # vendor peak memory bandwidth (GB/s)
     "H200": 4800,

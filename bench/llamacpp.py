@@ -16,9 +16,10 @@ of medians with clearlm / llama.cpp ratios, the commit and the date (bench/llama
                              [--repeats 3] [--threads 2] [--llama-bench PATH]
 
 With ``--matmul-precision medium`` (or both) clearlm also runs with bfloat16 products for its
-prefill (clearlm.precision); its rows say "compact, medium" in the weights column. With
-``--decode compiled`` (or both) the 128 steps run clearlm.compiled's step, compiled during the
-warm-up (the load cell adds the compile time); ``--decode aot``: clearlm.aot's ahead-of-time
+prefill (clearlm.runtime.precision); its rows say "compact, medium" in the weights column. With
+``--decode compiled`` (or both) the 128 steps run clearlm.runtime.compiled's step, compiled during
+the
+warm-up (the load cell adds the compile time); ``--decode aot``: clearlm.runtime.aot's ahead-of-time
 compiled step, whose package is built once before the timed runs (its build time printed on
 stderr), so each timed process only loads it (in the load cell); ``--decode both`` means
 ``eager compiled``; ``--int8 on`` rounds the compact layers' decode
@@ -50,10 +51,10 @@ LABELS = {  # file name → the label of issue 10's table
 
 
 def resolve(models: list[str]) -> list[Path]:
-    """Aliases or paths → GGUF paths, as clearlm.models.resolve_model, in a child process:
+    """Aliases or paths → GGUF paths, as clearlm.store.catalog.resolve_model, in a child process:
     this process must stay small, because a child's ru_maxrss starts from its parent's peak
     (the fork's copy counts until exec), so importing torch here would inflate every RSS."""
-    code = ("import sys; from clearlm.models import resolve_model; "
+    code = ("import sys; from clearlm.store.catalog import resolve_model; "
             "print('\\n'.join(str(resolve_model(m)) for m in sys.argv[1:]))")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run([sys.executable, "-c", code, *models], env=env,
@@ -185,13 +186,15 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=MODELS, help="aliases or GGUF paths")
     ap.add_argument("--weights", choices=["compact", "float32", "both"], default="compact")
     ap.add_argument("--matmul-precision", choices=["highest", "medium", "both"],
-                    default="highest", help="clearlm's matmul precision (clearlm.precision)")
+                    default="highest",
+                    help="clearlm's matmul precision (clearlm.runtime.precision)")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per file (median)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-bench", help="a llama-bench binary (default: build/cache one)")
     ap.add_argument("--decode", nargs="+", choices=["eager", "compiled", "aot", "both"],
-                    default=["eager"], help="clearlm's decode steps: eager, clearlm.compiled's "
-                    "(torch.compile), clearlm.aot's (AOTInductor); both: eager compiled")
+                    default=["eager"],
+                    help="clearlm's decode steps: eager, clearlm.runtime.compiled's "
+                    "(torch.compile), clearlm.runtime.aot's (AOTInductor); both: eager compiled")
     ap.add_argument("--int8", choices=["off", "on", "both"], default="off",
                     help="compact layers with int8-rounded decode activations (opt-in, inexact)")
     args = ap.parse_args()

@@ -45,7 +45,7 @@ def child(model: str, weights: str, threads: int) -> dict:
 
     import clearlm
     from clearlm.loading.checkpoint import open_checkpoint
-    from clearlm.models import resolve_model
+    from clearlm.store.catalog import resolve_model
 
     if model == "torch":
         return {"rss_mib": hwm_mib()}

@@ -36,8 +36,8 @@ def rank_main(model: str, sizes: dict) -> None:
     import torch
 
     import clearlm
-    from clearlm.generation import decode_step, new_cache, prefill
-    from clearlm.parallel import launch
+    from clearlm.generation.loop import decode_step, new_cache, prefill
+    from clearlm.runtime.parallel import launch
 
     def peak_mib() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

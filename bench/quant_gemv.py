@@ -31,13 +31,13 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGUFReader
 from gguf import GGMLQuantizationType as Q
 
-from clearlm.models import resolve_model
 from clearlm.quant import QuantLinear, pack_blocks
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import set_int8_activations
 from clearlm.quant.ops import int8_available
 from clearlm.quant.pack import Packed
 from clearlm.quant.tiles import can_tile, tile_rows
+from clearlm.store.catalog import resolve_model
 
 SHAPES = {  # model: (d_model, d_ff, vocab)
     "SmolLM2-135M": (576, 1536, 49152),

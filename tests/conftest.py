@@ -12,7 +12,7 @@ import pytest
 # (quant/pack_cache.py); tests/test_pack_cache.py turns the copy on in a folder of its own.
 os.environ["CLEARLM_PACK_CACHE"] = "0"
 
-from clearlm.models import resolve_model
+from clearlm.store.catalog import resolve_model
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from clearlm.generation import prefill
-from clearlm.kv_cache import KVCache
+from clearlm.generation.loop import prefill
+from clearlm.model.kv_cache import KVCache
 
 
 def greedy_steps(model, step, prompt: torch.Tensor, cache: KVCache,

@@ -11,7 +11,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from clearlm.generation import decode_step, new_cache, prefill
+from clearlm.generation.loop import decode_step, new_cache, prefill
 from clearlm.loading.hf import load_hf_model
 
 VOCAB = 320

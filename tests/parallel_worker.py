@@ -19,10 +19,10 @@ import sys
 import torch
 
 from clearlm.errors import ClearLMError
-from clearlm.generation import decode_step, new_cache, prefill
+from clearlm.generation.loop import decode_step, new_cache, prefill
 from clearlm.loading.checkpoint import open_checkpoint
-from clearlm.parallel import launch
-from clearlm.parallel.place import load_placed
+from clearlm.runtime.parallel import launch
+from clearlm.runtime.parallel.place import load_placed
 
 
 def greedy(model, prompt: list[int], n: int) -> list[int]:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import uvicorn
 
 from clearlm.engine import Request, TokenEvent
-from clearlm.serve.serial_engine import SerialEngine
+from clearlm.engine.serial import SerialEngine
 
 START_TIMEOUT_S = 20
 

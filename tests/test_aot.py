@@ -1,4 +1,4 @@
-"""clearlm.aot: the ahead-of-time compiled decode step computes the eager step's logits.
+"""clearlm.runtime.aot: the ahead-of-time compiled decode step computes the eager step's logits.
 
 Reference: the eager model's own decode_step on the same cache contents (itself checked against
 transformers elsewhere). Inductor fuses and reorders float32 ops, so logits agree to float32
@@ -18,12 +18,18 @@ from gguf import GGMLQuantizationType as Q
 from greedy_steps import greedy_steps
 from tiny_gguf import write_tiny_llama
 
-from clearlm.aot import AOTDecodeStep, AOTError, compile_decode_aot, max_columns, package_key
-from clearlm.generation import decode_step, generate_step, prefill
-from clearlm.kv_cache import KVCache
+from clearlm.generation.loop import decode_step, generate_step, prefill
 from clearlm.loading.checkpoint import load_gguf_model
+from clearlm.loading.compact.swap import quantize_model
 from clearlm.loading.gguf import open_gguf
-from clearlm.quant.swap import quantize_model
+from clearlm.model.kv_cache import KVCache
+from clearlm.runtime.aot import (
+    AOTDecodeStep,
+    AOTError,
+    compile_decode_aot,
+    max_columns,
+    package_key,
+)
 
 PROMPT = [1, 72, 101, 108, 108, 111]
 CHILD = """
@@ -33,7 +39,7 @@ import torch
 torch.set_num_threads({threads})
 sys.path.insert(0, {tests!r})
 from test_aot import load_compact, run
-from clearlm.aot import AOTDecodeStep, package_key
+from clearlm.runtime.aot import AOTDecodeStep, package_key
 model = load_compact({path!r})
 step = AOTDecodeStep(model, Path({packages!r}))
 out, toks, _ = run(model, step, 13, 3)
@@ -200,10 +206,10 @@ def test_key_follows_what_the_code_depends_on(tiny) -> None:
     finally:
         torch.set_num_threads(n)
     assert max_columns(model) == model.config.context_length + 1  # tiny: table = context
-    import clearlm.aot
+    import clearlm.runtime.aot
 
     with pytest.MonkeyPatch.context() as mp:  # a build without the C++ kernel: another key
-        mp.setattr(clearlm.aot, "load_kernels", lambda: None)
+        mp.setattr(clearlm.runtime.aot, "load_kernels", lambda: None)
         assert package_key(model) != key
 
 
@@ -226,14 +232,14 @@ def test_compile_decode_aot_sets_the_generation_step(tiny, tmp_path) -> None:
 
 
 def test_a_failed_build_warns_once_and_decodes_eagerly(tiny, tmp_path, monkeypatch) -> None:
-    import clearlm.aot
+    import clearlm.runtime.aot
 
     model = tiny[0]
 
     def fail(net, path):
         raise AOTError("cannot compile the decode step ahead of time: boom")
 
-    monkeypatch.setattr(clearlm.aot, "build_package", fail)
+    monkeypatch.setattr(clearlm.runtime.aot, "build_package", fail)
     errors = []
     step = AOTDecodeStep(model, tmp_path, on_error=errors.append)
     got, _, _ = run(model, step, 13, 3)
@@ -245,20 +251,20 @@ def test_a_failed_build_warns_once_and_decodes_eagerly(tiny, tmp_path, monkeypat
 
 
 def test_the_key_reads_the_code_a_step_runs(tmp_path, monkeypatch) -> None:
-    import clearlm.aot
+    import clearlm.runtime.aot
 
     for name in ("model/attention.py", "quant/csrc/k.cpp", "cli/app.py", "serve/http.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x = 1\n")
-    monkeypatch.setattr(clearlm.aot, "_SOURCE", tmp_path)
-    digest = clearlm.aot._code_digest()
+    monkeypatch.setattr(clearlm.runtime.aot, "_SOURCE", tmp_path)
+    digest = clearlm.runtime.aot._code_digest()
     for untraced in ("cli/app.py", "serve/http.py"):  # editing the CLI keeps the packages
         (tmp_path / untraced).write_text("x = 2\n")
-        assert clearlm.aot._code_digest() == digest
+        assert clearlm.runtime.aot._code_digest() == digest
     for traced in ("model/attention.py", "quant/csrc/k.cpp"):
         (tmp_path / traced).write_text("x = 3\n")
-        assert clearlm.aot._code_digest() != digest
-        digest = clearlm.aot._code_digest()
+        assert clearlm.runtime.aot._code_digest() != digest
+        digest = clearlm.runtime.aot._code_digest()
 
 
 def test_cli_names_an_unknown_compile_backend(tiny, monkeypatch) -> None:
@@ -293,7 +299,7 @@ def test_a_damaged_package_is_named(tiny, tmp_path) -> None:
 
 def test_what_the_package_cannot_serve_is_refused_before_building(tiny, tmp_path,
                                                                   monkeypatch) -> None:
-    import clearlm.aot
+    import clearlm.runtime.aot
     from clearlm.cli.output import decode_kind
 
     model = tiny[0]
@@ -312,4 +318,4 @@ def test_what_the_package_cannot_serve_is_refused_before_building(tiny, tmp_path
     stage.keys, stage.values = [], []  # a pipeline stage's cache holds other layers
     assert not step.serves(model, torch.tensor([[1]]), stage)
     monkeypatch.setenv("CLEARLM_CACHE", "~/somewhere")
-    assert clearlm.aot.cache_root() == Path.home() / "somewhere" / "aot"
+    assert clearlm.runtime.aot.cache_root() == Path.home() / "somewhere" / "aot"

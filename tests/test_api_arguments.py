@@ -18,8 +18,8 @@ from clearlm.errors import (
     SamplingError,
     SamplingParamsError,
 )
-from clearlm.sampling import SamplingParams
-from clearlm.sampling_numerics import check_logits
+from clearlm.sampling.chain import SamplingParams
+from clearlm.sampling.numerics import check_logits
 
 GREEDY = dict(max_new_tokens=4, temperature=0)
 

@@ -98,9 +98,9 @@ def test_new_cache_builds_the_tables_its_steps_read(tmp_path, monkeypatch):
     decode steps against it never rebuild a buffer (a compiled step could not); the logits equal
     those of a model built with whole tables. The ahead-of-time step takes the tables as
     inputs and leaves them as they are (tests/test_aot.py)."""
-    from clearlm.aot import AOTDecodeStep
-    from clearlm.generation import decode_step, prefill
+    from clearlm.generation.loop import decode_step, prefill
     from clearlm.model.positions import RotaryEmbedding
+    from clearlm.runtime.aot import AOTDecodeStep
 
     path = write_tiny_llama(tmp_path / "tiny.gguf")  # context 64
     whole = clearlm.load(path).transformer

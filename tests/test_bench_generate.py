@@ -16,8 +16,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from tiny_gguf import write_tiny_llama
 
+from clearlm.api.options import parse_weights
 from clearlm.errors import ClearLMError
-from clearlm.load_options import parse_weights
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "generate.py"
 spec = importlib.util.spec_from_file_location("bench_generate", SCRIPT)

@@ -57,7 +57,7 @@ def test_perplexity_command(tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr
     value = float(proc.stdout.split()[-1])
     import clearlm
-    from clearlm.evaluation import perplexity
+    from clearlm.generation.perplexity import perplexity
 
     m = clearlm.load(tiny)
     expected = perplexity(m.transformer, m.tokenizer.encode(text.read_text()), 16, 8)

@@ -70,7 +70,10 @@ def test_a_folder_given_as_a_file_says_it_is_a_directory(tmp_path, tiny_path):
 
 
 def test_threads_module_is_reachable_after_import_clearlm():
-    code = "import clearlm, torch; print(clearlm.threads.set_threads(1), torch.get_num_threads())"
+    code = (
+        "import clearlm, torch; "
+        "print(clearlm.runtime.threads.set_threads(1), torch.get_num_threads())"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "1"]
@@ -82,7 +85,7 @@ def test_load_applies_the_thread_rule_or_the_given_count(tiny_path, monkeypatch)
         clearlm.load(tiny_path, threads=2)
         assert torch.get_num_threads() == 2
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        monkeypatch.setattr(clearlm.threads, "default_threads", lambda: 1)  # the CLI's rule
+        monkeypatch.setattr(clearlm.runtime.threads, "default_threads", lambda: 1)  # the CLI's rule
         clearlm.load(tiny_path)
         assert torch.get_num_threads() == 1
         with pytest.raises(SamplingParamsError, match="threads must be an integer"):
@@ -126,15 +129,15 @@ def test_dtype_is_a_usage_error_naming_the_allowed_values(tiny_path):
 
 
 def test_ctrl_c_while_loading_says_so_even_with_quiet(tiny_path, monkeypatch, capsys):
-    from clearlm.cli import runtime
+    from clearlm.cli import loader
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("clearlm.api.load", interrupted)
+    monkeypatch.setattr("clearlm.api.model.load", interrupted)
     for quiet in (False, True):
         with pytest.raises(typer.Exit) as e:
-            runtime.load_model(str(tiny_path), threads=1, quiet=quiet)
+            loader.load_model(str(tiny_path), threads=1, quiet=quiet)
         assert e.value.exit_code == 130
         err = capsys.readouterr().err
         assert err.strip().splitlines()[-1] == "interrupted while loading tiny.gguf"
@@ -182,11 +185,12 @@ def test_help_and_usage_errors_do_not_import_torch(argv):
 
 def test_lazy_package_still_reaches_submodules_and_bare_clearlm_helps_once():
     code = (
-        "import clearlm, sys\nprint(clearlm.sampling.softmax.__name__, "
+        "import clearlm, sys\nprint(clearlm.sampling.chain.SamplingParams.__name__, "
         "clearlm.text.read_text_file.__name__, hasattr(clearlm, 'nope'))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
-    assert proc.stdout.decode().split() == ["softmax", "read_text_file", "False"], proc.stderr
+    want = ["SamplingParams", "read_text_file", "False"]
+    assert proc.stdout.decode().split() == want, proc.stderr
     bare = cli(COLUMNS="300")  # no command: the help, once
     assert bare.returncode == 0 and bare.stdout.count(b"Usage:") == 1, bare.stdout
 
@@ -264,7 +268,7 @@ def test_dash_at_a_terminal_says_how_to_end_the_prompt(monkeypatch, capsys):
 
 def test_absurd_thread_counts_are_refused_before_torch_sees_them(tiny_path):
     """`--threads 100000` crashed libgomp (segfault, exit 139): now a usage error, exit 2."""
-    from clearlm.threads import MAX_THREADS, set_threads
+    from clearlm.runtime.threads import MAX_THREADS, set_threads
 
     proc = cli("generate", "-p", "Hi", "-m", str(tiny_path), "-n", "2", "-t", "100000")
     assert proc.returncode == 2, proc.stderr

@@ -17,10 +17,10 @@ from rich.console import Console
 from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
-from clearlm import threads
-from clearlm.cli import app, runtime
+from clearlm.cli import app, loader
 from clearlm.errors import ChatTemplateError, SamplingParamsError
 from clearlm.loading.checkpoint import GGUFCheckpoint
+from clearlm.runtime import threads
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +120,9 @@ def test_loading_line_names_model_size_time_and_threads(tiny):
     proc = cli("generate", "hello", "-m", str(tiny), "-n", "3", "--threads", "1", "--seed", "0")
     assert proc.returncode == 0, proc.stderr
     first = proc.stderr.splitlines()[0]
-    size = runtime.human_size(tiny.stat().st_size)
+    size = loader.human_size(tiny.stat().st_size)
     # an F32 file: float32 weights, 4 bytes per value of the file's tensors
-    held = runtime.human_size(4 * sum(t.n_elements for t in GGUFCheckpoint(tiny).tensors))
+    held = loader.human_size(4 * sum(t.n_elements for t in GGUFCheckpoint(tiny).tensors))
     assert first.startswith(f"loading tiny.gguf ({size})… done in ") and first.endswith(
         f" s · 1 thread · float32 weights {held}"
     ), first
@@ -150,14 +150,14 @@ def test_perplexity_takes_threads_and_quiet(tiny, tmp_path):
 
 def test_spinner_shows_on_a_terminal_only_when_slow(monkeypatch):
     screen = io.StringIO()
-    monkeypatch.setattr(runtime, "err", Console(file=screen, force_terminal=True, width=80))
-    monkeypatch.setattr(runtime, "SPINNER_AFTER_S", 0.05)
-    with runtime.spinner("loading big (1.1 GB)…", enabled=True):
+    monkeypatch.setattr(loader, "err", Console(file=screen, force_terminal=True, width=80))
+    monkeypatch.setattr(loader, "SPINNER_AFTER_S", 0.05)
+    with loader.spinner("loading big (1.1 GB)…", enabled=True):
         time.sleep(0.4)
     assert "loading big (1.1 GB)…" in screen.getvalue()
     screen.truncate(0)
-    monkeypatch.setattr(runtime, "SPINNER_AFTER_S", 5.0)
-    with runtime.spinner("loading small…", enabled=True):
+    monkeypatch.setattr(loader, "SPINNER_AFTER_S", 5.0)
+    with loader.spinner("loading small…", enabled=True):
         pass  # quicker than SPINNER_AFTER_S: nothing drawn
     assert "loading small" not in screen.getvalue()
 
@@ -166,7 +166,7 @@ def test_spinner_shows_on_a_terminal_only_when_slow(monkeypatch):
     "n,text", [(0, "0 B"), (369_000, "369 kB"), (98_000_000, "98 MB"), (1_120_000_000, "1.1 GB")]
 )
 def test_human_size(n, text):
-    assert runtime.human_size(n) == text
+    assert loader.human_size(n) == text
 
 
 # ---- help, --version, order, info -m ----
@@ -279,7 +279,7 @@ def test_gguf_keys_equal_the_gguf_readers(tiny, no_template, tmp_path):
 @pytest.mark.parametrize("name,has", [("smollm2-135m-instruct", True), ("gemma3-270m", False)])
 def test_real_models_chat_template_from_keys(name, has):
     from clearlm.loading.peek import has_chat_template
-    from clearlm.models import ALIASES, locate
+    from clearlm.store.catalog import ALIASES, locate
 
     path = locate(ALIASES[name])
     if path is None:

@@ -16,11 +16,11 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.errors import SamplingParamsError
 from clearlm.loading.checkpoint import GGUFCheckpoint, load_gguf_model
+from clearlm.loading.compact import from_file
+from clearlm.loading.compact.swap import quantize_model
 from clearlm.loading.gguf import open_gguf
-from clearlm.quant import from_file
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.linear import QuantLinear
-from clearlm.quant.swap import quantize_model
 
 TOKENS = torch.tensor([[1, 72, 101, 108, 108, 111, 32, 119, 2]])  # (B, T)
 

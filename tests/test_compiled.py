@@ -1,4 +1,4 @@
-"""clearlm.compiled: the torch.compile'd decode step computes the eager step's logits.
+"""clearlm.runtime.compiled: the torch.compile'd decode step computes the eager step's logits.
 
 Reference: the eager model's own decode_step on the same cache contents (itself checked against
 transformers elsewhere). Inductor may fuse and reorder float32 ops, so logits agree to float32
@@ -15,12 +15,12 @@ from gguf import GGMLQuantizationType as Q
 from greedy_steps import greedy_steps
 from tiny_gguf import write_tiny_llama
 
-from clearlm.compiled import CompiledDecodeStep, cache_dir, compile_decode
-from clearlm.generation import decode_step, generate_step, prefill
-from clearlm.kv_cache import KVCache
+from clearlm.generation.loop import decode_step, generate_step, prefill
 from clearlm.loading.checkpoint import load_gguf_model
+from clearlm.loading.compact.swap import quantize_model
 from clearlm.loading.gguf import open_gguf
-from clearlm.quant.swap import quantize_model
+from clearlm.model.kv_cache import KVCache
+from clearlm.runtime.compiled import CompiledDecodeStep, cache_dir, compile_decode
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_compiled_step_matches_eager(tiny_compact, monkeypatch, tmp_path) -> Non
 
 
 def test_generation_decodes_with_the_compiled_step(tiny_compact) -> None:
-    from clearlm.sampling import SamplingParams, make_sampler
+    from clearlm.sampling.chain import SamplingParams, make_sampler
 
     prompt = [1, 72, 101, 108, 108, 111]
     greedy = SamplingParams(temperature=0.0)
@@ -100,7 +100,7 @@ def test_compile_cache_goes_to_clearlm_cache_when_unset(tmp_path) -> None:
     import sys
 
     code = (
-        "import torch, clearlm.compiled as c; c.CompiledDecodeStep(torch.nn.Linear(2, 2)); "
+        "import torch, clearlm.runtime.compiled as c; c.CompiledDecodeStep(torch.nn.Linear(2, 2)); "
         "print(c.cache_dir()); torch.compile(lambda x: (x * 2).sin())(torch.ones(8))"
     )
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
@@ -116,7 +116,7 @@ def test_stats_line_keeps_the_compile_out_of_the_decode_speed(capsys) -> None:
     """--compile's stats line: the first decode step's compile time is named, and the decode
     speed counts the later steps only (5 tokens: prefill's, the compiling step, 3 more)."""
     from clearlm.cli.output import print_stats
-    from clearlm.generation import GenerationResult
+    from clearlm.generation.loop import GenerationResult
 
     result = GenerationResult("abc", [1, 2, 3, 4, 5], "length", 3, prefill_s=0.5, decode_s=10.5)
     print_stats(result, 100)
@@ -127,13 +127,14 @@ def test_stats_line_keeps_the_compile_out_of_the_decode_speed(capsys) -> None:
 
 @pytest.mark.parametrize("backend", ["aot", "jit"])
 def test_cli_generate_compile_flag(tmp_path, monkeypatch, backend) -> None:
-    """--compile hands the loaded model to clearlm.aot.compile_decode_aot (CLEARLM_COMPILE=jit:
-    clearlm.compiled.compile_decode), whose step then decodes (recorded here in place of the
+    """--compile hands the loaded model to clearlm.runtime.aot.compile_decode_aot
+    (CLEARLM_COMPILE=jit:
+    clearlm.runtime.compiled.compile_decode), whose step then decodes (recorded here in place of the
     compiled step, so the test compiles nothing)."""
     from typer.testing import CliRunner
 
-    import clearlm.aot
-    import clearlm.compiled
+    import clearlm.runtime.aot
+    import clearlm.runtime.compiled
     from clearlm.cli import app
 
     calls = []
@@ -147,8 +148,8 @@ def test_cli_generate_compile_flag(tmp_path, monkeypatch, backend) -> None:
         model.decode_fn = step
         return step
 
-    monkeypatch.setattr(clearlm.aot, "compile_decode_aot", fake_compile)
-    monkeypatch.setattr(clearlm.compiled, "compile_decode", fake_compile)
+    monkeypatch.setattr(clearlm.runtime.aot, "compile_decode_aot", fake_compile)
+    monkeypatch.setattr(clearlm.runtime.compiled, "compile_decode", fake_compile)
     monkeypatch.setenv("CLEARLM_COMPILE", backend)
     path = write_tiny_llama(tmp_path / "t.gguf", context_length=48)
     args = ["generate", "hello", "-m", str(path), "-n", "4", "-t", "1", "--temperature", "0"]
@@ -167,7 +168,7 @@ def test_cli_chat_compile_flag(tmp_path, monkeypatch) -> None:
     text as eager; the answer whose first step built the step gives that time apart."""
     from typer.testing import CliRunner
 
-    import clearlm.aot
+    import clearlm.runtime.aot
     from clearlm.cli import app
 
     calls = []
@@ -184,7 +185,7 @@ def test_cli_chat_compile_flag(tmp_path, monkeypatch) -> None:
         model.decode_fn = step
         return step
 
-    monkeypatch.setattr(clearlm.aot, "compile_decode_aot", fake_compile)
+    monkeypatch.setattr(clearlm.runtime.aot, "compile_decode_aot", fake_compile)
     path = write_tiny_llama(tmp_path / "t.gguf", context_length=96)
     args = ["chat", "-m", str(path), "-n", "4", "-t", "1", "--temperature", "0"]
     want = CliRunner().invoke(app, [*args, "hello", "-q"])

@@ -59,10 +59,10 @@ def test_rope_rotates_as_the_formula(d: int) -> None:
 def test_one_query_attention_matches_the_formula_and_compiles(softcap, n_kv_heads) -> None:
     """attend_one_query (the compiled decode step's attention) against softmax(q·kᵀ·scale,
     capped, masked)·v written out here, per query head h reading kv head h // G; eager, and
-    compiled as the decode step compiles it (Inductor options of clearlm.compiled)."""
-    from clearlm.compiled import CHECKS_OFF, DECODE_INDUCTOR
+    compiled as the decode step compiles it (Inductor options of clearlm.runtime.compiled)."""
     from clearlm.config import ModelConfig
     from clearlm.model.attention import Attention
+    from clearlm.runtime.compiled import CHECKS_OFF, DECODE_INDUCTOR
 
     config = ModelConfig(architecture="llama", vocab_size=8, d_model=32, n_layers=1, n_heads=4,
                          n_kv_heads=n_kv_heads, head_dim=8, d_ff=16, norm_eps=1e-6,

@@ -15,9 +15,9 @@ from tiny_gguf import write_tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import clearlm
-from clearlm.devices import resolve_device
 from clearlm.errors import DeviceError
 from clearlm.loading.checkpoint import open_checkpoint
+from clearlm.runtime.devices import resolve_device
 
 HAS_CUDA = torch.cuda.is_available()
 cuda = [

@@ -1,6 +1,6 @@
 """The continuous-batching engine: requests that join a running batch, aborts that free a slot
 for a queued request, chunked prefill, top_logprobs and finish reasons, each checked against
-the same prompt run alone (clearlm.generation, one sequence, no engine)."""
+the same prompt run alone (clearlm.generation.loop, one sequence, no engine)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import clearlm
 from clearlm.engine import Request
 from clearlm.engine.scheduler import BatchEngine
 from clearlm.errors import ClearLMError, ContextLengthError, SamplingParamsError
-from clearlm.sampling import SamplingParams
+from clearlm.sampling.chain import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 SAMPLED = SamplingParams(temperature=0.9, top_k=40, seed=123)
@@ -144,3 +144,15 @@ def test_bad_requests_are_refused_before_queuing(tiny):
     with pytest.raises(SamplingParamsError, match="max_batch must be an integer ≥ 1"):
         BatchEngine(tiny.transformer, max_batch=0)
     assert len(engine.queue) == 1
+
+
+def test_finish_reason_is_one_rule_eos_then_length_then_context() -> None:
+    """generation.stops.finish_reason decides for the loop and both engines: an end id wins
+    over the token limit, which wins over a full context (all three hold at once here)."""
+    from clearlm.generation.stops import finish_reason
+
+    assert finish_reason(2, {2}, 4, 4, 10, 10) == "eos"
+    assert finish_reason(5, {2}, 4, 4, 10, 10) == "length"
+    assert finish_reason(5, {2}, 3, 4, 10, 10) == "context_length"
+    assert finish_reason(5, {2}, 3, 4, 9, 10) is None
+    assert finish_reason(None, (), 4, 4, 5, 10) == "length"  # the loop's end, no token

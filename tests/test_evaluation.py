@@ -13,7 +13,7 @@ from tiny_gguf import write_tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clearlm.errors import ClearLMError, SamplingParamsError
-from clearlm.evaluation import perplexity, windows
+from clearlm.generation.perplexity import perplexity, windows
 from clearlm.loading.hf import load_hf_model
 
 

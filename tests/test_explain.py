@@ -13,7 +13,7 @@ import torch
 
 from clearlm.errors import ClearLMError
 from clearlm.inspect.explain import TEMPERATURES, explain_data
-from clearlm.sampling import softmax
+from clearlm.sampling.chain import softmax
 
 PROMPT = "The capital of France is"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -51,7 +51,7 @@ from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURE
 from clearlm.errors import UnsupportedModelError
 from clearlm.families.base import HFConfig
 from clearlm.families.gemma import gemma3_config
-from clearlm.generation import decode_step, new_cache, prefill
+from clearlm.generation.loop import decode_step, new_cache, prefill
 from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.gguf_config import config_from_gguf
 from clearlm.loading.hf import load_hf_model

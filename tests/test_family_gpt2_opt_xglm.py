@@ -31,7 +31,7 @@ from transformers import (
     XGLMForCausalLM,
 )
 
-from clearlm.generation import decode_step, new_cache, prefill
+from clearlm.generation.loop import decode_step, new_cache, prefill
 from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.hf import load_hf_model
 

@@ -9,8 +9,8 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.errors import SamplingParamsError
-from clearlm.generation import check_max_new_tokens
-from clearlm.text_stream import held_back as _held_back
+from clearlm.generation.loop import check_max_new_tokens
+from clearlm.generation.text_stream import held_back as _held_back
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""generation_config.json means what transformers makes of it (clearlm.defaults).
+"""generation_config.json means what transformers makes of it (clearlm.sampling.defaults).
 
 The reference is transformers itself: a tiny LlamaForCausalLM given
 ``GenerationConfig.from_pretrained(folder)`` resolves its effective settings with
@@ -16,16 +16,16 @@ import torch
 from hf_tiny import TINY
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from clearlm.defaults import (
+from clearlm.errors import InvalidModelFileError
+from clearlm.loading.generation_config import read_generation_config
+from clearlm.sampling.chain import SamplingParams, filter_logits
+from clearlm.sampling.defaults import (
     CHAT_DEFAULTS,
     GENERATE_DEFAULTS,
     FileDefaults,
     describe,
-    read_generation_config,
     resolve,
 )
-from clearlm.errors import InvalidModelFileError
-from clearlm.sampling import SamplingParams, filter_logits
 
 GEMMA3 = {"do_sample": True, "top_k": 64, "top_p": 0.95}  # the shape Gemma 3 ships
 NO_DO_SAMPLE = {"temperature": 0.6, "top_p": 0.9}  # the issue's second file

@@ -14,7 +14,7 @@ from test_tokenizer_hf import _save, _train
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import clearlm
-from clearlm.api import CHAT_DEFAULTS, GENERATE_DEFAULTS
+from clearlm.api.model import CHAT_DEFAULTS, GENERATE_DEFAULTS
 
 TEXT = "Alice was beginning to get very tired"
 

@@ -14,7 +14,7 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.errors import ClearLMError
-from clearlm.generation import new_cache
+from clearlm.generation.loop import new_cache
 from clearlm.loading.hf import load_hf_model
 from clearlm.model.attention import Attention
 from clearlm.model.hooks import AFTER_FORWARD, HOOK_POINTS, hook_name

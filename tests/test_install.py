@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-import clearlm.install as install_mod
+import clearlm.store.install as install_mod
 from clearlm.errors import PullError
-from clearlm.models import resolve_model
+from clearlm.store.catalog import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

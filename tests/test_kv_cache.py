@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from clearlm.generation import new_cache
+from clearlm.generation.loop import new_cache
 
 
 def test_cached_decode_equals_full_forward(smollm2):

@@ -12,7 +12,7 @@ from test_family_gemma_phi3 import CASES as GEMMA_PHI3
 from test_family_gpt2_opt_xglm import CASES as GPT2_OPT_XGLM
 from tiny_gguf import write_tiny_llama
 
-from clearlm.generation import new_cache
+from clearlm.generation.loop import new_cache
 from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.hf import load_hf_model
 from clearlm.model.attention import attention_mask

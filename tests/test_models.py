@@ -19,18 +19,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import clearlm.install as install_mod
-import clearlm.pull as pull_mod
-from clearlm import models
+import clearlm.store.install as install_mod
+import clearlm.store.pull as pull_mod
 from clearlm.cli import app
 from clearlm.errors import ChecksumError, ClearLMError, ModelNotFoundError, PullError
-from clearlm.models import (
+from clearlm.store import catalog as models
+from clearlm.store.catalog import (
     ALIASES,
     ModelAlias,
     default_cache_dir,
     resolve_model,
 )
-from clearlm.pull import pull
+from clearlm.store.pull import pull
 
 PART_INIT = """import os
 def get_part_path():
@@ -557,7 +557,7 @@ def test_rm_removes_the_file_and_sidecar_and_says_what_it_freed(fake_parts, cach
     freed = path.stat().st_size + (cache / "fake.gguf.sha256").stat().st_size + copy.stat().st_size
     res = runner.invoke(app, ["rm", "fake-parts", "--cache-dir", str(cache)])
     assert res.exit_code == 0, res.output
-    from clearlm.cli.runtime import human_size
+    from clearlm.cli.loader import human_size
 
     assert res.stdout.strip() == (
         f"removed {path} ({human_size(freed)} freed, its packed copy included)"

@@ -23,8 +23,8 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.errors import SamplingParamsError
+from clearlm.loading.compact import pack_cache
 from clearlm.loading.gguf_file import GGUFTensor
-from clearlm.quant import pack_cache
 from clearlm.quant.pack import Packed, pack_blocks
 from clearlm.quant.tiles import tile_rows
 
@@ -60,7 +60,7 @@ def no_packing(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("packed instead of reading the copy")
 
-    monkeypatch.setattr("clearlm.loading.gguf_compact.pack_group", refuse)
+    monkeypatch.setattr("clearlm.loading.compact.load.pack_group", refuse)
 
 
 def fresh(path):

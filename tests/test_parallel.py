@@ -33,11 +33,11 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.errors import DistributedError
 from clearlm.loading.checkpoint import open_checkpoint
-from clearlm.parallel import launch
-from clearlm.parallel.pipeline import PipelineStage, stage_plan
-from clearlm.parallel.place import load_placed
-from clearlm.parallel.slicing import Take, _read_gguf_part, read_gguf_part
-from clearlm.parallel.tensor import head_split, shard_plan
+from clearlm.runtime.parallel import launch
+from clearlm.runtime.parallel.pipeline import PipelineStage, stage_plan
+from clearlm.runtime.parallel.place import load_placed
+from clearlm.runtime.parallel.slicing import Take, _read_gguf_part, read_gguf_part
+from clearlm.runtime.parallel.tensor import head_split, shard_plan
 
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 WORKER = str(Path(__file__).parent / "parallel_worker.py")

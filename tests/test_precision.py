@@ -1,4 +1,5 @@
-"""matmul_precision (clearlm.precision): "highest" is today's exact path bit for bit, "medium"
+"""matmul_precision (clearlm.runtime.precision): "highest" is today's exact path bit for bit,
+"medium"
 stays within measured bounds of it, decode-sized forwards are untouched, torch's global setting
 is restored after every forward, and bad values are refused with one line.
 
@@ -21,15 +22,14 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.errors import SamplingParamsError
-from clearlm.kv_cache import KVCache
-from clearlm.precision import (
+from clearlm.inspect.distance import cache_for, window_distances
+from clearlm.model.kv_cache import KVCache
+from clearlm.quant.linear import SMALL_M
+from clearlm.runtime.precision import (
     float32_matmul_precision,
     parse_matmul_precision,
     set_matmul_precision,
 )
-from clearlm.quant.distance import cache_for, window_distances
-from clearlm.quant.linear import SMALL_M
-from clearlm.quant.weights import load_weights
 
 
 def _medium_rounds_to_bf16() -> bool:
@@ -100,8 +100,8 @@ TINY_BOUND = {"max_abs_logit": 0.1, "mean_kl": 4e-5, "max_kl": 2e-4, "top1": 0.9
 
 @pytest.mark.parametrize("weights", ["compact", "float32"])
 def test_tiny_medium_within_bounds(tiny, weights, alice_text):
-    ref = load_weights(tiny, weights)
-    med = load_weights(tiny, weights)
+    ref = clearlm.load(tiny, weights=weights)
+    med = clearlm.load(tiny, weights=weights)
     set_matmul_precision(med.transformer, "medium")
     ids = ref.encode(alice_text)
     d = window_distances(ref.transformer, med.transformer, ids, 64, 64, chunks=(None,))[None]
@@ -243,9 +243,9 @@ SMOL_BOUND = {"max_abs_logit": 1.0, "mean_kl": 4e-4, "max_kl": 1.6e-2, "top1": 0
 
 
 def test_smollm2_medium_distance_over_2000_positions(smollm2, smollm2_path, alice_text):
-    from clearlm.evaluation import perplexity
+    from clearlm.generation.perplexity import perplexity
 
-    med = load_weights(smollm2_path, "compact")
+    med = clearlm.load(smollm2_path, weights="compact")
     set_matmul_precision(med.transformer, "medium")
     ids = smollm2.encode(alice_text)  # 548 tokens
     d = window_distances(smollm2.transformer, med.transformer, ids, 128, 26, chunks=(None,))

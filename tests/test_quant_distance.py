@@ -18,8 +18,9 @@ from gguf import GGMLQuantizationType as Q
 from test_model_parity import PROMPTS
 from tiny_gguf import write_tiny_llama
 
+import clearlm
 from clearlm.errors import ClearLMError
-from clearlm.quant.distance import (
+from clearlm.inspect.distance import (
     Accumulator,
     greedy,
     kl_divergence,
@@ -28,7 +29,6 @@ from clearlm.quant.distance import (
 )
 from clearlm.quant.linear import QuantLinear, set_int8_activations
 from clearlm.quant.ops import int8_available
-from clearlm.quant.weights import load_weights
 
 
 def test_kl_divergence_matches_the_formula():
@@ -79,7 +79,7 @@ TINY_BOUND = {"max_abs_logit": 8e-6, "mean_kl": 2.5e-13, "max_kl": 1.6e-12}
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_0], ids=lambda q: q.name)
 def test_tiny_compact_within_bounds(tmp_path, qtype, alice_text):
     path = write_tiny_llama(tmp_path / "tiny.gguf", matrix_type=qtype, seed=5)
-    ref, small = load_weights(path, "float32"), load_weights(path, "compact")
+    ref, small = clearlm.load(path, weights="float32"), clearlm.load(path, weights="compact")
     ids = ref.encode(alice_text)  # byte-level: about 2,200 tokens
     d = window_distances(ref.transformer, small.transformer, ids, 64, 64, chunks=(None, 4))
     print(f"\n{qtype.name}: prefill {d[None]}\ndecode {d[4]}")
@@ -108,7 +108,7 @@ SMOL_BOUND = {"max_abs_logit": 2e-4, "mean_kl": 2e-11, "max_kl": 3.2e-10}
 
 @pytest.fixture(scope="module")
 def smollm2_compact(smollm2_path):
-    return load_weights(smollm2_path, "compact")
+    return clearlm.load(smollm2_path, weights="compact")
 
 
 def test_smollm2_compact_distance_over_2000_positions(smollm2, smollm2_compact, alice_text):

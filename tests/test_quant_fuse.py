@@ -17,11 +17,11 @@ from test_quant import random_blocks
 from tiny_gguf import write_tiny_llama
 
 import clearlm
-from clearlm.generation import decode_step, prefill
+from clearlm.generation.loop import decode_step, prefill
+from clearlm.inspect.distance import cache_for
 from clearlm.model.attention import Attention
 from clearlm.model.ffn import GatedFFN
 from clearlm.quant import fuse
-from clearlm.quant.distance import cache_for
 from clearlm.quant.fuse import fuse_projections, join_rows
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
@@ -165,8 +165,8 @@ def test_pack_group_shares_the_leading_members_that_agree() -> None:
     """Qwen2.5's layer 0 has Q5_0 Q and K and a Q8_0 V: Q and K are packed into one buffer
     (fuse.py fuses exactly those two), V apart, each with the bytes pack_tensor gives alone, in
     row tiles as a compact load packs them (quant/tiles.tile_size), or row-major."""
+    from clearlm.loading.compact.from_file import pack_group, pack_tensor
     from clearlm.loading.gguf_file import GGUFFile
-    from clearlm.quant.from_file import pack_group, pack_tensor
 
     f = GGUFFile(QWEN)
     by_name = {t.name: t for t in f.tensors}

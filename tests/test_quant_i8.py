@@ -150,8 +150,8 @@ def test_load_with_int8_activations(tmp_path) -> None:
 
     import clearlm
     from clearlm.errors import SamplingParamsError
-    from clearlm.generation import decode_step, prefill
-    from clearlm.quant.distance import cache_for
+    from clearlm.generation.loop import decode_step, prefill
+    from clearlm.inspect.distance import cache_for
 
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=Q.Q8_0, seed=2)
     exact = clearlm.load(path, threads=1)
@@ -251,8 +251,8 @@ def test_logprobs_are_those_the_tokens_were_drawn_from(tmp_path) -> None:
 
 def test_cli_option_names_are_the_api_s() -> None:
     """cli/app.py spells the --weights and --activations choices itself (it must not import
-    torch at start-up); they are the values clearlm.load_options accepts."""
+    torch at start-up); they are the values clearlm.api.options accepts."""
+    from clearlm.api.options import ACTIVATIONS, WEIGHTS
     from clearlm.cli.app import ACTIVATION_NAMES, WEIGHT_NAMES
-    from clearlm.load_options import ACTIVATIONS, WEIGHTS
 
     assert ACTIVATION_NAMES == ACTIVATIONS and WEIGHT_NAMES == WEIGHTS

@@ -11,11 +11,11 @@ from gguf import GGMLQuantizationType as Q
 from tiny_gguf import write_tiny_llama
 
 from clearlm.loading.checkpoint import load_gguf_model
+from clearlm.loading.compact.swap import quantize_model
 from clearlm.loading.gguf import open_gguf
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.fields import preferred
 from clearlm.quant.linear import QuantLinear
-from clearlm.quant.swap import quantize_model
 
 MATRICES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

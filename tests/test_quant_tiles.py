@@ -240,7 +240,7 @@ def test_a_compact_load_tiles_what_linear_layers_read(smollm2_path: Path, monkey
     mods = [m for m in model.transformer.modules() if isinstance(m, (QuantLinear, QuantEmbedding))]
     assert mods and all(m.packed().tile == tile_size(m.bits, m.block) for m in mods)
     got = model.logits(ids)
-    monkeypatch.setattr("clearlm.loading.gguf_compact._tile", lambda *args: 1)
+    monkeypatch.setattr("clearlm.loading.compact.load._tile", lambda *args: 1)
     plain = clearlm.load(str(smollm2_path), weights="compact")
     assert all(m.packed().tile == 1 for m in plain.transformer.modules() if hasattr(m, "packed"))
     assert torch.equal(got, plain.logits(ids))

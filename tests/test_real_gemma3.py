@@ -18,10 +18,10 @@ from real_parity import TOL, greedy_matches_or_near_tie, hf_gguf_model, last_log
 from test_tokenizer import hf_gguf_tokenizer
 
 from clearlm.errors import ModelNotFoundError
-from clearlm.generation import decode_step, new_cache, prefill
+from clearlm.generation.loop import decode_step, new_cache, prefill
 from clearlm.loading.checkpoint import load_gguf_model
 from clearlm.loading.load import LoadedModel
-from clearlm.models import resolve_model
+from clearlm.store.catalog import resolve_model
 
 EOS = 1  # <eos> in Gemma 3's vocabulary (tokenizer.ggml.eos_token_id)
 PROMPTS = {

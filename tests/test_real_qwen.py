@@ -9,7 +9,7 @@ from real_parity import TOL, greedy_matches_or_near_tie, hf_gguf_model, last_log
 
 import clearlm
 from clearlm.errors import ModelNotFoundError
-from clearlm.models import resolve_model
+from clearlm.store.catalog import resolve_model
 
 PROMPTS = {
     "short": "The capital of France is",

@@ -1,4 +1,4 @@
-"""Tests for clearlm.sampling: the seeds' worked example, hand-computed filters, parity with
+"""Tests for clearlm.sampling.chain: the seeds' worked example, hand-computed filters, parity with
 transformers' logits processors, edge cases, validation and seeded reproducibility."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from transformers.generation.logits_process import (
 )
 
 from clearlm.errors import SamplingParamsError
-from clearlm.sampling import (
+from clearlm.sampling.chain import (
     SamplingParams,
     apply_min_p,
     apply_repetition_penalty,

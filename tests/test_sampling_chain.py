@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import clearlm.generation
-import clearlm.sampling
-import clearlm.sampling_params
+import clearlm.generation.loop
+import clearlm.sampling.chain
+import clearlm.sampling.params
 from clearlm.inspect.sampling_explain import explain_sampling
-from clearlm.sampling import (
+from clearlm.sampling.chain import (
     SamplingParams,
     apply_min_p,
     apply_repetition_penalty,
@@ -79,8 +79,8 @@ def test_settings_are_not_checked_per_token(monkeypatch):
     def refuse(*_: object, **__: object) -> None:
         raise AssertionError("validated on a token")
 
-    monkeypatch.setattr(clearlm.sampling, "validate", refuse)
-    monkeypatch.setattr(clearlm.sampling_params, "validate", refuse)
+    monkeypatch.setattr(clearlm.sampling.chain, "validate", refuse)
+    monkeypatch.setattr(clearlm.sampling.params, "validate", refuse)
     logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(1))
     tokens, _ = sample(logits, torch.tensor([[1, 2], [3, 4]]))
     assert tokens.shape == (2,)
@@ -105,7 +105,7 @@ def test_one_generator_factory():
 
 
 def test_one_sampler_type():
-    assert clearlm.generation.Sampler is clearlm.sampling.Sampler
+    assert clearlm.generation.loop.Sampler is clearlm.sampling.chain.Sampler
 
 
 def test_the_explanation_keeps_the_chains_output():

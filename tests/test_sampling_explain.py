@@ -11,7 +11,7 @@ import torch
 
 from clearlm.errors import SamplingParamsError
 from clearlm.inspect.sampling_explain import SamplingExplanation, explain_sampling
-from clearlm.sampling import SamplingParams, filter_logits, make_sampler, softmax
+from clearlm.sampling.chain import SamplingParams, filter_logits, make_sampler, softmax
 
 # Example 4 of the seeds README: the right logits and their softmax.
 EX4_LOGITS = [0.001, -0.140, 0.537, 0.010, 0.026]

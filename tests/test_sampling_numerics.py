@@ -1,4 +1,4 @@
-"""Every public function of clearlm.sampling on hostile numbers: float16 / bfloat16 logits,
+"""Every public function of clearlm.sampling.chain on hostile numbers: float16 / bfloat16 logits,
 temperatures from 1e-6 to 1e6 (and beyond), -inf entries and rows that are all -inf.
 
 The right values come from float64 arithmetic written out here; the property test (hypothesis)
@@ -15,7 +15,7 @@ import torch
 
 from clearlm.errors import ClearLMError, SamplingError
 from clearlm.inspect.sampling_explain import explain_sampling
-from clearlm.sampling import (
+from clearlm.sampling.chain import (
     SamplingParams,
     apply_min_p,
     apply_repetition_penalty,

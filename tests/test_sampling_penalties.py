@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-import clearlm.sampling_filters as filters
+import clearlm.sampling.filters as filters
 from clearlm.errors import SamplingParamsError
-from clearlm.sampling import SamplingParams, filter_logits, make_sampler, sampling_chain
+from clearlm.sampling.chain import SamplingParams, filter_logits, make_sampler, sampling_chain
 
 
 def openai_formula(logits: list[float], generated: list[int], freq: float, pres: float):

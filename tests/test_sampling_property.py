@@ -1,4 +1,4 @@
-"""Property test (hypothesis): every public function of clearlm.sampling, on logits drawn in
+"""Property test (hypothesis): every public function of clearlm.sampling.chain, on logits drawn in
 float16 / bfloat16 / float32 with -inf entries and all -inf rows, at temperatures from 1e-6 to
 1e6, gives float32 logits that are finite or -inf with a softmax summing to 1, keeps the most
 likely token, or raises SamplingError for a row that has no possible token."""
@@ -15,7 +15,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from clearlm.errors import SamplingError  # noqa: E402
-from clearlm.sampling import (  # noqa: E402
+from clearlm.sampling.chain import (  # noqa: E402
     SamplingParams,
     apply_min_p,
     apply_repetition_penalty,

@@ -19,7 +19,7 @@ from transformers.generation.logits_process import (
 )
 
 from clearlm.inspect.sampling_explain import explain_sampling
-from clearlm.sampling import (
+from clearlm.sampling.chain import (
     SamplingParams,
     apply_min_p,
     apply_top_k,

@@ -17,7 +17,7 @@ from clearlm.model.ffn import ACTIVATIONS, MLP
 from clearlm.model.norms import LayerNorm
 from clearlm.model.positions import sinusoidal_table
 from clearlm.model.transformer import Transformer
-from clearlm.sampling import greedy, softmax
+from clearlm.sampling.chain import greedy, softmax
 
 Z = [0.031, 0.111, -0.08, 1.231]  # examples 1 and 2
 

@@ -9,10 +9,10 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.engine import Request
+from clearlm.engine.serial import SerialEngine
 from clearlm.errors import ContextLengthError, SamplingParamsError
-from clearlm.generation import generate_step
-from clearlm.sampling import SamplingParams, make_sampler
-from clearlm.serve.serial_engine import SerialEngine
+from clearlm.generation.loop import generate_step
+from clearlm.sampling.chain import SamplingParams, make_sampler
 
 CTX = 32
 

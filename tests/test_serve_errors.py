@@ -18,8 +18,8 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.engine.scheduler import BatchEngine
+from clearlm.engine.serial import SerialEngine
 from clearlm.serve import create_app
-from clearlm.serve.serial_engine import SerialEngine
 from clearlm.serve.server import GracefulServer
 
 MODEL = "tiny"

@@ -11,7 +11,7 @@ from serve_helpers import serving
 from tiny_gguf import write_tiny_llama
 
 import clearlm
-from clearlm.sampling import SamplingParams, filter_logits, log_softmax
+from clearlm.sampling.chain import SamplingParams, filter_logits, log_softmax
 from clearlm.serve import create_app
 
 MODEL = "tiny"

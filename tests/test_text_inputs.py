@@ -24,7 +24,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import clearlm
 from clearlm.errors import ClearLMError
-from clearlm.evaluation import perplexity
+from clearlm.generation.perplexity import perplexity
 from clearlm.text import clean_arg, clean_text, read_text_file
 from clearlm.tokenizer import tokenizer_from_hf_folder
 

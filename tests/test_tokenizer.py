@@ -26,7 +26,7 @@ from clearlm.errors import (
     UnsupportedModelError,
 )
 from clearlm.loading.gguf import open_gguf, read_metadata
-from clearlm.models import resolve_model
+from clearlm.store.catalog import resolve_model
 from clearlm.tokenizer import (
     ChatTemplateError,
     StreamingDetokenizer,

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 import clearlm
 from clearlm.inspect.sampling_explain import explain_sampling
-from clearlm.sampling import SamplingParams, filter_logits, softmax
+from clearlm.sampling.chain import SamplingParams, filter_logits, softmax
 from clearlm.ui import create_app
 
 PROMPT = "The capital of France is"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from clearlm.inspect import walkthrough as wt
-from clearlm.sampling import make_sampler
+from clearlm.sampling.chain import make_sampler
 
 LOGITS = [0.001, -0.140, 0.537, 0.010, 0.026]
 PROBS = [0.178190, 0.154756, 0.304554, 0.179800, 0.182700]

@@ -9,11 +9,11 @@ probs = model.next_token_distribution("The capital of France is")  # (V,) float3
 import importlib
 from typing import TYPE_CHECKING
 
-# first, and now: its first look at the CPUs' load spans torch's import (clearlm.threads)
-from clearlm import threads
+# first, and now: its first look at the CPUs' load spans torch's import (clearlm.runtime.threads)
+from clearlm.runtime import threads
 
 if TYPE_CHECKING:  # what the names below are, for type checkers and editors
-    from clearlm.api import Model, load
+    from clearlm.api.model import Model, load
     from clearlm.config import ModelConfig
     from clearlm.errors import (
         ClearLMError,
@@ -25,18 +25,18 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
         SamplingParamsError,
         UnsupportedModelError,
     )
-    from clearlm.generation import Chunk, GenerationResult
-    from clearlm.sampling import SamplingParams
+    from clearlm.generation.loop import Chunk, GenerationResult
+    from clearlm.sampling.params import SamplingParams
 
 # Each public name and the module it lives in. They are imported on first use (PEP 562), so
 # that ``clearlm --help`` and the command line's usage errors do not wait for torch (~3 s).
 _WHERE = {
-    "Model": "clearlm.api",
-    "load": "clearlm.api",
+    "Model": "clearlm.api.model",
+    "load": "clearlm.api.model",
     "ModelConfig": "clearlm.config",
-    "Chunk": "clearlm.generation",
-    "GenerationResult": "clearlm.generation",
-    "SamplingParams": "clearlm.sampling",
+    "Chunk": "clearlm.generation.loop",
+    "GenerationResult": "clearlm.generation.loop",
+    "SamplingParams": "clearlm.sampling.params",
     **dict.fromkeys(
         ["ClearLMError", "ContextLengthError", "InvalidModelFileError", "ModelNotFoundError",
          "PromptTypeError", "SamplingError", "SamplingParamsError", "UnsupportedModelError"],
@@ -47,7 +47,7 @@ _WHERE = {
 
 def __getattr__(name: str):
     """``clearlm.load`` and the other public names, imported when first read; a submodule
-    (``clearlm.sampling``, ``clearlm.text``) too, as after the eager import it replaces.
+    (``clearlm.sampling.chain``, ``clearlm.text``) too, as after the eager import it replaces.
 
     Raises:
         AttributeError: no such name or submodule.

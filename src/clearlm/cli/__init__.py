@@ -5,6 +5,10 @@ inspection (info, perplexity), model management (pull, models, rm), the explanat
 Every mistake ends as one line ``error: ...`` on stderr and a non-zero exit code: 2 for
 command-line usage (an unknown option, a missing argument, a value of the wrong type), else
 the ClearLMError's own code (see clearlm.errors). Tracebacks are for bugs only.
+
+The top layer: it may import every package. ``loader.py`` loads a model with the loading
+line and spinner, ``gen_options.py`` declares the generation options once for generate and
+chat.
 """
 
 from __future__ import annotations
@@ -87,5 +91,5 @@ def main() -> None:
 
 # Importing a module registers its commands; --help lists them in this order.
 from clearlm.cli import generate, inspect, manage  # noqa: E402,F401,I001
-from clearlm.cli import explain, explain_cmd, ui  # noqa: E402,F401
+from clearlm.cli import explain, ui, walkthrough  # noqa: E402,F401
 from clearlm.cli import serve  # noqa: E402,F401

@@ -80,7 +80,7 @@ def _compile_backend(on: bool) -> bool:
 CompileOpt = Annotated[
     bool,
     typer.Option("--compile", callback=_compile_backend,
-                 help="Decode with the ahead-of-time compiled step (clearlm.aot): "
+                 help="Decode with the ahead-of-time compiled step (clearlm.runtime.aot): "
                  "the first run for a model builds it (minutes; kept for the next runs in "
                  "the aot folder of ~/.cache/clearlm, or $CLEARLM_CACHE). "
                  "CLEARLM_COMPILE=jit: the torch.compile step."),
@@ -106,7 +106,7 @@ def pick_prompt(argument: str | None, option: str | None, what: str) -> str | No
 def check_before_load(model_name: str | None, sampling: dict, fallback: dict,
                       stop: str | list[str] | None) -> list[str]:
     """What generate and chat refuse before torch's import and the load (~2 s): the sampling
-    values (the user's over ``fallback``, as clearlm.sampling_params.SamplingParams checks
+    values (the user's over ``fallback``, as clearlm.sampling.params.SamplingParams checks
     them), the stop strings, and a model that is not there (an unknown alias, a missing path).
     Returns the stop strings as a list.
 
@@ -114,10 +114,10 @@ def check_before_load(model_name: str | None, sampling: dict, fallback: dict,
         SamplingParamsError: a sampling value out of range, an empty or non-string stop.
         ModelNotFoundError: no such alias or file.
     """
-    from clearlm.api_checks import check_stop  # (none of these imports torch)
     from clearlm.errors import ModelNotFoundError
-    from clearlm.models import resolve_model
-    from clearlm.sampling_params import SamplingParams
+    from clearlm.generation.stops import check_stop  # (none of these imports torch)
+    from clearlm.sampling.params import SamplingParams
+    from clearlm.store.catalog import resolve_model
 
     SamplingParams(**{**fallback, **{k: v for k, v in sampling.items() if v is not None}})
     stops = check_stop(stop)  # '' would match at once

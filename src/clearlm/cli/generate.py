@@ -31,9 +31,9 @@ from clearlm.cli.gen_options import (
     pick_prompt,
     sampling_options,
 )  # fmt: skip
+from clearlm.cli.loader import QuietOpt, ThreadsOpt, compile_seconds, compile_step, load_model
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
-from clearlm.cli.runtime import QuietOpt, ThreadsOpt, compile_seconds, compile_step, load_model
 from clearlm.text import clean_arg
 
 
@@ -64,8 +64,8 @@ def _run(
     command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
     """
     stop = check_before_load(model_name, sampling, fallback, stop)  # before torch's import
-    from clearlm.generation import check_fits, generate
-    from clearlm.parallel.launch import shared_seed, shutdown
+    from clearlm.generation.loop import check_fits, generate
+    from clearlm.runtime.parallel.launch import shared_seed, shutdown
 
     as_json = as_json or logprobs is not None
     given = {k: v for k, v in sampling.items() if v is not None}
@@ -151,7 +151,7 @@ def generate(
     activations: Activations = "float32",
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
-    from clearlm.defaults import GENERATE_DEFAULTS  # no torch: usage errors answer at once
+    from clearlm.sampling.defaults import GENERATE_DEFAULTS  # no torch: usage errors answer at once
 
     text = resolve_prompt(pick_prompt(prompt, prompt_opt, "PROMPT"), file)
     if text is None:
@@ -224,7 +224,7 @@ def chat(
     """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
     a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
     text: control tokens come only from the template."""
-    from clearlm.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
+    from clearlm.sampling.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
 
     text = resolve_prompt(pick_prompt(message, prompt_opt, "MESSAGE"), file, "MESSAGE")
     system = None if system is None else clean_arg(system)  # undecodable bytes → U+FFFD
@@ -273,7 +273,7 @@ def _conversation(
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl
     (``compile_decode``: every answer decodes through the compiled step, as generate's)."""
-    from clearlm.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
+    from clearlm.sampling.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
 
     stop = check_before_load(model_name, sampling, CHAT_DEFAULTS, stop)
     given = {k: v for k, v in sampling.items() if v is not None}

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from clearlm.cli.app import DType, ModelOpt, Weights, app, err
+from clearlm.cli.loader import QuietOpt, ThreadsOpt, load_model
 from clearlm.cli.placement import DeviceOpt, Placement
-from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
 from clearlm.text import read_text_file
 
 
@@ -31,7 +31,7 @@ def info(
     import re
 
     from clearlm.loading.checkpoint import open_checkpoint
-    from clearlm.models import resolve_model
+    from clearlm.store.catalog import resolve_model
 
     if model is not None and model_opt is not None and model != model_opt:
         raise typer.BadParameter(f"two models given: {model!r} and -m {model_opt!r}; give one")
@@ -86,7 +86,7 @@ def info(
     tk.add_row("chat template", "yes" if tok.chat_template else "no")
     out.print(tk)
 
-    from clearlm.defaults import describe
+    from clearlm.sampling.defaults import describe
 
     gen = ckpt.generation_config
     gd = Table(title="Generation defaults (an option you pass wins)", title_justify="left")
@@ -120,7 +120,7 @@ def perplexity(
     """Perplexity of TEXT_FILE under the model, with a sliding window and a progress bar."""
     from rich.progress import Progress
 
-    from clearlm.evaluation import perplexity as compute
+    from clearlm.generation.perplexity import perplexity as compute
 
     # the file's exact characters: bytes decoded as UTF-8, no newline translation
     text = read_text_file(text_file, strict=True)

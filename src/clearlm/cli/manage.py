@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from clearlm.cli.app import app, err
-from clearlm.cli.runtime import human_size
-from clearlm.models import ModelAlias
+from clearlm.cli.loader import human_size
+from clearlm.store.alias import ModelAlias
 
 CacheDirOpt = Annotated[
     str | None,
@@ -31,7 +31,7 @@ def pull(alias: AliasArg, cache_dir: CacheDirOpt = None) -> None:
 
     Prints the file's path on stdout; progress goes to stderr. Quick when already pulled.
     """
-    from clearlm.pull import pull as pull_model
+    from clearlm.store.pull import pull as pull_model
 
     print(pull_model(alias, cache_dir=cache_dir, progress=True))
 
@@ -54,8 +54,8 @@ def source(a: ModelAlias) -> str:
 def models(cache_dir: CacheDirOpt = None) -> None:
     """List the model aliases: family, size, whether present, where each comes from, and how
     much the cache folder holds."""
-    from clearlm.cache import cache_usage, packed_dir
-    from clearlm.models import ALIASES, DEFAULT_MODEL, default_cache_dir, locate
+    from clearlm.store.cache_dir import cache_usage, packed_dir
+    from clearlm.store.catalog import ALIASES, DEFAULT_MODEL, default_cache_dir, locate
 
     out = Console(highlight=False)
     table = Table(title=f"Model aliases (default {DEFAULT_MODEL})", title_justify="left")
@@ -88,8 +88,8 @@ def models(cache_dir: CacheDirOpt = None) -> None:
 @app.command()
 def rm(alias: AliasArg, cache_dir: CacheDirOpt = None) -> None:
     """Remove ALIAS's assembled file from the cache and say how much space that freed."""
-    from clearlm.cache import packages_size, packed_copies, remove
-    from clearlm.models import cached_path, get_alias
+    from clearlm.store.cache_dir import packages_size, packed_copies, remove
+    from clearlm.store.catalog import cached_path, get_alias
 
     a = get_alias(alias)
     copies = len(packed_copies(cached_path(a, cache_dir), cache_dir))

@@ -13,8 +13,8 @@ from clearlm.cli.app import err
 from clearlm.inspect.token_pieces import token_pieces
 
 if TYPE_CHECKING:
-    from clearlm.api import Model
-    from clearlm.generation import GenerationResult
+    from clearlm.api.model import Model
+    from clearlm.generation.loop import GenerationResult
 
 
 def pipe_closed() -> NoReturn:
@@ -77,7 +77,7 @@ def token_logprobs(
     """
     import torch  # here, not at the top: `clearlm --help` does not wait for torch
 
-    from clearlm.generation import decode_step, generation_cache, prefill
+    from clearlm.generation.loop import decode_step, generation_cache, prefill
 
     if not tokens:
         return []
@@ -108,12 +108,13 @@ def token_logprobs(
 
 
 def decode_kind(step: Any) -> str:
-    """--json's settings.decode, as it ran: "aot" (clearlm.aot's package served the steps),
-    "jit" (clearlm.compiled's step compiled), else "eager" (no compiled step, one that failed
+    """--json's settings.decode, as it ran: "aot" (clearlm.runtime.aot's package served the steps),
+    "jit" (clearlm.runtime.compiled's step compiled), else "eager" (no compiled step, one that
+    failed
     and fell back, or no decode step at all)."""
     if step is None:
         return "eager"
-    from clearlm.aot import AOTDecodeStep  # (only when a compiled step was asked for)
+    from clearlm.runtime.aot import AOTDecodeStep  # (only when a compiled step was asked for)
 
     if isinstance(step, AOTDecodeStep):
         return "aot" if step.loader is not None else "eager"

@@ -1,5 +1,5 @@
 """The options that say where a command's model runs: ``--device``, ``--tensor-parallel``,
-``--pipeline-parallel``, ``--dist-timeout`` (clearlm.devices, clearlm.parallel).
+``--pipeline-parallel``, ``--dist-timeout`` (clearlm.runtime.devices, clearlm.runtime.parallel).
 
 Parallel runs start one process per rank with torchrun::
 
@@ -66,7 +66,7 @@ class Placement:
     @property
     def prints(self) -> bool:
         """Whether this process prints: always alone; only rank 0 of a parallel run."""
-        from clearlm.parallel.launch import is_output_rank
+        from clearlm.runtime.parallel.launch import is_output_rank
 
         return not self.parallel or is_output_rank()
 

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from clearlm.cli.app import err
+from clearlm.cli.loader import compile_seconds
 from clearlm.cli.output import print_stats, write_out
-from clearlm.cli.runtime import compile_seconds
 from clearlm.errors import ClearLMError
-from clearlm.generation import generate
+from clearlm.generation.loop import generate
 
 if TYPE_CHECKING:
-    from clearlm.api import Model
-    from clearlm.sampling import SamplingParams
+    from clearlm.api.model import Model
+    from clearlm.sampling.chain import SamplingParams
 
 HELP = (
     "/reset forget the conversation · /system TEXT set the system message (empty: none) · "

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from clearlm.cli.app import Activations, DType, ModelOpt, Precision, app, err
-from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
+from clearlm.cli.loader import QuietOpt, ThreadsOpt, load_model
 
 API_KEY_ENV = "CLEARLM_API_KEY"
 
@@ -27,15 +27,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: assume it may be reachable from outside
         return False
-
-
-def build_engine(model: Any, max_batch: int, max_seq_len: int = 2048) -> Any:
-    """The engine the server drives: continuous batching over ``max_batch`` cache slots
-    (clearlm.engine.scheduler.BatchEngine)."""
-    from clearlm.engine.scheduler import BatchEngine
-
-    eos = model.tokenizer.eos_ids
-    return BatchEngine(model.transformer, eos, max_batch=max_batch, max_seq_len=max_seq_len)
 
 
 @app.command()
@@ -93,10 +84,10 @@ def serve(
     import uvicorn
 
     from clearlm.errors import ClearLMError
-    from clearlm.models import DEFAULT_MODEL
     from clearlm.serve import create_app
     from clearlm.serve.requests import Limits
     from clearlm.serve.server import GracefulServer
+    from clearlm.store.catalog import DEFAULT_MODEL
 
     if model_arg is not None and model is not None:
         raise typer.BadParameter("give the model once: as MODEL or as --model")
@@ -122,7 +113,9 @@ def serve(
     m = load_model(chosen, dtype, threads, quiet, matmul_precision=matmul_precision,
                    activations=activations)
     model_id = name or Path(chosen or DEFAULT_MODEL).name  # an alias, or the file's name
-    engine = build_engine(m, max_batch, max_seq_len)
+    from clearlm.engine.scheduler import build_engine
+
+    engine = build_engine(m.transformer, m.tokenizer.eos_ids, max_batch, max_seq_len)
     if engine.max_seq_len < max_seq_len:  # the engine caps it: say so, not silently
         err.print(f"[yellow]warning: --max-seq-len {max_seq_len} is past the model's context "
                   f"length; each sequence holds {engine.max_seq_len} tokens[/]", soft_wrap=True)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from clearlm.cli.app import DType, ModelOpt, Weights, app, err
-from clearlm.cli.runtime import QuietOpt, ThreadsOpt, load_model
+from clearlm.cli.loader import QuietOpt, ThreadsOpt, load_model
 
 
 @app.command()

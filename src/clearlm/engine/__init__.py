@@ -3,11 +3,15 @@
 The engine deals in token ids only. A caller (``model.generate([...])``, the HTTP server) gives
 it :class:`Request` objects, calls ``step()`` in a loop and receives :class:`TokenEvent` objects,
 one per sequence that produced a token in that step. Text, detokenization and stop strings are
-the caller's side (:class:`clearlm.text_stream.TextStream`): when a stop string appears, the
-caller aborts the request, which frees its KV-cache slot at once.
+the caller's side (:class:`clearlm.generation.text_stream.TextStream`): when a stop string
+appears, the caller aborts the request, which frees its KV-cache slot at once.
 
 Each request carries its own sampling parameters and seed, so a request's tokens equal those of
 the same prompt run alone with the same seed (its sampler owns its own ``torch.Generator``).
+
+``scheduler.py`` is the continuous-batching engine, ``running.py`` its running rows,
+``serial.py`` the one-at-a-time engine, ``batch.py`` a list of prompts run to the end. May
+import generation, model, sampling, tokenizer and errors; the API and the server import it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from clearlm.sampling_params import SamplingParams
+from clearlm.sampling.params import SamplingParams
 
 FINISH_REASONS = ("eos", "length", "context_length", "abort")
 

@@ -1,7 +1,7 @@
 """One request while it runs in the engine: its slot, its own sampler, what it has generated.
 
 Sampling is per request, exactly as single-sequence generation does it
-(clearlm.generation.generate_step): the request's sampler (``make_sampler(params)``, which owns
+(clearlm.generation.loop.generate_step): the request's sampler (``make_sampler(params)``, which owns
 its own seeded ``torch.Generator``) sees the request's logits (1, V) and its own history, so its
 tokens do not depend on which other requests share the batch.
 """
@@ -13,7 +13,8 @@ from collections.abc import Collection
 import torch
 
 from clearlm.engine import Request, TokenEvent
-from clearlm.sampling import filter_logits, log_softmax, make_sampler
+from clearlm.generation.stops import finish_reason
+from clearlm.sampling.chain import filter_logits, log_softmax, make_sampler
 
 
 class Running:
@@ -66,13 +67,9 @@ class Running:
         tok = int(token[0])
         top = self.top_logprobs(logits, history)
         self.generated.append(tok)
-        reason = None
-        if tok in eos_ids:
-            reason = "eos"
-        elif len(self.generated) >= self.request.max_new_tokens:
-            reason = "length"
-        elif len(self.request.prompt) + len(self.generated) >= max_seq_len:
-            reason = "context_length"
+        n, req = len(self.generated), self.request
+        filled = len(req.prompt) + n
+        reason = finish_reason(tok, eos_ids, n, req.max_new_tokens, filled, max_seq_len)
         return TokenEvent(self.request.request_id, tok, float(logprob[0]), top, reason)
 
     def top_logprobs(

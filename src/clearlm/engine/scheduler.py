@@ -1,6 +1,6 @@
 """The continuous-batching engine: many requests share one slot KV cache, one step at a time.
 
-A request takes a free slot of the cache (clearlm.kv_cache) when it is admitted and gives it
+A request takes a free slot of the cache (clearlm.model.kv_cache) when it is admitted and gives it
 back the moment it finishes or is aborted, so a queued request starts at the next step
 (continuous batching, as vLLM's and llama.cpp's servers do). One :meth:`BatchEngine.step`:
 
@@ -19,7 +19,7 @@ length (a chunk's worth of wasted rows per running request). Two passes keep the
 one token per row (the shape a compiled step wants) and bound the time a step spends on
 prompts, so running requests advance at every step while a long prompt is prefilled a chunk at
 a time. Decode reads the keys [0, n) with n the longest row's length rounded up to
-``key_bucket`` (few distinct shapes; see clearlm.kv_cache.CacheRows for the measured cost of
+``key_bucket`` (few distinct shapes; see clearlm.model.kv_cache.CacheRows for the measured cost of
 reading the whole buffer instead).
 """
 
@@ -33,9 +33,9 @@ import torch
 from clearlm.engine import Request, TokenEvent
 from clearlm.engine.running import Running
 from clearlm.errors import ClearLMError, ContextLengthError, SamplingParamsError
-from clearlm.generation import check_fits, new_cache
+from clearlm.generation.loop import check_fits, new_cache
 from clearlm.model.transformer import Transformer
-from clearlm.sampling_params import is_int
+from clearlm.sampling.params import is_int
 
 DEFAULT_MAX_SEQ_LEN = 2048  # tokens per slot when the caller does not say (memory: see KVCache)
 
@@ -203,3 +203,24 @@ class BatchEngine:
             if not s.prefilling:  # the prompt is in: its first token
                 events.append(s.sample(logits, self.eos_ids, self.max_seq_len))
         return events
+
+
+def build_engine(
+    model: Transformer,
+    eos_ids: Collection[int],
+    max_batch: int = 8,
+    max_seq_len: int | None = None,
+    prefill_chunk: int = 256,
+) -> BatchEngine:
+    """The one place an engine is built, for every caller: the server (``clearlm serve``,
+    ``create_app``) and a list of prompts (``model.generate([...])``). Today a continuous-
+    batching :class:`BatchEngine` over ``max_batch`` KV-cache slots of ``max_seq_len``
+    positions each (None: the model's context, at most DEFAULT_MAX_SEQ_LEN), prefilling up to
+    ``prefill_chunk`` prompt tokens per step.
+
+    Raises:
+        SamplingParamsError: a size that is not a positive int.
+    """
+    return BatchEngine(
+        model, eos_ids, max_batch=max_batch, max_seq_len=max_seq_len, prefill_chunk=prefill_chunk
+    )

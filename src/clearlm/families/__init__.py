@@ -3,7 +3,12 @@
 A family module defines ``FAMILIES`` (config.json ``model_type`` → :class:`Family`) and
 ``GGUF_ARCHS`` (llama.cpp ``general.architecture`` → :class:`GGUFArch`, empty where llama.cpp has
 none). ``MODULES`` below is the one list the registry is built from: adding a family means
-adding its module and naming it here.
+adding its module and naming it here. ``base.py`` holds what every family shares (the
+dataclasses, the RoPE and head-size GGUF keys) and ``transforms.py`` the weight rewrites
+several families use (llama.cpp's Q/K row permutation, Gemma's 1 + w norms, a tied head).
+
+May import ``clearlm.config`` and ``clearlm.errors`` only: the loaders import the families,
+never the other way round.
 """
 
 from __future__ import annotations

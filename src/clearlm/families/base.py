@@ -4,7 +4,7 @@ A family module holds only what differs from the shared layers (style.md, after 
 both formats side by side: ``Family`` (config.json → ModelConfig fields, the parameter-name
 renames, weight rewrites such as a Conv1D transpose) and ``GGUFArch`` (the llama.cpp
 architecture's metadata keys read and their mapping, its tensor-name table, its layout fixes).
-Transforms several families share live once in :mod:`clearlm.loading.transforms`.
+Transforms several families share live once in :mod:`clearlm.families.transforms`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,24 @@ from typing import Any
 
 from clearlm.config import ROPE_SCALINGS, ModelConfig, RopeScaling, yarn_mscale
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
-from clearlm.loading.gguf_keys import HEAD_KEYS, ROPE_KEYS
-from clearlm.loading.transforms import StateDict
+from clearlm.families.transforms import StateDict
+
+# GGUF metadata keys (under ``{arch}.``) that config_from_gguf reads for every architecture with
+# RoPE (mapped in rope_from_gguf), and the head-size keys; a family's GGUFArch.keys starts from
+# them (the rule for every other key: clearlm.loading.gguf_keys).
+ROPE_KEYS = frozenset(
+    {
+        "rope.freq_base",  # → rope_theta
+        "rope.dimension_count",  # → rope_dim (partial rotary)
+        "rope.scaling.type",  # "none" | "linear" | "yarn"; longrope refused
+        "rope.scaling.factor",  # → RopeScaling(type, factor)
+        "rope.scale_linear",  # the factor's older name (llama.cpp reads it when factor is absent)
+        "rope.scaling.original_context_length",  # yarn (default: context_length)
+        "rope.scaling.yarn_beta_fast",  # yarn (default 32)
+        "rope.scaling.yarn_beta_slow",  # yarn (default 1)
+    }
+)
+HEAD_KEYS = frozenset({"attention.key_length", "attention.value_length"})  # → head_dim
 
 
 class HFConfig:

@@ -33,7 +33,9 @@ from typing import Any
 from clearlm.errors import InvalidModelFileError, UnsupportedModelError
 from clearlm.families.base import (
     COMMON_TENSORS,
+    HEAD_KEYS,
     QK_NORMS,
+    ROPE_KEYS,
     Family,
     GGUFArch,
     HFConfig,
@@ -41,7 +43,6 @@ from clearlm.families.base import (
     decoder_core,
     rope_from_hf,
 )
-from clearlm.loading.gguf_keys import HEAD_KEYS, ROPE_KEYS
 
 # transformers' layer_types names → ours.
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}

@@ -23,9 +23,8 @@ from typing import Any
 
 from clearlm.config import ModelConfig
 from clearlm.errors import UnsupportedModelError
-from clearlm.families.base import Family, GGUFArch, HFConfig, activation_from_hf
-from clearlm.loading.gguf_keys import HEAD_KEYS
-from clearlm.loading.transforms import StateDict, split_qkv
+from clearlm.families.base import HEAD_KEYS, Family, GGUFArch, HFConfig, activation_from_hf
+from clearlm.families.transforms import StateDict, split_qkv
 
 # Our names of the modules GPT-2 builds as Conv1D (weights stored (in, out)).
 CONV1D = (

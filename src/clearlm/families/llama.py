@@ -17,8 +17,10 @@ from typing import Any
 
 from clearlm.families.base import (
     COMMON_TENSORS,
+    HEAD_KEYS,
     QK_NORMS,
     QKV_BIASES,
+    ROPE_KEYS,
     Family,
     GGUFArch,
     HFConfig,
@@ -26,7 +28,6 @@ from clearlm.families.base import (
     decoder_core,
     rope_from_hf,
 )
-from clearlm.loading.gguf_keys import HEAD_KEYS, ROPE_KEYS
 
 
 def llama_config(c: HFConfig) -> dict[str, Any]:

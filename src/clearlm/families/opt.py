@@ -28,7 +28,7 @@ import torch
 
 from clearlm.config import ModelConfig
 from clearlm.families.base import Family, HFConfig, activation_from_hf
-from clearlm.loading.transforms import StateDict
+from clearlm.families.transforms import StateDict
 
 
 def opt_config(c: HFConfig) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from clearlm.config import ModelConfig
 from clearlm.errors import UnsupportedModelError
 from clearlm.families.base import (
     COMMON_TENSORS,
+    HEAD_KEYS,
+    ROPE_KEYS,
     Family,
     GGUFArch,
     HFConfig,
@@ -34,8 +36,7 @@ from clearlm.families.base import (
     decoder_core,
     rope_from_hf,
 )
-from clearlm.loading.gguf_keys import HEAD_KEYS, ROPE_KEYS
-from clearlm.loading.transforms import StateDict, split_gate_up, split_qkv
+from clearlm.families.transforms import StateDict, split_gate_up, split_qkv
 
 LONGROPE = ("longrope", "su", "yarn")
 

@@ -9,6 +9,10 @@
 - ``analysis.py``         what ``clearlm ui``'s page shows
 - ``walkthrough.py``      the seeds' worked examples, computed by the real layer code
 
-Nothing is imported here, so ``clearlm.api`` can use ``clearlm.inspect.trace`` without
-importing the views (which import ``clearlm.api``).
+- ``distance.py``         how far two models' logits are apart on the same tokens
+
+May import generation, model, sampling, config and errors. Nothing is imported here, so
+``clearlm.api.model`` can use ``clearlm.inspect.trace`` without importing the views
+(``analysis.py``, ``explain.py``), which read a loaded ``clearlm.api.model.Model``: the one
+exception to the layers, listed in tests/test_structure.py.
 """

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from clearlm.api import Model
+from clearlm.api.model import Model
 from clearlm.errors import ClearLMError
 from clearlm.inspect.sampling_explain import explain_sampling
 from clearlm.inspect.token_pieces import token_pieces
 from clearlm.inspect.trace import lens_names, pattern_names
-from clearlm.sampling import SamplingParams, softmax
+from clearlm.sampling.chain import SamplingParams, softmax
 
 # The page draws a T × T heatmap per head: beyond a few hundred tokens it is unreadable and the
 # JSON grows as T². The model's own context limit is checked by the API as well.

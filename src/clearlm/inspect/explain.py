@@ -1,6 +1,7 @@
 """`clearlm explain`'s numbers: one prompt through a real model, every stage, as plain data.
 
-One traced forward pass (:meth:`clearlm.api.Model.run_with_trace`) gives everything: the tokens,
+One traced forward pass (:meth:`clearlm.api.model.Model.run_with_trace`) gives everything: the
+tokens,
 the embeddings, the attention patterns of the chosen layers, each block's residual stream and
 FFN activations, and the logits. The logit lens is the trace's own
 (:meth:`clearlm.inspect.trace.Trace.logit_lens`, at every position). The sampling rows come
@@ -24,10 +25,10 @@ from clearlm.errors import ClearLMError, SamplingParamsError
 from clearlm.inspect.sampling_explain import SamplingExplanation, explain_sampling
 from clearlm.inspect.token_pieces import token_pieces
 from clearlm.inspect.trace import lens_names
-from clearlm.sampling import SamplingParams, apply_temperature, softmax
+from clearlm.sampling.chain import SamplingParams, apply_temperature, softmax
 
 if TYPE_CHECKING:
-    from clearlm.api import Model
+    from clearlm.api.model import Model
 
 # Temperatures of the "next-token probabilities at several temperatures" picture.
 TEMPERATURES = (0.5, 1.0, 2.0)
@@ -144,7 +145,8 @@ def explain_data(
     top: int = 10,
     attn_top: int = 3,
 ) -> Explanation:
-    """Run `prompt` through `model` (a :class:`clearlm.api.Model`) once and collect every stage.
+    """Run `prompt` through `model` (a :class:`clearlm.api.model.Model`) once and collect every
+    stage.
 
     Args:
         layer: the one block whose attention to show; None: first, middle and last.

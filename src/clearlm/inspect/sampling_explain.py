@@ -1,7 +1,8 @@
 """The sampling decision, explained: what each step of the chain in sampling.py kept.
 
-Runs the steps of :func:`clearlm.sampling.sampling_chain` (the list ``filter_logits`` runs) one
-at a time, then picks with :func:`clearlm.sampling.pick` as ``make_sampler`` does, so the
+Runs the steps of :func:`clearlm.sampling.chain.sampling_chain` (the list ``filter_logits`` runs)
+one
+at a time, then picks with :func:`clearlm.sampling.chain.pick` as ``make_sampler`` does, so the
 explanation is of the real decision: there is no second copy of the order, seeding or checks.
 """
 
@@ -15,8 +16,8 @@ import torch
 from torch import Tensor
 
 from clearlm.errors import SamplingParamsError
-from clearlm.sampling import SamplingParams, make_generator, pick, sampling_chain, softmax
-from clearlm.sampling_params import is_int
+from clearlm.sampling.chain import SamplingParams, make_generator, pick, sampling_chain, softmax
+from clearlm.sampling.params import is_int
 
 
 @dataclass(frozen=True)
@@ -131,12 +132,13 @@ def explain_sampling(
 ) -> SamplingExplanation:
     """Run :func:`make_sampler`'s chain on one row of logits step by step, and say what each did.
 
-    The steps are :func:`~clearlm.sampling.sampling_chain`'s, the list :func:`filter_logits`
+    The steps are :func:`~clearlm.sampling.chain.sampling_chain`'s, the list :func:`filter_logits`
     runs (repetition penalty → temperature → top-k → top-p → min-p, Hugging Face's order; only
     the penalty when greedy), on float32 logits; inactive steps are recorded, unchanged. After
     each step the explanation records which tokens survive and the renormalised probabilities of
-    the ``top`` most likely. The pick is :func:`~clearlm.sampling.pick`'s, with a generator from
-    :func:`~clearlm.sampling.make_generator` seeded as the sampler's own, so it equals a fresh
+    the ``top`` most likely. The pick is :func:`~clearlm.sampling.chain.pick`'s, with a generator
+    from
+    :func:`~clearlm.sampling.chain.make_generator` seeded as the sampler's own, so it equals a fresh
     sampler's first draw on the same logits and history (tested). Pass ``generator`` to draw
     from an existing one instead.
 

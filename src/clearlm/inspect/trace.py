@@ -1,6 +1,6 @@
 """The tensors recorded by one forward pass, and what is read from them.
 
-:meth:`clearlm.api.Model.run_with_trace` records the hook points
+:meth:`clearlm.api.model.Model.run_with_trace` records the hook points
 (``clearlm.model.hooks.HOOK_POINTS``) of one forward pass into a :class:`Trace`. Every view
 reads that one pass: the logit lens
 (:meth:`Trace.logit_lens`, computed here and nowhere else), the next-token probabilities
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
-from clearlm.sampling import softmax
+from clearlm.sampling.chain import softmax
 
 
 def lens_names(n_layers: int) -> list[str]:

@@ -2,8 +2,8 @@
 
 The two source documents (``../shared/seeds/``) walk one forward pass through five stages with
 small hand-computed examples. Each function here rebuilds one example with the modules and
-functions clearlm runs real models with (``clearlm.model.*``, ``clearlm.sampling``), not
-re-typed formulas, and returns plain data; ``clearlm.cli.explain`` prints it. Where the
+functions clearlm runs real models with (``clearlm.model.*``, ``clearlm.sampling.chain``), not
+re-typed formulas, and returns plain data; ``clearlm.cli.walkthrough`` prints it. Where the
 documents' printed arithmetic is slightly off, the example carries their numbers too
 (``document_*``), so the two can be shown side by side. The right values are the seeds
 README's, computed in float64; the tests check them here, not in the printed output.
@@ -23,7 +23,7 @@ from clearlm.model.ffn import ACTIVATIONS, MLP
 from clearlm.model.norms import LayerNorm
 from clearlm.model.positions import sinusoidal_table
 from clearlm.model.transformer import Transformer
-from clearlm.sampling import SamplingParams, greedy, softmax
+from clearlm.sampling.chain import SamplingParams, greedy, softmax
 
 Vector = tuple[float, ...]
 
@@ -198,7 +198,7 @@ def output_example() -> OutputExample:
 
     A 0-layer model with no final norm and RoPE positions (nothing added at embedding) makes the
     last hidden state the embedding of token 0, which is set to h; ``lm_head.weight`` (V, D) is
-    Wᵀ. Softmax and greedy are :func:`clearlm.sampling.softmax` and ``greedy``.
+    Wᵀ. Softmax and greedy are :func:`clearlm.sampling.chain.softmax` and ``greedy``.
     """
     model = Transformer(_config(n_layers=0, position="rope", final_norm=False)).eval()
     with torch.no_grad():

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from clearlm.config import ModelConfig
-from clearlm.defaults import FileDefaults, read_generation_config
 from clearlm.loading import peek
+from clearlm.loading.compact.load import compact_plan, load_compact
+from clearlm.loading.generation_config import read_generation_config
 from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_metadata, tensor_infos
-from clearlm.loading.gguf_compact import compact_plan, load_compact
 from clearlm.loading.gguf_file import GGUFFile
 from clearlm.loading.hf import inspect_hf, load_hf_model
 from clearlm.loading.load import (
@@ -39,6 +39,7 @@ from clearlm.loading.load import (
     return_freed_memory,
     skeleton,
 )
+from clearlm.sampling.defaults import FileDefaults
 from clearlm.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 
 

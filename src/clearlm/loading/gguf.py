@@ -19,10 +19,10 @@ from gguf.quants import dequantize
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
 from clearlm.families import GGUFArch, gguf_arch
+from clearlm.families.transforms import unpermute_qk, unshift_norm
 from clearlm.loading.gguf_config import config_from_gguf
 from clearlm.loading.gguf_file import GGUFFile, GGUFFormatError
 from clearlm.loading.load import TensorInfo
-from clearlm.loading.transforms import unpermute_qk, unshift_norm
 
 GGUF_MAGIC = b"GGUF"
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's RoPE frequency factors, not a parameter

@@ -41,21 +41,6 @@ SIZE_KEYS = frozenset(
     }
 )
 
-# Read by config_from_gguf for every architecture with RoPE (mapped in rope_from_gguf).
-ROPE_KEYS = frozenset(
-    {
-        "rope.freq_base",  # → rope_theta
-        "rope.dimension_count",  # → rope_dim (partial rotary)
-        "rope.scaling.type",  # "none" | "linear" | "yarn"; longrope refused
-        "rope.scaling.factor",  # → RopeScaling(type, factor)
-        "rope.scale_linear",  # the factor's older name (llama.cpp reads it when factor is absent)
-        "rope.scaling.original_context_length",  # yarn (default: context_length)
-        "rope.scaling.yarn_beta_fast",  # yarn (default 32)
-        "rope.scaling.yarn_beta_slow",  # yarn (default 1)
-    }
-)
-HEAD_KEYS = frozenset({"attention.key_length", "attention.value_length"})  # → head_dim
-
 # Read by llama.cpp but changing nothing clearlm computes.
 INERT_KEYS = {
     "rope.scaling.finetuned": "llama.cpp stores it in hparams.rope_finetuned and never uses it",

@@ -18,7 +18,7 @@ from torch import nn
 
 from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError
-from clearlm.loading.transforms import tie_head
+from clearlm.families.transforms import tie_head
 from clearlm.model.transformer import Transformer
 
 

@@ -1,0 +1,29 @@
+"""The Transformer, one file per stage of the forward pass: the map of the readable path.
+
+Shape letters used in every file's comments: B batch rows, T new tokens in this forward
+(the prompt's length in a prefill, 1 in a decode step), S key positions (cached + new),
+D d_model, H n_heads, Hkv n_kv_heads (grouped-query attention: H / Hkv query heads share one
+key/value head), Dh head_dim, F the FFN's hidden width, V the vocabulary, L n_layers.
+
+=========================  ==============================================  ===================
+seed stage                 file                                            class / function
+=========================  ==============================================  ===================
+text -> tokens             ``clearlm/tokenizer/core.py``                   ``Tokenizer.encode``
+1. input representation    ``transformer.py`` (embed), ``positions.py``    ``Transformer``,
+   (embedding + position)  (learned, sinusoidal, RoPE)                     ``RotaryEmbedding``
+2. multi-head causal       ``attention.py``: Q, K, V; RoPE on Q and K;     ``Attention``,
+   self-attention          softmax(QK^T / sqrt(Dh) + mask) V; KV cache     ``attention_mask``,
+                           in ``kv_cache.py``                              ``KVCache``
+3. residual + norm + FFN   ``norms.py``, ``ffn.py``, ``block.py``           ``RMSNorm``,
+                           (pre-norm, post-norm and sandwich blocks)       ``GatedFFN``, ``Block``
+4. output projection       ``transformer.py``: final norm, logits          ``Transformer``
+5. softmax + sampling      ``clearlm/sampling/`` (chain.py, filters.py)    ``make_sampler``
+again, autoregressively    ``clearlm/generation/loop.py``                  ``generate``
+=========================  ==============================================  ===================
+
+``hooks.py`` names a point at every stage (``blocks.3.attn.pattern``...) so that the trace and
+explain views (:mod:`clearlm.inspect`) can read them. Everything a model family changes is a
+field of the frozen :class:`clearlm.config.ModelConfig`; nothing here knows file formats.
+
+May import ``clearlm.config`` and ``clearlm.errors`` only (and torch).
+"""

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from clearlm.config import ModelConfig
-from clearlm.kv_cache import CacheRows
 from clearlm.model.hooks import HookPoint
+from clearlm.model.kv_cache import CacheRows
 from clearlm.model.norms import make_norm
 from clearlm.model.positions import apply_rope
 
@@ -41,7 +41,8 @@ def attention_mask(
     Returns:
         (B, T, S) bool (or (T, S) when both inputs are 1-D), True where attention is allowed.
     """
-    if isinstance(keys, int | torch.SymInt):  # SymInt: a cache size left symbolic (clearlm.aot)
+    # SymInt: a cache size left symbolic (clearlm.runtime.aot)
+    if isinstance(keys, int | torch.SymInt):
         keys = torch.arange(keys, device=positions.device)
     q, k = positions[..., :, None], keys[..., None, :]  # (B, T, 1), (B, 1, S)
     mask = (k <= q) & (k >= 0)  # (B, T, S)
@@ -189,7 +190,7 @@ class Attention(nn.Module):
         batched sgemm per layer, each a parallel region of its own with a few rows of work
         (3 of the 11 parallel regions of a SmolLM2 layer, 4 % of a step's CPU samples). Per
         step, AOT packages, 2 threads, one process, steps alternating: SmolLM2 −4 to −5 %,
-        Qwen2.5-0.5B −1 %, Gemma 3 270M −2 to −3 % (with clearlm.compiled.DECODE_INDUCTOR).
+        Qwen2.5-0.5B −1 %, Gemma 3 270M −2 to −3 % (with clearlm.runtime.compiled.DECODE_INDUCTOR).
         """
         B, H, _, Hd = q.shape
         K = k.shape[1]

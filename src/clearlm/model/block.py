@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from clearlm.config import ModelConfig
-from clearlm.kv_cache import CacheRows
 from clearlm.model.attention import Attention
 from clearlm.model.ffn import make_ffn
 from clearlm.model.hooks import HookPoint
+from clearlm.model.kv_cache import CacheRows
 from clearlm.model.norms import make_norm
 
 

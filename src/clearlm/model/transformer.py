@@ -9,10 +9,10 @@ from torch import nn
 
 from clearlm.config import ModelConfig
 from clearlm.errors import ContextLengthError
-from clearlm.kv_cache import KVCache
 from clearlm.model.attention import attention_mask
 from clearlm.model.block import Block
 from clearlm.model.hooks import HookPoint, HookRegistry
+from clearlm.model.kv_cache import KVCache
 from clearlm.model.norms import make_norm
 from clearlm.model.positions import RotaryEmbedding, sinusoidal_table
 
@@ -68,7 +68,7 @@ class Transformer(nn.Module):
                 "sinusoids", sinusoidal_table(n, c.d_model, "fairseq"), persistent=False
             )
 
-    # --- device and cache hooks (issue 12): the parallel models (clearlm.parallel) override
+    # --- device and cache hooks (issue 12): the parallel models (clearlm.runtime.parallel) override
     # new_cache to hold only their ranks' layers / heads.
     @property
     def device(self) -> torch.device:
@@ -158,7 +158,7 @@ class Transformer(nn.Module):
         Nothing here reads a tensor back to Python when a cache is given (no ``.item()``, no
         branch on values), so a one-token decode step has static shapes and compiles without
         graph breaks; checking that positions fit the context is the caller's job there (it
-        knows the lengths in Python: clearlm.generation.check_fits).
+        knows the lengths in Python: clearlm.generation.loop.check_fits).
 
         Args:
             tokens: (B, T) int64 token ids.
@@ -167,7 +167,7 @@ class Transformer(nn.Module):
                 rows. Default: 0 … T-1; with a cache, each slot's filled length onwards.
             cache: keys/values of earlier positions; row b reads and writes slot ``slot + b``
                 and each slot's length moves past its new positions once every block has
-                written (see clearlm.kv_cache).
+                written (see clearlm.model.kv_cache).
             last_only: project only the last position to logits (what generation needs;
                 saves a (T-1) × D × V matmul).
             slot: the cache slot of row 0.
@@ -207,7 +207,7 @@ class Transformer(nn.Module):
         """What every block of one forward pass shares, computed once (arguments as forward's):
         (tokens on the weights' device, positions (B, T) or (T,), the cache rows or None, the
         positions' bound (a Python int), the masks per layer kind, (cos, sin_rot) RoPE tables for
-        full and for sliding layers, or None). A pipeline stage (clearlm.parallel) runs the
+        full and for sliding layers, or None). A pipeline stage (clearlm.runtime.parallel) runs the
         same preparation on every rank.
 
         Raises:

@@ -1,5 +1,14 @@
-"""Compact block-quantized weights: GGUF blocks repacked without dequantizing (pack.py), a C++
-GEMV kernel that reads them (csrc/qgemv.cpp, built by kernels.py) and QuantLinear (linear.py)."""
+"""Compact block-quantized weights: GGUF blocks repacked without dequantizing (pack.py,
+fields.py, tiles.py), a C++ GEMV kernel that reads them (csrc/qgemv.cpp, built by kernels.py /
+build.py), the int8-activation products (ops.py), fused projections (fuse.py) and the modules
+that use them, QuantLinear (linear.py) and QuantEmbedding (embedding.py).
+
+Speed beside the readable path: the model's nn.Linear is replaced from outside
+(:mod:`clearlm.loading.compact`), and QuantLinear's products equal F.linear on the dequantized
+weights within the bounds the tests hold. May import ``clearlm.model`` (for its module
+conventions), ``clearlm.store`` (the kernel cache folder) and ``clearlm.errors``; it knows
+nothing of files or families.
+"""
 
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed, UnsupportedQuantError, pack_blocks

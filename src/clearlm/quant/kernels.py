@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from types import ModuleType
 
-from clearlm.models import default_cache_dir
+from clearlm.store.catalog import default_cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "qgemv.cpp"
 SOURCES = (  # exact kernel; int8-activation variant; argument checks and bindings

@@ -1,4 +1,13 @@
-"""``clearlm serve``: an OpenAI-compatible HTTP API over one model (:mod:`clearlm.serve.app`)."""
+"""``clearlm serve``: an OpenAI-compatible HTTP API over one model (:mod:`clearlm.serve.app`).
+
+HTTP only: ``schemas.py`` and ``requests.py`` read and check request bodies, ``handler.py`` /
+``runner.py`` / ``choices.py`` turn them into engine requests and OpenAI-shaped responses
+(streamed or not), ``errors.py`` gives every refusal OpenAI's error shape, ``server.py`` runs
+uvicorn with a graceful stop. Batching and scheduling are the engine's (:mod:`clearlm.engine`).
+
+May import ``clearlm.api`` (the loaded Model), ``clearlm.engine``, generation, sampling,
+tokenizer, text and errors; only the CLI imports it.
+"""
 
 from clearlm.serve.app import create_app
 

@@ -6,7 +6,7 @@ Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v
 one :class:`~clearlm.serve.runner.Runner` thread. The engine is an argument: the
 continuous-batching :class:`~clearlm.engine.scheduler.BatchEngine` by default, or any object with
 the :class:`~clearlm.engine.Engine` methods (the one-at-a-time
-:class:`~clearlm.serve.serial_engine.SerialEngine` serves as the unbatched reference in tests).
+:class:`~clearlm.engine.serial.SerialEngine` serves as the unbatched reference in tests).
 
 Every refusal is OpenAI's error shape (:mod:`clearlm.serve.errors`): 400 for bad input (a body
 that is not UTF-8 or JSON, over ``max_body`` bytes, unknown or mistyped fields, values out of
@@ -32,9 +32,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from clearlm.api import Model
+from clearlm.api.model import Model
 from clearlm.engine import Engine
-from clearlm.engine.scheduler import BatchEngine
+from clearlm.engine.scheduler import build_engine
 from clearlm.serve.errors import APIError
 from clearlm.serve.handler import Session
 from clearlm.serve.requests import Limits, chat_job, completion_job
@@ -125,7 +125,7 @@ def create_app(
         max_body: the largest request body accepted, in bytes.
         limits: per-request limits (``n``).
     """
-    engine = engine or BatchEngine(model.transformer, model.tokenizer.eos_ids)
+    engine = engine or build_engine(model.transformer, model.tokenizer.eos_ids)
     runner = Runner(engine)
     limits = limits or Limits()
     if limits.max_seq_len is None:  # the engine's positions per sequence bound every request

@@ -1,6 +1,7 @@
 """One choice of a response: tokens in, text, logprobs and ``finish_reason`` out.
 
-Text comes from :class:`~clearlm.text_stream.TextStream` (streaming detokenization, end ids,
+Text comes from :class:`~clearlm.generation.text_stream.TextStream` (streaming detokenization, end
+ids,
 stop strings), the same class ``model.generate`` uses, so a choice's text equals the API's.
 ``finish_reason`` is OpenAI's: "stop" (an end token or a stop string) or "length" (max_tokens,
 or the context window is full). Logprobs are the engine's: log-probabilities under the
@@ -16,7 +17,7 @@ import math
 from typing import Any
 
 from clearlm.engine import TokenEvent
-from clearlm.text_stream import TextStream
+from clearlm.generation.text_stream import TextStream
 from clearlm.tokenizer import Tokenizer
 
 FLOOR = -9999.0  # OpenAI's stand-in for log(0)

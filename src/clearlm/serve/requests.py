@@ -12,7 +12,7 @@ Rules (documented in README.md, "Serving"):
   refuses it: 400, ``context_length_exceeded``, the numbers in the message. Without
   ``max_tokens``, a completion's default 16 stops at the context with finish_reason "length".
 - Chat contents are text: special-token text typed in a message stays text (the injection
-  rule of :meth:`clearlm.api.Model.chat_prompt`); a "developer" message is a system message.
+  rule of :meth:`clearlm.api.model.Model.chat_prompt`); a "developer" message is a system message.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from clearlm.api import Model
+from clearlm.api.model import Model
 from clearlm.errors import ClearLMError, SamplingParamsError
-from clearlm.generation import check_fits
-from clearlm.sampling import SamplingParams
+from clearlm.generation.loop import check_fits
+from clearlm.sampling.chain import SamplingParams
 from clearlm.serve.errors import APIError, from_clearlm
 from clearlm.serve.schemas import ChatBody, CompletionBody
 

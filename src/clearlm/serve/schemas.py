@@ -5,7 +5,7 @@ unknown field, a wrong type) is one :class:`~clearlm.serve.errors.APIError` nami
 Types are strict (``"temperature": "0.5"`` or ``"stream": 1`` are errors; a JSON integer fills
 a float field) and unknown fields are refused, so a misspelt setting is never silently
 ignored; ``null`` means "unset" for every optional field, as some clients send it. Value
-ranges of the sampling settings are :class:`~clearlm.sampling.SamplingParams`' own (see
+ranges of the sampling settings are :class:`~clearlm.sampling.chain.SamplingParams`' own (see
 :func:`clearlm.serve.requests.sampling_params`).
 """
 

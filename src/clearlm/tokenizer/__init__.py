@@ -9,6 +9,8 @@ a streaming detokenizer and the chat template.
   tokenizer_config.json + generation_config.json.
 - :mod:`clearlm.tokenizer.stream`: the decoder chain run one token at a time.
 - :mod:`clearlm.tokenizer.chat`: chat templates in a jinja2 sandbox, as transformers renders them.
+
+May import ``clearlm.text`` and ``clearlm.errors`` only (and ``tokenizers``, ``jinja2``).
 """
 
 from clearlm.errors import ChatTemplateError

@@ -29,7 +29,7 @@ import json
 import re
 import secrets
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
@@ -37,8 +37,19 @@ from tokenizers import Tokenizer as Backend
 from clearlm.errors import ChatTemplateError
 from clearlm.text import clean_text
 
-if TYPE_CHECKING:
-    from clearlm.tokenizer.core import Tokenizer
+
+class Tokenizer(Protocol):
+    """What these functions read from a :class:`clearlm.tokenizer.core.Tokenizer` (named by
+    its members, so that this module, which core.py imports, does not import core.py)."""
+
+    backend: Backend
+    special_ids: frozenset[int]
+    source: str
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    @property
+    def text_backend(self) -> tuple[Backend, int]: ...
 
 MARKER = "\ue000clearlm-piece\ue001"  # a private-use string no vocabulary holds
 

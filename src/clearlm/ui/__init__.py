@@ -2,6 +2,8 @@
 
 ``create_app(model)`` builds the FastAPI app (see :mod:`clearlm.ui.app`); the numbers come
 from :mod:`clearlm.inspect.analysis`; the page is ``static/index.html`` (no external resources).
+May import ``clearlm.api``, ``clearlm.inspect``, sampling, text and errors; only the CLI imports
+it.
 """
 
 from clearlm.ui.app import create_app

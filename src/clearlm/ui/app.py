@@ -26,11 +26,11 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clearlm.api import Model
+from clearlm.api.model import Model
 from clearlm.errors import ClearLMError
 from clearlm.inspect import analysis
 from clearlm.inspect.analysis import Analysis
-from clearlm.sampling import SamplingParams
+from clearlm.sampling.chain import SamplingParams
 from clearlm.text import clean_text
 
 CACHE_SIZE = 8
@@ -88,7 +88,7 @@ def create_app(model: Model, title: str | None = None) -> FastAPI:
     """A FastAPI app serving the page and the JSON API for ``model``.
 
     Args:
-        model: a loaded :class:`~clearlm.api.Model`.
+        model: a loaded :class:`~clearlm.api.model.Model`.
         title: shown in the page header; default the model file's name.
     """
     app = FastAPI(title="clearlm ui", docs_url=None, redoc_url=None, openapi_url=None)

@@ -1,0 +1,244 @@
+"""What every model-running command shares: ``--threads``, ``--quiet``, and a load that says
+what it is doing.
+
+:func:`load_model` sets the thread count (see :mod:`clearlm.runtime.threads`), lets the command
+check
+its input against the model's header (tokenizer, chat template, context length) before the slow
+weight load, then loads and prints one line on stderr::
+
+    loading smollm2-135m-instruct (98 MB)… done in 6.4 s · 2 threads
+
+On a terminal a spinner with the elapsed time shows while a load takes longer than half a second.
+``--quiet`` prints nothing but errors (and an interruption: Ctrl-C while loading says
+``interrupted while loading MODEL`` and exits 130).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+from clearlm.cli.app import err
+from clearlm.runtime.threads import MAX_THREADS
+
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        "-t",
+        min=1,
+        max=MAX_THREADS,
+        help="CPU threads for torch. Default: the free cores (physical cores allowed to this "
+        "process, less those other processes keep busy), or $OMP_NUM_THREADS when set.",
+    ),
+]
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="Print only the output and errors: no loading line, stats."),
+]
+
+SPINNER_AFTER_S = 0.5  # a load shorter than this shows no spinner
+
+
+def human_size(n_bytes: int) -> str:
+    """Bytes in decimal units as a person reads them: 98 MB, 1.1 GB, 310 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            value = n_bytes / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{n_bytes} B"
+
+
+@contextmanager
+def spinner(label: str, enabled: bool) -> Iterator[None]:
+    """A transient spinner + elapsed time on stderr, started only after SPINNER_AFTER_S."""
+    if not enabled:
+        yield
+        return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        SpinnerColumn(), TextColumn(label), BarColumn(), TimeElapsedColumn(),
+        console=err, transient=True,
+    )  # fmt: skip
+    bar.add_task(label, total=None)  # no total: the bar pulses
+    lock, state = threading.Lock(), {"done": False, "started": False}
+
+    def start() -> None:
+        with lock:
+            if not state["done"]:
+                bar.start()
+                state["started"] = True
+
+    timer = threading.Timer(SPINNER_AFTER_S, start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+            if state["started"]:
+                bar.stop()
+
+
+def load_model(
+    name: str | None,
+    dtype: str = "float32",
+    threads: int | None = None,
+    quiet: bool = False,
+    check: Callable[[Any], object] | None = None,
+    chat: bool = False,
+    placement: Any = None,
+    weights: str | None = None,
+    matmul_precision: str = "highest",
+    activations: str = "float32",
+) -> Any:
+    """Set the threads, load (checking the input on the header first), say so on stderr.
+
+    Args:
+        name: a .gguf file, a Hugging Face folder, an alias, or None (the default model).
+        dtype: parameter dtype name.
+        threads: torch threads (≥ 1); None: :func:`clearlm.runtime.threads.set_threads`' default.
+        quiet: print nothing on success.
+        check: called with a weightless Model before the weights are read (see
+            :func:`clearlm.api.model.load`); it raises to stop early (a missing chat template, a
+            prompt longer than the context).
+        chat: the command needs a chat template: a GGUF without one is refused at once, from
+            its key names alone (``Checkpoint.has_chat_template``: loading/peek.py, ~0.03 s).
+        placement: a :class:`clearlm.cli.placement.Placement` (device, parallel ranks).
+        weights: "compact", "float32" or None (the API's default: :func:`clearlm.api.model.load`).
+        matmul_precision: "highest" or "medium" (clearlm.runtime.precision).
+        activations: "float32" or "int8" (:func:`clearlm.api.model.load`).
+
+    Returns:
+        The loaded :class:`clearlm.api.model.Model`.
+
+    Raises:
+        whatever resolving, checking or loading raises (ClearLMError subclasses).
+    """
+    from clearlm.store.catalog import ALIASES, DEFAULT_MODEL, resolve_model
+
+    path = resolve_model(name)  # before torch's import (~2 s): a wrong name answers at once
+    import torch
+
+    from clearlm.api.model import load, parse_dtype, parse_weights
+    from clearlm.api.options import parse_activations
+    from clearlm.errors import ChatTemplateError
+    from clearlm.loading.checkpoint import open_checkpoint
+    from clearlm.runtime.devices import resolve_device
+    from clearlm.runtime.precision import cpu_has_bf16_units
+    from clearlm.runtime.threads import set_threads
+
+    torch_dtype = parse_dtype(dtype)
+    where = placement.load_kwargs() if placement is not None else {}
+    ranks = max(where.get("tensor_parallel", 1), where.get("pipeline_parallel", 1))
+    device = resolve_device(where.get("device", "cpu"))
+    # refused now, before the header is read: compact with a half dtype, a GPU or ranks
+    weights = parse_weights(weights, torch_dtype, device, ranks)
+    parse_activations(activations, weights, torch_dtype)
+    ckpt = open_checkpoint(path)
+    if chat and ckpt.has_chat_template() is False:
+        raise ChatTemplateError(
+            f"{path.name} has no chat template (a base model?); use `clearlm generate`"
+        )
+    n_threads = set_threads(threads)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if threads is not None and threads > cpus:  # allowed (it runs), but surely a slip
+        err.print(
+            f"[yellow]warning: --threads {threads} is more than the {cpus} CPUs here; "
+            "decoding will be slower than with fewer[/]",
+            soft_wrap=True,
+        )
+    # "medium" only changes float32 products; a bfloat16/float16 model's are half already
+    scoped = matmul_precision != "highest" and torch_dtype == torch.float32
+    if scoped and not cpu_has_bf16_units():  # allowed, said honestly
+        err.print("[yellow]warning: this CPU lists no bfloat16 units (AMX, AVX512-BF16): "
+                  "--matmul-precision medium may be slower than highest here[/]", soft_wrap=True)
+    alias = name or DEFAULT_MODEL
+    shown = alias if alias in ALIASES else path.name
+    label = f"loading {shown} ({human_size(ckpt.size_bytes)})"
+    start = time.perf_counter()
+    try:
+        with spinner(label + "…", enabled=not quiet and err.is_terminal), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "clearlm: int8 activations")  # said below
+            model = load(
+                path, torch_dtype, check=check, threads=n_threads, weights=weights,
+                matmul_precision=matmul_precision, activations=activations, **where,
+            )  # fmt: skip
+    except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
+        err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)
+        raise typer.Exit(130) from None
+    if model.activations != activations:  # int8 asked, no int8 kernel: allowed, said once
+        err.print("[yellow]warning: --activations int8 needs the int8 kernel (AVX-512 VNNI or "
+                  "AVX2), which is not built here; decode stays exact float32[/]", soft_wrap=True)
+    if not quiet:
+        s = "" if n_threads == 1 else "s"
+        err.print(
+            f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
+            f" · {model.weights} weights {human_size(model.weight_bytes)}"
+            + precision_note(matmul_precision, scoped, dtype)
+            + (" · int8 activations" if model.activations == "int8" else "") + "[/]",
+            soft_wrap=True,
+        )
+    return model
+
+
+def precision_note(matmul_precision: str, scoped: bool, dtype: str) -> str:
+    """The loading line's word on --matmul-precision: "" for highest, " · medium matmuls" where
+    it applies (float32 compute), else that it has no effect (a bfloat16/float16 model)."""
+    if matmul_precision == "highest":
+        return ""
+    if scoped:
+        return f" · {matmul_precision} matmuls"
+    return f" · --matmul-precision {matmul_precision} has no effect in {dtype}"
+
+
+def compile_step(model: Any, quiet: bool = False) -> None:
+    """Decode through the ahead-of-time compiled step (clearlm.runtime.aot), or with
+    CLEARLM_COMPILE=jit
+    through the torch.compile'd one (clearlm.runtime.compiled; imported only when asked, as it
+    pulls in
+    torch._dynamo); unless quiet, one line says whether the first step builds or loads it."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        err.print("[yellow]warning: --compile runs in one process; a tensor- or pipeline-"
+                  "parallel run decodes eagerly[/]", soft_wrap=True)
+        return
+    if os.environ.get("CLEARLM_COMPILE", "aot") == "jit":  # (checked by --compile's callback)
+        from clearlm.runtime.compiled import cache_dir, compile_decode
+
+        compile_decode(model.transformer)
+        if not quiet:
+            err.print(f"[dim]--compile: the first decode step compiles (seconds to minutes; "
+                      f"cached in {cache_dir()})[/]", soft_wrap=True)
+        return
+    from clearlm.runtime.aot import compile_decode_aot
+
+    def eager(e: Exception) -> None:
+        err.print(f"[yellow]warning: {e}; decoding eagerly[/]", soft_wrap=True)
+
+    path = compile_decode_aot(model.transformer, on_error=eager).package_path()
+    if not quiet:
+        what = (f"loads the compiled step {path}" if path.exists() else
+                "builds the compiled step (1-3 minutes on 2 cores, once for this model; "
+                f"kept in {path.parent})")
+        err.print(f"[dim]--compile: the first decode step {what}[/]", soft_wrap=True)
+
+
+def compile_seconds(model: Any) -> float | None:
+    """Wall seconds the compiled step's first call took in this process (None: no compiled
+    step, one that compiled nothing yet, or an AOT package loaded from disk in milliseconds)."""
+    step = getattr(model.transformer, "decode_fn", None)
+    if getattr(step, "built", None) is False:  # an AOT package loaded from disk: nothing compiled
+        return None
+    return getattr(step, "compile_s", None)

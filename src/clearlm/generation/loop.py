@@ -1,0 +1,234 @@
+"""Autoregressive generation: prefill the prompt once, then one token per step with a KV cache.
+
+Layers, from the bottom:
+- ``prefill`` and ``decode_step``: one forward pass each, returning last-position logits.
+- ``generate_step``: a generator that samples and yields one token at a time (token ids only).
+- ``stream_generate``: text on top: streaming detokenization, stop strings, EOS, token and
+  context limits, and a ``finish_reason`` on the last chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from clearlm.errors import ContextLengthError, SamplingParamsError
+from clearlm.generation.stops import check_callable, check_stop, finish_reason
+from clearlm.generation.text_stream import TextStream
+from clearlm.model.kv_cache import KVCache
+from clearlm.model.transformer import Transformer
+from clearlm.sampling.chain import Sampler, SamplingParams, make_sampler
+from clearlm.sampling.params import is_int
+from clearlm.tokenizer import Tokenizer
+
+
+def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
+    """A KV cache sized for `max_seq_len` positions (tokens) in the model's dtype, on its device
+    (``Transformer.new_cache``; a parallel rank's holds only its layers or heads)."""
+    return model.new_cache(batch_size, max_seq_len)
+
+
+def generation_cache(model: Transformer, n_prompt: int, max_new_tokens: int) -> KVCache:
+    """The KV cache one generation runs in: the prompt's n_prompt tokens plus max_new_tokens,
+    capped at the context length. Its size is part of what a step computes (a compiled step
+    reads the whole cache; see clearlm.runtime.compiled), so whatever recomputes a generation's
+    logits
+    (the CLI's --logprobs) sizes its cache here too."""
+    n_new = min(max_new_tokens, model.config.context_length - n_prompt)
+    return new_cache(model, 1, n_prompt + n_new)
+
+
+@torch.inference_mode()
+def prefill(model: Transformer, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Run the whole prompt in one forward pass: tokens (B, T) int64 → last logits (B, V)."""
+    return model(tokens, cache=cache, last_only=True)[:, -1, :]
+
+
+@torch.inference_mode()
+def decode_step(model: Transformer, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """One new token per sequence against the cache: token (B, 1) int64 → logits (B, V)."""
+    return model(token, cache=cache, last_only=True)[:, -1, :]
+
+
+def check_fits(n_prompt: int, context_length: int, new_tokens: int = 1) -> None:
+    """Raise ContextLengthError unless a prompt of n_prompt tokens is not empty and leaves room
+    for ``new_tokens`` more (1 to generate, 0 to only score the prompt) in the context."""
+    if n_prompt == 0:
+        raise ContextLengthError("the prompt is empty (0 tokens); give at least one token")
+    if n_prompt > context_length:
+        raise ContextLengthError(
+            f"the prompt has {n_prompt} tokens but the model's context length is {context_length}; "
+            "shorten the prompt"
+        )
+    if n_prompt + new_tokens > context_length:
+        raise ContextLengthError(
+            f"the prompt has {n_prompt} tokens and fills the model's context length of "
+            f"{context_length}: no room for a new token; shorten the prompt"
+        )
+
+
+def check_max_new_tokens(max_new_tokens: Any) -> None:
+    """Raise SamplingParamsError unless max_new_tokens is an integer ≥ 0 (a bool is not one).
+    The one check of generate_step and of the batch (clearlm.engine.batch)."""
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
+        raise SamplingParamsError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
+
+
+def generate_step(
+    model: Transformer, prompt: Sequence[int], sampler: Sampler, max_new_tokens: int
+) -> Iterator[tuple[int, float]]:
+    """Yield (token id, logprob) one step at a time, up to max_new_tokens or the context length.
+
+    The caller decides when to stop earlier (EOS, stop strings) by not asking for more.
+    Raises ContextLengthError if the prompt leaves no room for a new token,
+    SamplingParamsError if max_new_tokens is not an integer ≥ 0.
+    """
+    ctx = model.config.context_length
+    check_max_new_tokens(max_new_tokens)
+    check_fits(len(prompt), ctx)
+    n_new = min(max_new_tokens, ctx - len(prompt))
+    cache = generation_cache(model, len(prompt), max_new_tokens)
+    seq = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)  # (1, P): history
+    # a compiled step when one was set (clearlm.runtime.compiled.compile_decode)
+    step = getattr(model, "decode_fn", None) or decode_step
+    logits = prefill(model, seq, cache)  # (1, V)
+    for i in range(n_new):
+        token, logprob = sampler(logits, seq)  # (1,), (1,)
+        yield int(token[0]), float(logprob[0])
+        if i + 1 == n_new:
+            break
+        seq = torch.cat([seq, token.view(1, 1)], dim=1)  # (1, P + i + 1)
+        logits = step(model, token.view(1, 1), cache)
+
+
+@dataclass
+class Chunk:
+    """One streamed piece of output.
+
+    Attributes:
+        text: new text to show (may be "" while a multi-byte character or a possible stop
+            string is held back).
+        token: the token id this step produced (None on the final flush chunk).
+        finish_reason: None while generating; on the last chunk one of "eos" (the model's
+            end token), "stop" (a stop string), "length" (max_new_tokens), "context_length"
+            (prompt + generated tokens filled the context window).
+        index: which prompt of a batch it belongs to (0 for a single prompt).
+    """
+
+    text: str
+    token: int | None = None
+    logprob: float | None = None
+    finish_reason: str | None = None
+    index: int = 0
+
+
+@dataclass
+class GenerationResult:
+    """A finished generation: text, token ids, why it stopped and how fast it ran.
+
+    Times are seconds: prefill_s covers the prompt's forward pass (and the first sample),
+    decode_s the remaining steps.
+    """
+
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    logprobs: list[float] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        """The generated text, so ``print(model.chat(...))`` prints the answer."""
+        return self.text
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        n = len(self.tokens) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+def stream_generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+) -> Iterator[Chunk]:
+    """Generate text and yield it as it is produced; the last chunk carries finish_reason.
+
+    Stop strings are matched on the decoded text, so one that spans several tokens is found;
+    it is not included in the output. Text that might be the beginning of a stop string is held
+    back until it is clear that it is not.
+
+    Raises:
+        ContextLengthError: the prompt leaves no room for a new token.
+    """
+    text = TextStream(tokenizer, stop)
+    n = 0
+    sampler = make_sampler(params)
+    for token, logprob in generate_step(model, prompt, sampler, max_new_tokens):
+        n += 1
+        out, reason = text.add(token)
+        if reason is not None:
+            yield Chunk(out, token, logprob, reason)
+            return
+        yield Chunk(out, token, logprob)
+    # generate_step ran out: either max_new_tokens, or the context window filled up first.
+    limit = model.config.context_length
+    reason = finish_reason(None, (), n, max_new_tokens, len(prompt) + n, limit)
+    yield Chunk(text.finish(), None, None, reason)
+
+
+def generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt: Sequence[int],
+    params: SamplingParams,
+    max_new_tokens: int,
+    stop: Sequence[str] = (),
+    on_text: Callable[[str], None] | None = None,
+) -> GenerationResult:
+    """Run stream_generate to the end and collect the result (optionally echoing text).
+
+    Raises ClearLMError when on_text is neither None nor callable, SamplingParamsError for a
+    stop that is not a non-empty string (both before generating)."""
+    if on_text is not None:
+        check_callable(on_text, "on_text")
+    stop = check_stop(stop)  # SamplingParamsError for a non-str or empty stop
+    text, tokens, logprobs = [], [], []
+    reason = "length"
+    t0 = time.perf_counter()
+    t_first = None
+    for chunk in stream_generate(model, tokenizer, prompt, params, max_new_tokens, stop):
+        if chunk.token is not None:
+            if t_first is None:
+                t_first = time.perf_counter()
+            tokens.append(chunk.token)
+            logprobs.append(chunk.logprob)
+        if chunk.text:
+            text.append(chunk.text)
+            if on_text is not None:
+                on_text(chunk.text)
+        if chunk.finish_reason is not None:
+            reason = chunk.finish_reason
+    t_end = time.perf_counter()
+    t_first = t_first or t_end
+    return GenerationResult(
+        text="".join(text),
+        tokens=tokens,
+        finish_reason=reason,
+        prompt_tokens=len(prompt),
+        prefill_s=t_first - t0,
+        decode_s=t_end - t_first,
+        logprobs=logprobs,
+    )

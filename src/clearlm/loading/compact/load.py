@@ -1,0 +1,232 @@
+"""Load a GGUF with its block-quantized matrices kept compact (``weights="compact"``).
+
+The chain (style.md: build on the meta device and assign, so nothing is held twice):
+
+1. the module tree on the meta device (loading/load.py ``skeleton``): no weight memory;
+2. each tensor of the file whose module is a plain ``nn.Linear`` / ``nn.Embedding`` and whose
+   type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K) is packed straight from the
+   mapped bytes, a band of rows at a time (quant/from_file.py), in row tiles (4 or 8 rows) where a
+   linear layer reads it (quant/tiles.py), and its module replaced by a QuantLinear /
+   QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
+   these matrices ever exists, and their file pages are dropped from the process once packed.
+   The first such load keeps what it packed on disk and later loads of the unchanged file map
+   that copy instead of packing (quant/pack_cache.py; ``CLEARLM_PACK_CACHE=0``: off);
+3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
+   fused projections the family splits) goes through the float32 loader's own steps
+   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place;
+4. a block's Q/K/V and gate/up with the same packed layout become one matrix each
+   (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it),
+   packed into shared buffers as a group (quant/from_file.pack_group), so fusing copies nothing.
+
+The packed modules give the GGUF's dequantized values exactly (pack.py); only the float32
+summation order of the products differs from ``weights="float32"``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from clearlm.config import ModelConfig
+from clearlm.families import gguf_arch
+from clearlm.families.transforms import unpermute_qk, unshift_norm
+from clearlm.loading.compact import pack_cache
+from clearlm.loading.compact.from_file import pack_group, packed_nbytes, planned_tile
+from clearlm.loading.gguf import dequantize_tensor, our_name, to_torch
+from clearlm.loading.gguf_file import GGUFFile
+from clearlm.loading.load import check_shapes, skeleton
+from clearlm.model.transformer import Transformer
+from clearlm.quant.embedding import QuantEmbedding
+from clearlm.quant.fuse import fuse_projections
+from clearlm.quant.kernels import load_kernels
+from clearlm.quant.linear import QuantLinear
+from clearlm.quant.pack import SUPPORTED, Packed
+
+TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
+
+
+@dataclass
+class CompactPlan:
+    """Which file tensors stay packed: GGUF name → the module paths (ours) that hold it (two
+    for a tied embedding + head), and the bytes the weights will hold in memory."""
+
+    packed: dict[str, list[str]] = field(default_factory=dict)
+    tiles: dict[str, int] = field(default_factory=dict)  # rows per row tile (quant/tiles.py)
+    packed_bytes: int = 0
+    float_bytes: int = 0  # float tensors, at the load dtype's size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.packed_bytes + self.float_bytes
+
+
+def compact_plan(
+    file: GGUFFile, config: ModelConfig, model: nn.Module, dtype: torch.dtype, source: str = ""
+) -> CompactPlan:
+    """Decide, from the tensor table and the module tree (meta is fine), what is packed.
+
+    Raises UnsupportedModelError: a tensor name the architecture's table does not know."""
+    arch = gguf_arch(config.architecture, source)
+    names = {t.name for t in file.tensors}
+    plan = CompactPlan()
+    for t in file.tensors:
+        ours = our_name(t, arch, config, source)
+        if ours is None:
+            continue
+        paths = [ours.removesuffix(".weight")] if ours.endswith(".weight") else []
+        if t.name == TOKEN_EMBD and OUTPUT not in names and config.tie_word_embeddings:
+            paths.append("lm_head")  # tied: the embedding matrix is the output projection
+        shape = tuple(reversed(t.shape))
+        if t.tensor_type in SUPPORTED and paths and all(_plain(model, p, shape) for p in paths):
+            plan.packed[t.name] = paths
+            plan.tiles[t.name] = _tile(model, paths, shape, t.tensor_type)
+            plan.packed_bytes += packed_nbytes(t.tensor_type, shape,  # type: ignore[arg-type]
+                                               plan.tiles[t.name])
+        else:
+            plan.float_bytes += t.n_elements * dtype.itemsize
+    return plan
+
+
+def load_compact(
+    file: GGUFFile, config: ModelConfig, dtype: torch.dtype = torch.float32, source: str = ""
+) -> tuple[Transformer, CompactPlan]:
+    """The model with its block-quantized matrices packed (see the module docstring).
+
+    Raises:
+        UnsupportedModelError: an unknown tensor name or a type neither packed nor dequantized.
+        InvalidModelFileError: a tensor is truncated, has the wrong shape, is missing or extra.
+    """
+    arch = gguf_arch(config.architecture, source)
+    model = skeleton(config)
+    plan = compact_plan(file, config, model, dtype, source)
+    jobs = pack_jobs(file, plan, arch, config, source)
+    tensors = [[t for t, _, _ in members] for members in jobs]
+    tiles = [[plan.tiles[t.name] for t in job] for job in tensors]
+    done = pack_cache.read(file.path, tensors, tiles)  # a packed copy: mapped, not packed
+    state: dict[str, torch.Tensor] = {}
+    # Packing is numpy copies that release the GIL: torch's thread count packs tensors side by
+    # side while this thread dequantizes the float ones (same bytes, same results).
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        futures = [] if done is not None else [
+            pool.submit(pack_group, file,
+                        [(t, heads, plan.tiles[t.name]) for t, heads, _ in members])
+            for members in jobs
+        ]
+        for t in file.tensors:
+            ours = our_name(t, arch, config, source)
+            if ours is None or t.name in plan.packed:
+                continue
+            w = dequantize_tensor(t, source)  # (out, in) float32, as loading/gguf.py
+            if arch.unpermute_qk:
+                w = unpermute_qk(ours, w, config)
+            state[ours] = to_torch(unshift_norm(ours, w, arch.norm_shift), dtype)
+            file.release(t.data_offset, t.n_bytes)
+        fresh = done is None
+        if fresh:
+            done = [job.result() for job in futures]
+    for members, packed_each in zip(jobs, done, strict=True):
+        for (_, _, paths), packed in zip(members, packed_each, strict=True):
+            _swap(model, packed, paths)
+    state = arch.convert(state, config)
+    tied_float = config.tie_word_embeddings and "embed_tokens.weight" in state
+    if tied_float:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    check_shapes(model, state, source, meta_only=True)  # the float rest, still on meta
+    if fresh:  # written once the whole file is known good: a refused file leaves no copy
+        pack_cache.write(file.path, tensors, done)
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied_float:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.init_derived()
+    fuse_projections(model)  # Q/K/V and gate/up as one kernel call each where formats agree
+    if plan.packed:
+        load_kernels()  # built here on first use (a minute, said on stderr), not in the prefill
+    return model.eval(), plan
+
+
+# the projections quant/fuse.py joins, by their parent module's name: how many make a group
+FUSE_GROUPS = {"self_attn": 3, "mlp": 2}
+_FUSED = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+          "gate_proj": "mlp", "up_proj": "mlp"}
+
+
+def _fuse_group_of(paths: list[str]) -> str | None:
+    """The parent module (``layers.3.self_attn``, ``layers.3.mlp``) whose fused matrix this
+    tensor will be part of, or None."""
+    if len(paths) != 1:
+        return None
+    parent, _, name = paths[0].rpartition(".")
+    kind = _FUSED.get(name)
+    return parent if kind is not None and parent.endswith("." + kind) else None
+
+
+def _fuse_rank(member: tuple) -> int:
+    """Where a member (tensor, rope heads, module paths) sits in its fused matrix."""
+    return list(_FUSED).index(member[2][0].rpartition(".")[2])
+
+
+def pack_jobs(file: GGUFFile, plan: CompactPlan, arch, config: ModelConfig,
+              source: str = "") -> list[list[tuple]]:
+    """The packing jobs of a compact load, in file order: each a list of (tensor, rope heads,
+    module paths) members packed together (a block's Q/K/V or gate/up, in that order:
+    quant/from_file.pack_group), or one tensor alone."""
+    jobs: list[list[tuple]] = []
+    groups: dict[str, list] = {}  # a block's Q/K/V or gate/up, until all its members are seen
+    for t in file.tensors:
+        if t.name not in plan.packed or our_name(t, arch, config, source) is None:
+            continue
+        paths = plan.packed[t.name]
+        heads = _rope_heads(paths[0], config) if arch.unpermute_qk else None
+        group = _fuse_group_of(paths)
+        if group is None:
+            jobs.append([(t, heads, paths)])
+            continue
+        members = groups.setdefault(group, [])
+        members.append((t, heads, paths))
+        if len(members) == FUSE_GROUPS[group.rpartition(".")[2]]:
+            # in the order fuse.py joins them (q, k, v / gate, up), not the file's: GGUF
+            # writers often sort names (attn_k before attn_q), and members packed k-then-q
+            # are not the leading rows fuse_group needs for a view, so it copied them
+            jobs.append(sorted(groups.pop(group), key=_fuse_rank))
+    # incomplete groups last (a V or up that is not packed), their members in fused order too
+    return jobs + [sorted(members, key=_fuse_rank) for members in groups.values()]
+
+
+def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:
+    """Is ``path`` a plain nn.Linear / nn.Embedding whose weight has this (out, in) shape?"""
+    try:
+        m = model.get_submodule(path)
+    except AttributeError:
+        return False
+    return type(m) in (nn.Linear, nn.Embedding) and tuple(m.weight.shape) == shape
+
+
+def _tile(model: nn.Module, paths: list[str], shape: tuple[int, ...], qtype: object) -> int:
+    """Rows per row tile for a packed tensor of this GGML type (quant/from_file.planned_tile):
+    tiles where a decode product reads it (an nn.Linear, a tied head included) and its rows
+    fill whole tiles; row-major for an embedding alone."""
+    linear = any(type(model.get_submodule(p)) is nn.Linear for p in paths)
+    return planned_tile(qtype, shape, linear)  # type: ignore[arg-type]
+
+
+def _rope_heads(path: str, config: ModelConfig) -> int | None:
+    """Heads whose rows llama.cpp permuted in this projection (None: not Q or K)."""
+    if path.endswith("q_proj"):
+        return config.n_heads
+    return config.n_kv_heads if path.endswith("k_proj") else None
+
+
+def _swap(model: nn.Module, packed: Packed, paths: list[str]) -> None:
+    """Put one packed tensor behind every module in ``paths``; a bias stays a meta buffer until
+    the float tensors are assigned."""
+    for path in paths:
+        old = model.get_submodule(path)
+        if type(old) is nn.Embedding:
+            new: nn.Module = QuantEmbedding(packed)
+        else:
+            new = QuantLinear(packed, old.bias)  # old.bias: None or a meta tensor, assigned later
+        parent, _, child = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
