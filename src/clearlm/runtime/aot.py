@@ -65,12 +65,11 @@ from clearlm.runtime.aot_build import (
 )
 from clearlm.store.catalog import default_cache_dir
 
-_SOURCE = Path(__file__).resolve().parent  # the clearlm package: its code is in the key
+_SOURCE = Path(__file__).resolve().parents[1]  # the clearlm package: its code is in the key
 # ... except what a decode step never runs (so editing the CLI or the server keeps packages);
 # anything new is in the key until it is named here
-_NOT_TRACED = ("cli/", "serve/", "ui/", "inspect/", "tokenizer/", "engine/", "api.py",
-               "api_checks.py", "pull.py", "install.py", "sampling", "text", "evaluation.py",
-               "interpret.py", "defaults.py", "models.py", "generation.py", "__main__.py")
+_NOT_TRACED = ("cli/", "serve/", "ui/", "inspect/", "tokenizer/", "engine/", "api/", "store/",
+               "sampling/", "generation/", "text.py", "__main__.py")
 
 
 def cache_root() -> Path:

@@ -55,13 +55,13 @@ from clearlm.store.cache_dir import copy_metadata, packed_copies, packed_dir, re
 ENV = "CLEARLM_PACK_CACHE"
 ALIGN = 64  # bytes: every tensor starts on a cache line
 _DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.float16: "F16", torch.float32: "F32"}
-_HERE = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parents[2]  # src/clearlm
 # the code that decides what is packed and how: layouts, row un-permutation, which tensors
 # (the families' tables and flags), how they are grouped
-_KEY_CODE = (_HERE / "pack.py", _HERE / "from_file.py", _HERE / "tiles.py", _HERE / "fields.py",
-             Path(__file__).resolve(),
-             *sorted((_HERE.parent / "loading").glob("*.py")),
-             *sorted((_HERE.parent / "families").glob("*.py")))
+_KEY_CODE = (*(_PKG / "quant" / f for f in ("pack.py", "tiles.py", "fields.py")),
+             *sorted((_PKG / "loading" / "compact").glob("*.py")),
+             *sorted((_PKG / "loading").glob("*.py")),
+             *sorted((_PKG / "families").glob("*.py")))
 _ON, _OFF = ("1", "on", "yes", "true", ""), ("0", "off", "no", "false")
 
 # a packing job: the Packed of its members, in order (quant/from_file.pack_group)
