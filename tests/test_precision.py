@@ -139,8 +139,7 @@ def test_medium_leaves_batched_decode_of_many_sequences_alone(tiny, weights, ali
     """Decode of B = 20 > SMALL_M sequences (T = 1, 20 rows: the compact layers' band path, not
     the kernel) gives the same bits as "highest" from the same cache (the scope keys on T, not
     B*T; docs/speed.md, "Prefill in bfloat16": decode is untouched); a prefill of the same batch
-    (T = 20)
-    still runs in bfloat16 and differs."""
+    (T = 20) still runs in bfloat16 and differs."""
     ref = clearlm.load(tiny, weights=weights, threads=1)
     med = clearlm.load(tiny, weights=weights, threads=1, matmul_precision="medium")
     c = ref.transformer.config
