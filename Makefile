@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip install -q --disable-pip-version-check
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP    := $(VENV)/.installed-test
 
-.PHONY: demo test test-large lint bench bench-llamacpp clean setup setup-test kernels
+.PHONY: demo test test-large lint docs bench bench-llamacpp clean setup setup-test kernels
 
 setup: $(RUNTIME_STAMP)
 setup-test: $(TEST_STAMP)
@@ -51,9 +51,15 @@ test: $(TEST_STAMP)
 	$(VENV)/bin/clearlm pull gemma3-270m
 	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct
 	$(PY) -m ruff check src tests bench
+	$(MAKE) --no-print-directory docs
 	# The browser test (tests/test_ui_browser.py) drives Debian's Chromium; it skips without it.
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) || echo "warning: could not install chromium; browser test will skip"
 	$(PY) -m pytest -q --durations=10
+
+# The documentation site (mkdocs.yml, docs/): --strict fails on a broken link, anchor or API
+# reference. Offline, a few seconds; the pages stay plain Markdown that GitHub renders too.
+docs: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet -d site
 
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check src tests bench
@@ -79,4 +85,4 @@ bench-llamacpp: $(RUNTIME_STAMP)
 	$(PY) bench/llamacpp.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache build site src/*.egg-info

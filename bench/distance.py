@@ -2,7 +2,7 @@
 
 For each model: the float32 model (the reference, checked against transformers) and the compact
 one (clearlm.load(..., weights=...)) read the same tokens of tests/data/alice.txt in
-windows; printed as the README's Markdown table "Compact weights: distance from float32":
+windows; printed as the Markdown table of docs/speed.md's "Compact weights":
 - prefill path: one forward pass per window for both models;
 - decode path: the compact model fed 4 tokens at a time through a KV cache (QuantLinear's
   kernel path, as in decoding) against the float32 model's prefill logits;

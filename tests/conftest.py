@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 # Loads pack every file instead of keeping a packed copy in the user's cache
-# (quant/pack_cache.py); tests/test_pack_cache.py turns the copy on in a folder of its own.
+# (loading/compact/pack_cache.py); tests/test_pack_cache.py turns the copy on in a folder of
+# its own.
 os.environ["CLEARLM_PACK_CACHE"] = "0"
 
 from clearlm.store.catalog import resolve_model

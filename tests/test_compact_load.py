@@ -1,5 +1,6 @@
 """weights="compact": the model built straight from the mapped GGUF equals the float32 model with
-its matrices swapped afterwards (quant/swap.py ``quantize_model``, the reference for packing:
+its matrices swapped afterwards (loading/compact/swap.py ``quantize_model``, the reference for
+packing:
 pack_blocks on the whole tensor, checked bit for bit against gguf's dequantize in
 test_quant.py): same module types at the same places, identical packed buffers, identical float
 tensors, identical logits. On SmolLM2 (Q4_1/Q8_0, exact dequantization) compact and float32

@@ -278,15 +278,15 @@ def test_empty_stop_string_is_refused(tmp_path, command):
     assert proc.returncode == SamplingParamsError.exit_code
 
 
-def test_readme_lists_every_error_class_and_exit_code():
-    """README's Python API paragraph names every ClearLMError subclass of clearlm.errors that has
-    its own exit code, and its CLI list gives every exit code, in order (10, DeviceError, and 11,
-    DistributedError, were missing)."""
+def test_docs_list_every_error_class_and_exit_code():
+    """docs/python-api.md's Errors paragraph names every ClearLMError subclass of clearlm.errors
+    that has its own exit code, and its CLI list gives every exit code, in order (10,
+    DeviceError, and 11, DistributedError, were missing)."""
     import re
 
     import clearlm.errors as errors
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[1] / "docs/python-api.md").read_text("utf-8")
     start = readme.index("Errors are typed:")
     para = " ".join(readme[start : readme.index("\n\n", start)].split())  # one line
     base = errors.ClearLMError
@@ -294,7 +294,7 @@ def test_readme_lists_every_error_class_and_exit_code():
                if isinstance(c, type) and issubclass(c, base) and c is not base]  # fmt: skip
     own = [c for c in classes if "exit_code" in vars(c)]  # each with its own exit code
     missing = [c.__name__ for c in own if f"`{c.__name__}`" not in para]
-    assert not missing, f"README's error list lacks {missing}"
+    assert not missing, f"docs/python-api.md's error list lacks {missing}"
     codes = sorted({c.exit_code for c in classes} | {2})  # 2: typer's usage errors
     cli = para[para.index("exits non-zero:") :]
     listed = [int(n) for n in re.findall(r"[,:] (\d+) ", cli)]

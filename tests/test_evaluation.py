@@ -116,7 +116,7 @@ def test_cli_window_options_are_usage_errors(tmp_path, args, option):
 
 
 def test_smollm2_perplexity_on_alice(smollm2, alice_text):
-    """The figure the README reports: SmolLM2-135M on the opening of Alice (548 tokens)."""
+    """The figure docs/models.md reports: SmolLM2-135M on the opening of Alice (548 tokens)."""
     ids = smollm2.encode(alice_text)
     res = perplexity(smollm2.transformer, ids, context=256, stride=128)
     print(

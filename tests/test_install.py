@@ -1,4 +1,4 @@
-"""Installing as written: the package metadata, the Makefile's two setups, the README's commands,
+"""Installing as written: the package metadata, the Makefile's two setups, the docs' commands,
 and the default model fetched on first use."""
 
 from __future__ import annotations
@@ -68,12 +68,15 @@ def test_demo_installs_no_test_extras_and_test_does(tmp_path):
     assert "-e '.[test]'" in make_dry_run("test", tmp_path)
 
 
-def test_readme_says_how_to_run_the_installed_command():
-    readme = (ROOT / "README.md").read_text()
-    assert "source .venv/bin/activate" in readme and ".venv/bin/clearlm" in readme
-    assert "pip install ." in readme
+def test_docs_say_how_to_run_the_installed_command():
+    """README.md starts with `pip install .`; docs/install.md says how to run what `make`
+    installed; the pages name the everyday options."""
+    readme, install = (ROOT / "README.md").read_text(), (ROOT / "docs/install.md").read_text()
+    assert "pip install ." in readme and "make demo" in readme
+    assert "source .venv/bin/activate" in install and ".venv/bin/clearlm" in install
+    pages = (ROOT / "docs/cli.md").read_text() + (ROOT / "docs/models.md").read_text()
     for option in ("--threads", "--quiet", "--version", "clearlm rm"):
-        assert option in readme
+        assert option in pages
 
 
 def test_default_model_is_fetched_on_first_use(monkeypatch, capsys):
@@ -123,13 +126,12 @@ def test_failed_first_use_fetch_is_one_line(monkeypatch):
     assert "\n" not in str(e.value)
 
 
-def test_readme_python_api_snippet_runs_as_written(tmp_path):
-    """The README's Python API example, pasted into a fresh interpreter, runs to the end and
+def test_python_api_snippet_runs_as_written(tmp_path):
+    """docs/python-api.md's first example, pasted into a fresh interpreter, runs to the end and
     prints what its comments say (the logits' shape for the default model)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Python API") :]
-    start = section.index("```python\n") + len("```python\n")
-    code = section[start : section.index("\n```", start)]
+    page = (ROOT / "docs/python-api.md").read_text()
+    start = page.index("```python\n") + len("```python\n")
+    code = page[start : page.index("\n```", start)]
     script = tmp_path / "snippet.py"
     script.write_text(code)
     proc = subprocess.run(

@@ -549,7 +549,8 @@ def test_rm_removes_the_file_and_sidecar_and_says_what_it_freed(fake_parts, cach
     runner = CliRunner()
     path = pull("fake-parts", cache_dir=cache, progress=False)
     (cache / "packed").mkdir()
-    copy = cache / "packed" / "fake-0123456789abcdef.safetensors"  # quant/pack_cache.py's name
+    # loading/compact/pack_cache.py's name
+    copy = cache / "packed" / "fake-0123456789abcdef.safetensors"
     other = cache / "packed" / "fake-fedcba9876543210.safetensors"  # same name, other file's
     elsewhere = a_file(cache.parent / "elsewhere" / "fake.gguf")
     fake_copy(copy, path, 1000)

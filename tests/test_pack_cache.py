@@ -1,4 +1,5 @@
-"""quant/pack_cache.py: the packed copy a compact load keeps on disk and maps the next time.
+"""loading/compact/pack_cache.py: the packed copy a compact load keeps on disk and maps the next
+time.
 
 A load from the copy must equal a load that packs (every buffer bit for bit, the fused Q/K/V
 and gate/up still views of one buffer, same logits), on tiny files and on SmolLM2; a changed

@@ -138,8 +138,8 @@ def test_medium_leaves_decode_sized_forwards_alone(tiny, weights, alice_text):
 def test_medium_leaves_batched_decode_of_many_sequences_alone(tiny, weights, alice_text):
     """Decode of B = 20 > SMALL_M sequences (T = 1, 20 rows: the compact layers' band path, not
     the kernel) gives the same bits as "highest" from the same cache (the scope keys on T, not
-    B*T; README "Prefill in bfloat16": decode is untouched); a prefill of the same batch (T = 20)
-    still runs in bfloat16 and differs."""
+    B*T; docs/speed.md, "Prefill in bfloat16": decode is untouched); a prefill of the same batch
+    (T = 20) still runs in bfloat16 and differs."""
     ref = clearlm.load(tiny, weights=weights, threads=1)
     med = clearlm.load(tiny, weights=weights, threads=1, matmul_precision="medium")
     c = ref.transformer.config

@@ -154,7 +154,7 @@ def test_smollm2_perturbed_scale_breaks_the_bound(smollm2, smollm2_compact, alic
 
 
 # int8 activations (load(activations="int8"), opt-in, not exact), over the 512 positions below:
-# measured max |Δlogit| 1.32, mean KL 3.17e-3, max KL 2.12e-2, top-1 96.48% (README, "int8
+# measured max |Δlogit| 1.32, mean KL 3.17e-3, max KL 2.12e-2, top-1 96.48% (docs/speed.md, "int8
 # activations", has the 2,176-position figures)
 SMOL_INT8_BOUND = {"max_abs_logit": 2.6, "mean_kl": 6.4e-3, "max_kl": 4.2e-2, "top1": 0.93}
 

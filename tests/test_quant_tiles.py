@@ -165,7 +165,7 @@ def test_centred_codes_with_inf_and_nan(qtype: Q, tiled: bool) -> None:
     """Centred codes (code - 8 / 16) with infinities and NaNs in x: each row equals itself
     computed alone, bit for bit, and its infs and NaNs are F.linear's. (A kernel that summed
     x · code from -C · Σx, to save the subtract per code, made such rows NaN where F.linear
-    gives ±inf; it was reverted for its rounding, see the README's "Centred Q4_0 / Q5_0".)"""
+    gives ±inf; it was reverted for its rounding, see docs/speed-log.md, "Centred Q4_0 / Q5_0".)"""
     kern = load_kernels()
     p = pack_blocks(random_blocks(qtype, N, K, seed=5), qtype, (N, K))
     w = tile_rows(p) if tiled else p

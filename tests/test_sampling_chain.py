@@ -115,12 +115,13 @@ def test_the_explanation_keeps_the_chains_output():
         assert torch.equal(why.filtered, filter_logits(logits, torch.tensor([4, 7]), params))
 
 
-def test_the_readme_states_the_chain_that_runs():
-    """README's stage table names the filters in the order sampling_chain runs them, all of
-    them: it said "the five filters", written before OpenAI's frequency and presence
-    penalties joined the chain."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    row = next(r for r in readme.splitlines() if r.startswith("| 5. softmax + sampling |"))
+@pytest.mark.parametrize("page", ["README.md", "docs/architecture.md"])
+def test_the_stage_tables_state_the_chain_that_runs(page):
+    """The stage tables (README.md, docs/architecture.md) name the filters in the order
+    sampling_chain runs them, all of them: the README said "the five filters", written before
+    OpenAI's frequency and presence penalties joined the chain."""
+    text = (Path(__file__).resolve().parents[1] / page).read_text(encoding="utf-8")
+    row = next(r for r in text.splitlines() if r.startswith("| 5. softmax + sampling |"))
     stated = row.split("|")[2].split("(")[0].split("→")
     penalties = dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.5)
     every = SamplingParams(temperature=0.7, top_k=8, top_p=0.9, min_p=0.05, **penalties)
@@ -128,4 +129,4 @@ def test_the_readme_states_the_chain_that_runs():
     names = [s.name for s in steps]
     assert [w.strip().replace(" ", "_").replace("-", "_") for w in stated] == [*names, "draw"]
     words = {7: "seven", 8: "eight"}
-    assert f"`sampling_filters.py` (the {words[len(names)]} filters)" in row
+    assert f"`sampling/filters.py` (the {words[len(names)]} filters)" in row

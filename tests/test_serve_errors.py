@@ -250,7 +250,7 @@ def test_a_prompt_past_the_engines_max_seq_len_names_the_prompt(tiny):
     """An engine holding 32 positions per sequence (below the context, 128) refuses a longer
     prompt: a 400 naming the prompt (or the messages), and the next request is answered. A
     prompt that fits with a max_tokens that does not is refused too (OpenAI's 400
-    context_length_exceeded, README "Serving"), streaming or not, on both endpoints; without
+    context_length_exceeded, docs/serving.md), streaming or not, on both endpoints; without
     max_tokens the generation runs up to the 32 positions and ends with "length"."""
     engine = BatchEngine(tiny.transformer, tiny.tokenizer.eos_ids, max_seq_len=32)
     with serving(create_app(tiny, engine, model_id=MODEL)) as u:

@@ -187,8 +187,8 @@ class Model(InterpretMixin):
             on_text: called with each new piece of text as it is produced.
 
         Raises:
-            SamplingParamsError: invalid or unknown settings. ContextLengthError: prompt empty
-            or too long.
+            SamplingParamsError: invalid or unknown settings.
+            ContextLengthError: the prompt is empty or too long.
         """
         check_sampling_keywords(sampling, "generate")
         if is_batch(prompt):
@@ -252,9 +252,8 @@ def load(
             set, else the free cores (:func:`clearlm.runtime.threads.set_threads`).
         device: "cpu", "cuda", "cuda:N", "mps" or "auto" (CUDA when present); the cache,
             masks, RoPE tables and sampling follow the weights there (clearlm.runtime.devices).
-        tensor_parallel, pipeline_parallel: N > 1 splits the model over the N ranks of a
-            torchrun launch (every rank calls load and generate alike; see
-            clearlm.runtime.parallel).
+        tensor_parallel: N > 1 splits every matrix over the N ranks of a torchrun launch.
+        pipeline_parallel: N > 1 splits the blocks so; every rank calls load and generate alike.
         weights: "compact" keeps a GGUF's block-quantized matrices (Q4_0 … Q6_K) packed as in
             the file and computes with kernels that read them (the GGUF's exact values, float32
             sums in another order); "float32" dequantizes every tensor (the reference path,
@@ -273,10 +272,11 @@ def load(
             ``Model.activations`` says which took effect.
 
     Raises:
-        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError, SamplingParamsError
-        (bad dtype, weights, matmul_precision or activations; compact with a half dtype;
-        int8 activations without compact weights; threads < 1),
-        DeviceError, DistributedError, and what ``check`` raises.
+        ModelNotFoundError, InvalidModelFileError, UnsupportedModelError: see clearlm.errors.
+        SamplingParamsError: a bad dtype, weights, matmul_precision or activations; compact
+            with a half dtype; int8 activations without compact weights; threads < 1.
+        DeviceError, DistributedError: no such device; a parallel launch failed. And what
+            ``check`` raises.
     """
     dtype, where = parse_dtype(dtype), resolve_device(device)
     check_sizes(tensor_parallel, pipeline_parallel)  # before max(): "2" is an error, not a crash

@@ -1,6 +1,6 @@
 """The options a load takes besides the path: the parameter dtype and the weight mode.
 
-Shared by :func:`clearlm.api.model.load` and the CLI (cli/runtime.py), so both refuse the same
+Shared by :func:`clearlm.api.model.load` and the CLI (cli/loader.py), so both refuse the same
 values
 with the same typed error (SamplingParamsError, exit code 7, as for every bad setting).
 """

@@ -6,7 +6,7 @@ the embeddings, the attention patterns of the chosen layers, each block's residu
 FFN activations, and the logits. The logit lens is the trace's own
 (:meth:`clearlm.inspect.trace.Trace.logit_lens`, at every position). The sampling rows come
 from :func:`clearlm.inspect.sampling_explain.explain_sampling`.
-Printing (cli/explain_cmd.py), pictures (plots.py) and the page (report.py) only
+Printing (cli/explain.py), pictures (plots.py) and the page (report.py) only
 lay these numbers out, so the tests check numbers here, not text.
 
 Shape letters: T prompt tokens, N blocks, H heads, D d_model, F d_ff, V vocab, k top entries.

@@ -1,6 +1,6 @@
 """An :class:`~clearlm.inspect.explain.Explanation` as tables of strings, and as one HTML page.
 
-:func:`sections` is shared by the terminal (rich tables, cli/explain_cmd.py) and the page, so both
+:func:`sections` is shared by the terminal (rich tables, cli/explain.py) and the page, so both
 show the same rows. :func:`html_page` is self-contained: inline CSS, pictures as base64 PNGs,
 no external resource.
 """

@@ -2,7 +2,7 @@
 
 The format is chosen here, once, and every reader asks the checkpoint rather than the path:
 ``clearlm.load`` (api.py), ``clearlm info`` and ``perplexity`` (cli/inspect.py) and the
-checks cli/runtime.py makes before the weights. Opening costs nothing; each piece is read on
+checks cli/loader.py makes before the weights. Opening costs nothing; each piece is read on
 first use and kept, so the header read to check an input (config, tokenizer, chat template) is
 the one the weights are then loaded with:
 
@@ -11,7 +11,7 @@ the one the weights are then loaded with:
 - ``config``, ``metadata``, ``tensors`` (name, type, shape; nothing dequantized), ``tokenizer``,
   ``generation_config``, ``size_bytes``, ``tokenizer_kind``: the header;
 - ``load(dtype, weights)``: the weights, through the format's chain, into a ready Transformer:
-  ``weights="compact"`` keeps a GGUF's block-quantized matrices packed (loading/gguf_compact.py),
+  ``weights="compact"`` keeps a GGUF's block-quantized matrices packed (loading/compact/load.py),
   ``"float32"`` dequantizes every tensor (the reference path). A folder's weights are float.
 """
 

@@ -2,7 +2,7 @@
 
 Loading is a chain of small pure steps (style.md): open → read metadata → rename through the
 family's table (``GGUFArch.tensors``) → dequantize with the ``gguf`` library → fix the layout
-(llama.cpp's RoPE rows, Gemma's 1 + w norms: loading/transforms.py) → the family's ``convert``.
+(llama.cpp's RoPE rows, Gemma's 1 + w norms: families/transforms.py) → the family's ``convert``.
 The file format is specified at https://github.com/ggml-org/ggml/blob/master/docs/gguf.md.
 """
 

@@ -2,8 +2,8 @@
 
 Shape letters used in every file's comments: B batch rows, T new tokens in this forward
 (the prompt's length in a prefill, 1 in a decode step), S key positions (cached + new),
-D d_model, H n_heads, Hkv n_kv_heads (grouped-query attention: H / Hkv query heads share one
-key/value head), Dh head_dim, F the FFN's hidden width, V the vocabulary, L n_layers.
+D d_model, H n_heads, K n_kv_heads (grouped-query attention: H / K query heads share one
+key/value head), Hd head_dim, F the FFN's hidden width (d_ff), V the vocabulary.
 
 =========================  ==============================================  ===================
 seed stage                 file                                            class / function
@@ -12,7 +12,7 @@ text -> tokens             ``clearlm/tokenizer/core.py``                   ``Tok
 1. input representation    ``transformer.py`` (embed), ``positions.py``    ``Transformer``,
    (embedding + position)  (learned, sinusoidal, RoPE)                     ``RotaryEmbedding``
 2. multi-head causal       ``attention.py``: Q, K, V; RoPE on Q and K;     ``Attention``,
-   self-attention          softmax(QK^T / sqrt(Dh) + mask) V; KV cache     ``attention_mask``,
+   self-attention          softmax(QK^T / sqrt(Hd) + mask) V; KV cache     ``attention_mask``,
                            in ``kv_cache.py``                              ``KVCache``
 3. residual + norm + FFN   ``norms.py``, ``ffn.py``, ``block.py``           ``RMSNorm``,
                            (pre-norm, post-norm and sandwich blocks)       ``GatedFFN``, ``Block``

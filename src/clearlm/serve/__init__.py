@@ -5,7 +5,7 @@ HTTP only: ``schemas.py`` and ``requests.py`` read and check request bodies, ``h
 (streamed or not), ``errors.py`` gives every refusal OpenAI's error shape, ``server.py`` runs
 uvicorn with a graceful stop. Batching and scheduling are the engine's (:mod:`clearlm.engine`).
 
-May import ``clearlm.api`` (the loaded Model), ``clearlm.engine``, generation, sampling,
+May import ``clearlm.api.model`` (the loaded Model), ``clearlm.engine``, generation, sampling,
 tokenizer, text and errors; only the CLI imports it.
 """
 

@@ -1,6 +1,7 @@
 """A packed copy of a GGUF's compact matrices, kept on disk and memory-mapped by later loads.
 
-Packing (quant/from_file.py) rebuilds every block-quantized matrix into the kernel's layout:
+Packing (loading/compact/from_file.py) rebuilds every block-quantized matrix into the kernel's
+layout:
 Qwen2.5-Coder-0.5B's 460 MB of Q8_0 / Q5_0 / Q4_K / Q6_K blocks take 0.45-0.7 s of CPU time
 (one thread) on every load. The first compact load of a file writes what it packed to
 ``<cache>/packed/<file stem>-<key>.safetensors``; a later load of the same, unchanged file maps

@@ -1,6 +1,6 @@
 """Swap a loaded model's linear (and embedding) layers for compact ones built from the GGUF.
 
-``clearlm.load(weights="compact")`` builds the compact model directly (loading/gguf_compact.py,
+``clearlm.load(weights="compact")`` builds the compact model directly (loading/compact/load.py,
 no float32 copy); this swap after a float32 load is the reference tests compare it with.
 
 ``quantize_model(model, reader, config)`` walks the file's tensors, maps each name to ours with
@@ -97,7 +97,7 @@ def quantize_model(model: nn.Module, reader: GGUFFile, config: ModelConfig) -> S
             setattr(model.get_submodule(parent) if parent else model, child, new)
             report.swapped.append(path)
             report.float_bytes += old.weight.nbytes
-    fuse_projections(model)  # as loading/gguf_compact.py: Q/K/V and gate/up fused
+    fuse_projections(model)  # as loading/compact/load.py: Q/K/V and gate/up fused
     return report
 
 

@@ -11,7 +11,7 @@ GGUF (the file is memory-mapped; a tensor's ``data`` is (rows, bytes per row)):
   when c0 and c1 fall on the type's block boundaries (32 or 256 values); otherwise the rows
   are dequantized whole, one tensor at a time, then cut (Q4_K with 448 = 7 heads of 64);
 - llama's Q/K rows were permuted per head by llama.cpp's converter; a plan takes whole heads,
-  so the un-permutation (loading/transforms.py) is applied to the taken heads alone;
+  so the un-permutation (families/transforms.py) is applied to the taken heads alone;
 - fused tensors (GPT-2's attn_qkv, Phi-3's qkv and gate_up) are read whole, split by the
   family's ``convert``, then cut.
 Safetensors folders are read one layer at a time (the family's ``convert`` needs a layer's
