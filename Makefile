@@ -52,7 +52,7 @@ test: $(TEST_STAMP)
 	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct
 	$(PY) -m ruff check src tests bench
 	$(MAKE) --no-print-directory docs
-	# The browser test (tests/test_ui_browser.py) drives Debian's Chromium; it skips without it.
+	# The browser test (tests/ui/test_ui_browser.py) drives Debian's Chromium; it skips without it.
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) || echo "warning: could not install chromium; browser test will skip"
 	$(PY) -m pytest -q --durations=10
 

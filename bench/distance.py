@@ -7,7 +7,7 @@ windows; printed as the Markdown table of docs/speed.md's "Compact weights":
 - decode path: the compact model fed 4 tokens at a time through a KV cache (QuantLinear's
   kernel path, as in decoding) against the float32 model's prefill logits;
 - perplexity of the whole text under each model (clearlm.generation.perplexity.perplexity);
-- greedy text on the parity tests' prompts (tests/test_model_parity.py): how many of them give
+- greedy text on the parity tests' prompts (tests/model/test_model_parity.py): how many of them give
   the same continuation in both modes.
 
 With ``--matmul-precision medium`` the compact model computes its prefill with bfloat16
@@ -38,7 +38,7 @@ from clearlm.runtime.precision import set_matmul_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "gemma3-270m"]
-PROMPTS = [  # tests/test_model_parity.py's PROMPTS
+PROMPTS = [  # tests/model/test_model_parity.py's PROMPTS
     "The capital of France is",
     "人工智能是计算机科学的一个分支，它",
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",

@@ -10,7 +10,7 @@ PY="${1:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 status=0
-"$PY" -m pytest -q -m cuda tests/test_devices.py -rs -s || status=1
+"$PY" -m pytest -q -m cuda tests/runtime/test_devices.py -rs -s || status=1
 MODEL=qwen2.5-coder-1.5b-instruct
 "$PY" -c "from clearlm.store.catalog import resolve_model; resolve_model('$MODEL')" 2>/dev/null \
   || MODEL="${HOME}/.cache/clearlm/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"

@@ -6,7 +6,8 @@ at once (``openai.AsyncOpenAI``), each with its own prompt and seed, and prints:
 requests/s and generated tokens/s (over the wall time of all rounds), p50 / p95 time to first
 token (from sending the request to the first streamed text), and the number of failures.
 Usage: ``.venv/bin/python bench/serve_load.py [--model ALIAS] [--concurrency 32] [--rounds 3]
-[--max-tokens 32] [--threads N]``. The tests (tests/test_serve_load.py) run the same functions.
+[--max-tokens 32] [--threads N]``. The tests (tests/serve/test_serve_load.py) run the same
+functions.
 """
 
 from __future__ import annotations

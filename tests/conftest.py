@@ -4,16 +4,23 @@ loading SmolLM2's GGUF into transformers takes about a minute on 2 cores."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+# The tests are laid out like the package (tests/<package>/test_*.py). Shared builders (tiny
+# models and files, servers, reference loaders) live in tests/helpers/; the family tests' CASES
+# tables and the tokenizer tests' trainers are reused by tests of other packages.
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE / d) for d in ("helpers", "families", "tokenizer")]
+
 # Loads pack every file instead of keeping a packed copy in the user's cache
-# (loading/compact/pack_cache.py); tests/test_pack_cache.py turns the copy on in a folder of
+# (loading/compact/pack_cache.py); tests/loading/test_pack_cache.py turns the copy on in a folder of
 # its own.
 os.environ["CLEARLM_PACK_CACHE"] = "0"
 
-from clearlm.store.catalog import resolve_model
+from clearlm.store.catalog import resolve_model  # noqa: E402 (after the environment above)
 
 
 @pytest.fixture(scope="session")

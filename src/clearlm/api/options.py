@@ -78,7 +78,7 @@ def parse_activations(
     """How compact layers take their inputs in decode-sized products: "float32" (exact, the
     default) or "int8" (rounded per block of 32 values, as llama.cpp's Q8 activations:
     clearlm.quant.linear.set_int8_activations; faster decode, not exact, bounded in
-    tests/test_quant_i8.py). ``weights`` is the mode parse_weights chose, ``dtype`` the
+    tests/quant/test_quant_i8.py). ``weights`` is the mode parse_weights chose, ``dtype`` the
     parameter dtype (named in the error when it is what ruled compact weights out).
 
     None is "float32". Raises SamplingParamsError for another value, or "int8" with float32

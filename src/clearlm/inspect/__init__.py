@@ -14,5 +14,5 @@
 May import generation, model, sampling, config and errors. Nothing is imported here, so
 ``clearlm.api.model`` can use ``clearlm.inspect.trace`` without importing the views
 (``analysis.py``, ``explain.py``), which read a loaded ``clearlm.api.model.Model``: the one
-exception to the layers, listed in tests/test_structure.py.
+exception to the layers, listed in tests/project/test_structure.py.
 """

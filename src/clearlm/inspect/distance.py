@@ -1,7 +1,7 @@
 """How far one model's next-token distributions are from a reference's on the same tokens.
 
 Used to bound the compact-weight mode against float32 (issue 10, item 2; the README's
-"Compact weights: distance from float32" table, tests/test_quant_distance.py), but any two
+"Compact weights: distance from float32" table, tests/inspect/test_quant_distance.py), but any two
 Transformers with one vocabulary can be compared.
 
 Per position t, with reference logits z (V,) and the other model's z' (V,):
@@ -20,7 +20,7 @@ Where the positions come from:
   (the prefill path) or a few tokens at a time through a KV cache (the decode path);
 - :func:`greedy`: the logits of each greedy step (prefill, then decode_step), to compare two
   models' continuations of a prompt, tokens and logits.
-The float32 model's own distance from transformers is bounded in tests/test_model_parity.py.
+The float32 model's own distance from transformers is bounded in tests/model/test_model_parity.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ time to open (Qwen2.5-Coder-0.5B) and Gemma 3's 262,144 tokens 8.6 s, before a w
 (measured: 1 thread, ``GGUFReader(path)`` alone). Here numeric arrays are one ``np.frombuffer``
 each and a string array is one tight loop of ``struct.unpack_from`` + ``bytes.decode``
 (strings carry their own lengths, so their offsets are a sequential scan); the same files open
-in about 0.1 s. tests/test_gguf_file.py checks every key, value, tensor and byte against
+in about 0.1 s. tests/loading/test_gguf_file.py checks every key, value, tensor and byte against
 GGUFReader on the real and the tiny test files.
 
 Layout (ggml's docs/gguf.md, little-endian): magic ``GGUF``, uint32 version (2 or 3), uint64

@@ -202,7 +202,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_rot: torch.Tensor) -> tor
     It is computed as x·cos + roll(x, d/2)·sin_rot, with sin_rot = [−sin_1, sin_2] (the table
     :class:`RotaryEmbedding` keeps): rotate_half(x) = [−x2, x1] and roll(x, d/2) = [x2, x1], so
     each product is the same float32 number (negation is exact), in four torch ops instead of
-    eight (tests/test_decode_ops.py checks it against the formula). When d < Hd (partial
+    eight (tests/model/test_decode_ops.py checks it against the formula). When d < Hd (partial
     rotary) only the first d dimensions rotate.
     """
     if cos.dtype != x.dtype:

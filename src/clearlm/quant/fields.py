@@ -15,7 +15,7 @@ shift, a mask and an or for the fifth bit, the centring, the conversion and the 
 Where: :func:`preferred` (the kernel's AVX2 and plain C++ builds; not AVX-512, not the torch
 fallback); ``tile_rows(..., fields=True)`` forces them. The codes are the same numbers
 (unsigned, 0 .. 31; Q5_0's centring and Q5_1's min apply as before) and the kernel's products
-are bit-identical (tests/test_quant_tiles.py); the price is memory: 32 W bytes per row instead
+are bit-identical (tests/quant/test_quant_tiles.py); the price is memory: 32 W bytes per row instead
 of 20 nb (K = 896: 608 instead of 560 bytes, +8.6 %; K = 640: 448 instead of 400, +12 %).
 Measured on AVX2 (AMD Zen 3, 1 thread, bench/quant_gemv.py shapes): a 9728 × 896 Q5_0 product
 0.64× the time of ggml's layout. The kernel multiplies the codes, read as code · 2^p, by x ·

@@ -15,7 +15,7 @@ buffers as it goes (quant/from_file.pack_group), and fusing them is then a view,
 Numerics: the kernel sums every output row in the same order whatever rows are computed with it
 (csrc/qgemv.cpp, dot_tile), so decode-sized calls (M ≤ SMALL_M) give bit-identical outputs;
 prefill multiplies the dequantized rows with float32 matmul, where a larger N may change the
-library's blocking and so the summation order (tests/test_quant_fuse.py bounds both).
+library's blocking and so the summation order (tests/quant/test_quant_fuse.py bounds both).
 """
 
 from __future__ import annotations

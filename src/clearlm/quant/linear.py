@@ -10,7 +10,7 @@ Paths (chosen per call by the number of rows M = B*T):
   torch's float32 matmul, so prefill keeps the speed of dense float32 while the temporary
   float32 copy stays small (4 MiB, not the vocabulary-sized head).
 Both reproduce ``F.linear(x, W_deq, bias)`` up to float32 summation order (W_deq: the GGUF's
-dequantized float32 weight, see pack.py); tests/test_quant.py bounds the difference.
+dequantized float32 weight, see pack.py); tests/quant/test_quant.py bounds the difference.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ SMALL_M = 16
 CHUNK_ELEMS = 1 << 20
 # Band rows are a multiple of this: a band's first output column is then as aligned in the
 # result as F.linear's would be, and torch's matmul gives each output the same sum bit for bit
-# (tests/test_quant.py: the torch path equals F.linear exactly; bands of 27 rows did not).
+# (tests/quant/test_quant.py: the torch path equals F.linear exactly; bands of 27 rows did not).
 BAND_ROWS = 64
 
 
@@ -45,7 +45,7 @@ class QuantLinear(PackedModule):
     computed in float32 and returned in their own dtype. With ``int8`` True (opt-in, see
     :func:`set_int8_activations`) decode-sized calls round x to int8 per block of 32 values and
     use the int8 kernel (csrc/qgemv_i8.cpp, AVX-512 VNNI or AVX2): faster, no longer exact
-    (tests/test_quant_i8.py bounds the difference)."""
+    (tests/quant/test_quant_i8.py bounds the difference)."""
 
     def __init__(self, packed: Packed, bias: torch.Tensor | None = None) -> None:
         super().__init__(packed)

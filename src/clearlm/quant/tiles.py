@@ -20,7 +20,7 @@ The values are the same bytes, only moved, except 5-bit codes (Q5_0, Q5_1), whic
 bit fields where the kernel's build prefers them (quant/fields.py: the same codes, in 32-byte
 words the AVX2 kernel reads in fewer operations; codes (N // T, W, T * 32)). The kernel
 (csrc/qgemv.cpp) sums every row in the same order either way, so a tiled weight gives bit-
-identical products (tests/test_quant_tiles.py).
+identical products (tests/quant/test_quant_tiles.py).
 This module writes tiles; pack.py reads either layout (``untile_rows``, ``select_rows``,
 ``dequantize_packed``).
 """

@@ -40,7 +40,7 @@ DYNAMO_CONFIG = {"recompile_limit": 16}  # a few cache sizes per process before 
 # Inductor's Python wrapper checks the size, stride and alignment of every input and every
 # kernel output on each call (some 700 checks per SmolLM2 step); without them the step takes
 # 0.5 ms less CPU (22.5 -> 22.0 ms, 1 thread). Wrong strides would show up as wrong logits, which
-# tests/test_compiled.py compares with the eager step's.
+# tests/runtime/test_compiled.py compares with the eager step's.
 CHECKS_OFF = {"size_asserts": False, "alignment_asserts": False}
 # A pointwise value read by a reduction is computed into a buffer of its own when its formula
 # reads more than this many values (Inductor's CPU default: 12), not recomputed inside the

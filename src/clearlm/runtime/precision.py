@@ -24,7 +24,7 @@ whole prefills (pp512, 1 thread) the scope was as fast or faster than bfloat16 b
 Honest limits: "medium" is only faster where the CPU has bfloat16 matrix units (AMX-BF16, or at
 least AVX512-BF16); elsewhere oneDNN may convert and compute slower than float32, or fall back
 to float32 (then nothing changes). It is never switched on by itself. Results are no longer
-the float32 reference: tests/test_precision.py bounds the distance, README "Speed" lists it.
+the float32 reference: tests/runtime/test_precision.py bounds the distance, README "Speed" lists it.
 The setting is process-wide while a forward runs: another thread's float32 matmuls in that
 window get it too. A model in bfloat16/float16 is unaffected (its products are half already).
 """

@@ -139,7 +139,7 @@ def merges_from_scores(
 
     Cost: every cut of every token is looked up (1.2 M for Gemma 3's 262,144 tokens), one cut
     length at a time over all longer tokens with C-level ``map``s, then one numpy sort; 1.2 s
-    of CPU time for Gemma 3 before, ~0.6 s now (same list: tests/test_tokenizer_sp.py).
+    of CPU time for Gemma 3 before, ~0.6 s now (same list: tests/tokenizer/test_tokenizer_sp.py).
     """
     toks = list(score)  # the tie order
     s = np.fromiter(score.values(), dtype=np.float64, count=len(toks))

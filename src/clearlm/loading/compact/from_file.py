@@ -7,7 +7,7 @@ allocated once at their final size and filled BAND_BYTES of file bytes at a time
 pages of each band are dropped from the process right after (``GGUFFile.release``), so a load
 never holds more than a band of temporaries or of mapped file pages beyond the packed weights.
 Each band packs to exactly the rows pack_blocks gives for the whole tensor (blocks never cross
-rows); tests/test_compact_load.py checks the buffers are identical.
+rows); tests/loading/test_compact_load.py checks the buffers are identical.
 """
 
 from __future__ import annotations

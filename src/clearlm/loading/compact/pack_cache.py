@@ -25,7 +25,8 @@ the load packs as usual. The bytes themselves are not checked (a checksum would 
 time the copy saves): a copy edited by hand under a valid header is trusted.
 
 ``CLEARLM_PACK_CACHE=0`` turns it off (nothing read or written); the test suite does so except
-in tests/test_pack_cache.py. Format: safetensors (huggingface/safetensors docs), written here a
+in tests/loading/test_pack_cache.py. Format: safetensors (huggingface/safetensors docs), written
+here a
 tensor at a time (``save_file`` first builds the whole file's bytes in memory: +1.2× the weights
 at the load's peak) with every tensor 64-byte aligned by explicit padding tensors.
 """

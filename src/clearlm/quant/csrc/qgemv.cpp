@@ -27,7 +27,7 @@
 // activations stay float32; only the summation order differs from a float32 F.linear on the
 // dequantized matrix. Without a min (Q8_0, Q4_0, Q5_0; Q6_K's blocks of 16 excepted) a block sums
 // s_b * (x . q)_b, q the signed (or centred) codes: one multiply by s_b per 32 products instead
-// of one per weight, the same sum rounded differently (tests/test_quant.py's float32 bound holds).
+// of one per weight, the same sum rounded differently (tests/quant/test_quant.py's float32 bound holds).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>

@@ -11,7 +11,7 @@
 // 128·Σxq per lane is exact and is removed by starting each lane's sum at -128·Σxq (precomputed
 // once per x row); centred 4/5-bit codes (Q4_0, Q5_0: no min) start at -8·Σxq or -16·Σxq. The
 // integer sums are exact; only the rounding of x and the float32 summation
-// differ from F.linear(x, W_deq): |Δy| ≤ Σ_b dx_b/2 · Σ_{k∈b} |W[n, k]| (tests/test_quant_i8.py).
+// differ from F.linear(x, W_deq): |Δy| ≤ Σ_b dx_b/2 · Σ_{k∈b} |W[n, k]| (tests/quant/test_quant_i8.py).
 //
 // Two bodies: AVX-512 VNNI (vpdpbusd, 64 values per step) and AVX2 (most CPUs without
 // AVX-512: vpmaddubsw + vpmaddwd, 32 values per step, int8 codes as |code| with their sign

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from test_model_parity import PROMPTS
+from real_parity import PROMPTS
 from tiny_gguf import write_tiny_llama
 
 import clearlm

@@ -286,7 +286,7 @@ def test_docs_list_every_error_class_and_exit_code():
 
     import clearlm.errors as errors
 
-    readme = (Path(__file__).resolve().parents[1] / "docs/python-api.md").read_text("utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "docs/python-api.md").read_text("utf-8")
     start = readme.index("Errors are typed:")
     para = " ".join(readme[start : readme.index("\n\n", start)].split())  # one line
     base = errors.ClearLMError

@@ -19,7 +19,7 @@ from tiny_gguf import write_tiny_llama
 from clearlm.api.options import parse_weights
 from clearlm.errors import ClearLMError
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "generate.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "generate.py"
 spec = importlib.util.spec_from_file_location("bench_generate", SCRIPT)
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)

@@ -37,7 +37,7 @@ import json, sys
 from pathlib import Path
 import torch
 torch.set_num_threads({threads})
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {here!r}]
 from test_aot import load_compact, run
 from clearlm.runtime.aot import AOTDecodeStep, package_key
 model = load_compact({path!r})
@@ -174,8 +174,10 @@ def test_generation_uses_it_and_a_new_process_loads_the_package(tiny) -> None:
     assert got == want
     # a fresh process: same key (same code, shapes, threads), so it loads without compiling
     child = root / "child.py"
-    child.write_text(CHILD.format(threads=torch.get_num_threads(), tests=str(Path(__file__).parent),
-                                  path=str(path), packages=str(root / "packages")))
+    helpers, here = Path(__file__).parents[1] / "helpers", Path(__file__).parent
+    child.write_text(CHILD.format(threads=torch.get_num_threads(), tests=str(helpers),
+                                  here=str(here), path=str(path),
+                                  packages=str(root / "packages")))
     proc = subprocess.run([sys.executable, str(child)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,5 @@
 """Greedy decoding through a given decode step, for comparing compiled steps with the eager one
-(tests/test_compiled.py, tests/test_aot.py)."""
+(tests/runtime/test_compiled.py, tests/runtime/test_aot.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """clearlm.quant.tiles: row tiles hold the same blocks and give bit-identical products.
 
 References: the row-major Packed that pack_blocks gives (its values are checked against
-gguf.quants.dequantize in tests/test_quant.py) and the kernel's own row-major product: a tile
+gguf.quants.dequantize in tests/quant/test_quant.py) and the kernel's own row-major product: a tile
 only moves bytes, and the kernel sums each row in the same order in either layout, so every
 comparison here is exact equality, not a tolerance.
 """

@@ -1,6 +1,7 @@
 """Tensor and pipeline parallel on 2 local CPU ranks (gloo, 127.0.0.1), against one process.
 
-One launch of two ranks (tests/parallel_worker.py) runs every case in both modes: tiny random
+One launch of two ranks (tests/helpers/parallel_worker.py) runs every case in both modes: tiny
+random
 models of all 11 model types clearlm reads (through their safetensors folders), a tiny Q8_0
 llama GGUF (row-sliced quantized reads, llama.cpp's Q/K permutation) and SmolLM2-135M's GGUF
 (9 heads and 3 key/value heads over 2 ranks: the uneven split with repeated key/value heads).
@@ -40,7 +41,7 @@ from clearlm.runtime.parallel.slicing import Take, _read_gguf_part, read_gguf_pa
 from clearlm.runtime.parallel.tensor import head_split, shard_plan
 
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-WORKER = str(Path(__file__).parent / "parallel_worker.py")
+WORKER = str(Path(__file__).parents[1] / "helpers" / "parallel_worker.py")
 HF_CASES = {  # one per model type (11), plus llama untied
     **{k: LLAMA[k] for k in ("llama", "llama-tied", "mistral-window", "qwen2", "qwen3")},
     **{k: GEMMA_PHI3[k] for k in ("gemma", "gemma2-softcap", "gemma3", "phi3-partial-window")},

@@ -39,7 +39,7 @@ from clearlm.errors import (
 )
 from clearlm.tokenizer import StreamingDetokenizer, Tokenizer, tokenizer_from_hf_folder
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 SPECIALS = ["<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>"]
 CHAT = (
     "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + eos_token }}"

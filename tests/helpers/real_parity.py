@@ -68,3 +68,14 @@ def greedy_matches_or_near_tie(ours_tokens: list[int], ref_model, ids: list[int]
         step = ref_model(torch.tensor([ids + ref[:i]])).logits[0, -1]
     top2 = step.topk(2).values
     return i, (top2[0] - top2[1]).item()
+
+
+# The prompts the real-model parity tests share (model, compact load, distance): English,
+# Chinese, code, a chat-formatted turn, digits and emoji.
+PROMPTS = {
+    "short": "The capital of France is",
+    "cjk": "人工智能是计算机科学的一个分支，它",
+    "code": "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "chat": "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
+    "digits_emoji": "I have 3 cats 🐱 and 12 dogs 🐶. Together that makes",
+}

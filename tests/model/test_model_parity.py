@@ -8,14 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from real_parity import PROMPTS
 
-PROMPTS = {
-    "short": "The capital of France is",
-    "cjk": "人工智能是计算机科学的一个分支，它",
-    "code": "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
-    "chat": "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
-    "digits_emoji": "I have 3 cats 🐱 and 12 dogs 🐶. Together that makes",
-}
 TOL = 1e-3  # the bound; we measure far below it (see the printed figures)
 
 

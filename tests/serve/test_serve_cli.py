@@ -23,7 +23,7 @@ import clearlm
 from clearlm.cli.serve import is_loopback
 from clearlm.serve import create_app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 
 

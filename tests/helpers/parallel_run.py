@@ -1,5 +1,6 @@
 """Start N local ranks of a command as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR=127.0.0.1, a free MASTER_PORT), with a time limit; used by tests/test_parallel.py."""
+MASTER_ADDR=127.0.0.1, a free MASTER_PORT), with a time limit; used by
+tests/runtime/test_parallel.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SRC = str(Path(__file__).resolve().parent.parent / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def free_port() -> int:

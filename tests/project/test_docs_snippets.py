@@ -31,7 +31,7 @@ from serve_helpers import serving
 
 from clearlm.store.catalog import ALIASES, locate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL, PYTHON = {"", "bash", "sh"}, {"python"}
 LOCAL = "http://127.0.0.1:8000"  # the address the examples use for `clearlm serve`

@@ -18,7 +18,7 @@ import clearlm.store.install as install_mod
 from clearlm.errors import PullError
 from clearlm.store.catalog import resolve_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 

@@ -97,7 +97,7 @@ def test_new_cache_builds_the_tables_its_steps_read(tmp_path, monkeypatch):
     """The tables start small and a cache's creation grows them to its length, so prefill and
     decode steps against it never rebuild a buffer (a compiled step could not); the logits equal
     those of a model built with whole tables. The ahead-of-time step takes the tables as
-    inputs and leaves them as they are (tests/test_aot.py)."""
+    inputs and leaves them as they are (tests/runtime/test_aot.py)."""
     from clearlm.generation.loop import decode_step, prefill
     from clearlm.model.positions import RotaryEmbedding
     from clearlm.runtime.aot import AOTDecodeStep

@@ -120,7 +120,7 @@ def test_the_stage_tables_state_the_chain_that_runs(page):
     """The stage tables (README.md, docs/architecture.md) name the filters in the order
     sampling_chain runs them, all of them: the README said "the five filters", written before
     OpenAI's frequency and presence penalties joined the chain."""
-    text = (Path(__file__).resolve().parents[1] / page).read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[2] / page).read_text(encoding="utf-8")
     row = next(r for r in text.splitlines() if r.startswith("| 5. softmax + sampling |"))
     stated = row.split("|")[2].split("(")[0].split("→")
     penalties = dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.5)

@@ -1,7 +1,7 @@
-"""One rank of a parallel test run (tests/test_parallel.py starts two of these, as torchrun
+"""One rank of a parallel test run (tests/runtime/test_parallel.py starts two of these, as torchrun
 would: RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT in the environment).
 
-    python tests/parallel_worker.py JOBS.json OUT.pt
+    python tests/helpers/parallel_worker.py JOBS.json OUT.pt
 
 PARALLEL_TEST_DIE_AT_STEP=k makes a rank exit abruptly at greedy step k (the failure test).
 JOBS.json: [{"path": ..., "mode": "tensor" | "pipeline", "tokens": [[...], ...],

@@ -1,6 +1,7 @@
 """Tests for clearlm.inspect.walkthrough and `clearlm walkthrough`: the seeds' worked examples come
 out of the real layers with the README's corrected values (../shared/seeds/README.md), and the
-command prints them. (tests/test_seed_variants.py checks the layers themselves more widely.)"""
+command prints them. (tests/model/test_seed_variants.py checks the layers themselves more
+widely.)"""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.serve import create_app
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import serve_load  # noqa: E402
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from llamacpp_table import (  # noqa: E402
     HEADER,
@@ -62,7 +62,7 @@ def test_parse_llama_bench_json():
         parse_llama_bench(results[:1])
 
 
-BUILD = Path(__file__).resolve().parents[1] / "bench" / "build_llamacpp.sh"
+BUILD = Path(__file__).resolve().parents[2] / "bench" / "build_llamacpp.sh"
 
 
 def test_build_script_is_idempotent(tmp_path):
@@ -102,7 +102,7 @@ def test_compiled_row_adds_the_compile_time_to_the_load_cell():
 def test_bench_refuses_what_would_fail_or_measure_nothing(args, message):
     """Each refused in one line, exit 2, before llama.cpp is built (a breaker found tracebacks,
     a llama-bench abort on -t 0, and an empty table after minutes for float32 + int8)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, str(root / "bench" / "llamacpp.py"), *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
@@ -112,7 +112,7 @@ def test_bench_refuses_what_would_fail_or_measure_nothing(args, message):
 
 def test_bench_names_a_failing_child_in_one_line(tmp_path):
     """A llama-bench that fails: 'error: NAME failed (exit N): its last stderr line', exit 1."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     fake = tmp_path / "llama-bench"
     fake.write_text("#!/bin/sh\necho 'noise' >&2\necho 'failed to load model' >&2\nexit 3\n")
     fake.chmod(0o755)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "clearlm"
 MAX_LINES = 400
 
@@ -179,7 +179,7 @@ def layer_of(unit: str) -> int:
     for i, layer in enumerate(LAYERS):
         if unit in layer:
             return i
-    raise AssertionError(f"{unit} is in no layer of tests/test_structure.py's LAYERS: add it")
+    raise AssertionError(f"{unit} is in no layer of test_structure.py's LAYERS: add it")
 
 
 def test_layers_import_only_downward() -> None:
