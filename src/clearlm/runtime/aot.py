@@ -35,6 +35,14 @@ serves every ``--threads``. A checksum written beside each package is checked be
 Calls the package cannot serve run the eager step instead (same values): hooks active, another
 model, a batch of more than one row, a cache size outside the package's range, another dtype
 or device. The context-length check is the caller's (generation.check_fits sizes the cache).
+
+Building in the background (the CLI's and the API's default): with ``start_build``, a step whose
+package is not built yet starts the build elsewhere (``clearlm compile`` in a process of its own,
+:func:`spawn_build`) and decodes eagerly meanwhile; the package appears on disk in one rename
+(its checksum written first), and the next step after that loads it (milliseconds) and runs
+compiled. No answer ever waits for a build. A build that failed leaves ``<package>.failed``
+(its error), so later runs decode eagerly with one warning instead of building again; ``clearlm
+compile MODEL`` retries. Concurrent builds of one package are kept to one by ``<package>.lock``.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,8 +134,11 @@ class AOTDecodeStep:
     """
 
     def __init__(self, model: torch.nn.Module, directory: Path | None = None,
-                 on_error: Callable[[AOTError], None] | None = None) -> None:
+                 on_error: Callable[[AOTError], None] | None = None,
+                 start_build: Callable[[Path], None] | None = None) -> None:
         self.model, self.directory, self.on_error = model, directory or cache_root(), on_error
+        self.start_build, self.started = start_build, False
+        self._path: Path | None = None  # the package_key digest reads every tensor: once
         self.failed = False
         self.points = [m for m in model.modules() if isinstance(m, HookPoint)]
         self.cache_dtype = model.new_cache(1, 1).keys[0].dtype  # the keys' dtype it is built for
@@ -151,8 +164,24 @@ class AOTDecodeStep:
                 and k0.dtype == self.cache_dtype and k0.device == token.device == self.model.device)
 
     def package_path(self) -> Path:
-        """The package the model needs now (built or not)."""
-        return self.directory / f"decode-{package_key(self.model)}.pt2"
+        """The package the model needs (built or not); computed once per step object."""
+        if self._path is None:
+            self._path = self.directory / f"decode-{package_key(self.model)}.pt2"
+        return self._path
+
+    def ready(self) -> bool:
+        """Whether the package can be loaded now without building: it is loaded, or on disk."""
+        return self.loader is not None or self.package_path().exists()
+
+    def _building_elsewhere(self) -> bool:
+        """With ``start_build``: True while the package is not on disk (the first such call
+        starts the build; every call decodes eagerly until the package appears)."""
+        if self.start_build is None or self.package_path().exists():
+            return False
+        if not self.started:
+            self.started = True
+            self.start_build(self.package_path())
+        return True
 
     def _load(self) -> None:
         t = time.perf_counter()
@@ -188,6 +217,8 @@ class AOTDecodeStep:
     @torch.inference_mode()
     def __call__(self, model: torch.nn.Module, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
         if not self.failed and self.serves(model, token, cache):
+            if self.loader is None and self._building_elsewhere():
+                return model(token, cache=cache, last_only=True)[:, -1, :]  # eager meanwhile
             if self.loader is None:
                 try:
                     self._load()
@@ -204,13 +235,88 @@ class AOTDecodeStep:
 
 
 def compile_decode_aot(model: Any, directory: Path | None = None,
-                       on_error: Callable[[AOTError], None] | None = None) -> AOTDecodeStep:
+                       on_error: Callable[[AOTError], None] | None = None,
+                       start_build: Callable[[Path], None] | None = None) -> AOTDecodeStep:
     """Make generation decode with the ahead-of-time compiled step: ``model`` is a
     ``clearlm.Model`` (from clearlm.load) or its Transformer; sets the Transformer's
-    ``decode_fn`` (as clearlm.runtime.compiled.compile_decode does). The package is built or loaded
-    at
-    the first decode step."""
+    ``decode_fn`` (as clearlm.runtime.compiled.compile_decode does). The package is loaded at
+    the first decode step; one not built yet is built there (the call waits), or with
+    ``start_build`` elsewhere while the steps run eagerly (see the module docstring)."""
     net = getattr(model, "transformer", model)
-    step = AOTDecodeStep(net, directory, on_error)
+    step = AOTDecodeStep(net, directory, on_error, start_build)
     net.decode_fn = step
     return step
+
+
+def failed_path(path: Path) -> Path:
+    """``<package>.failed``: the error of a build that failed (see the module docstring)."""
+    return path.with_name(path.name + ".failed")
+
+
+def lock_path(path: Path) -> Path:
+    """``<package>.lock``: the process id of the build under way."""
+    return path.with_name(path.name + ".lock")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def take_lock(path: Path) -> bool:
+    """Take ``<package>.lock`` for this process: False when a live process holds it (a lock
+    whose process is gone is taken over). Released by :func:`release_lock`."""
+    lock = lock_path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _alive(pid):
+                return False
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def release_lock(path: Path) -> None:
+    """Remove ``<package>.lock`` if this process holds it."""
+    lock = lock_path(path)
+    try:
+        if lock.read_text().strip() == str(os.getpid()):
+            lock.unlink()
+    except OSError:
+        pass
+
+
+def spawn_build(path: Path, argv: list[str]) -> Path:
+    """Start ``python -m clearlm compile ARGV`` in a process of its own session (it outlives
+    this one, so the package is there for the next run), its output in ``<package>.log``.
+
+    Args:
+        path: the package the build will write (for the log's name).
+        argv: ``clearlm compile``'s arguments naming the same model and load options.
+
+    Returns: the log file.
+    """
+    log = path.with_name(path.name + ".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        subprocess.Popen(  # noqa: S603 (our own module, arguments from our own parser)
+            [sys.executable, "-m", "clearlm", "compile", *argv, "--quiet"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+        )
+    return log
