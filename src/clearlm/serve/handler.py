@@ -37,10 +37,13 @@ class Session:
         job: the checked request.
         tokenizer: for text and logprob pieces.
         kind: "completion" or "chat" (for ids, objects and the log line).
+        fingerprint: the ``system_fingerprint`` of every response and chunk.
     """
 
-    def __init__(self, runner: Runner, job: Job, tokenizer: Tokenizer, kind: str) -> None:
-        self.runner, self.job, self.kind = runner, job, kind
+    def __init__(
+        self, runner: Runner, job: Job, tokenizer: Tokenizer, kind: str, fingerprint: str = ""
+    ) -> None:
+        self.runner, self.job, self.kind, self.fingerprint = runner, job, kind, fingerprint
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -138,7 +141,8 @@ class Session:
 
     def header(self, model: str) -> dict[str, Any]:
         obj = "text_completion" if self.kind == "completion" else "chat.completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": model}
+        return {"id": self.id, "object": obj, "created": self.created, "model": model,
+                "system_fingerprint": self.fingerprint}  # fmt: skip
 
     def logprobs(self, choice: Choice, events: list[TokenEvent], offset: int = 0) -> Any:
         if not self.job.logprobs:
@@ -162,16 +166,20 @@ class Session:
                             "finish_reason": c.finish_reason})  # fmt: skip
         return {**self.header(model), "choices": out, "usage": self.usage()}
 
-    def chunk(self, model: str, choice: Choice, ev: TokenEvent | None, text: str) -> str:
-        """One server-sent event for a streamed piece of ``choice``."""
-        finish = choice.finish_reason
-        lp = self.logprobs(choice, [ev]) if ev is not None else None
+    def chunk(
+        self, model: str, choice: Choice, ev: TokenEvent | None, text: str, last: bool = False
+    ) -> str:
+        """One server-sent event for a streamed piece of ``choice``: its new text and the
+        token's logprobs, or (``last``) the choice's own closing chunk: no text (chat: an empty
+        ``delta``), no logprobs, only ``finish_reason``, as OpenAI and llama-server send it."""
+        finish = choice.finish_reason if last else None
+        lp = self.logprobs(choice, [ev]) if ev is not None and not last else None
         if self.kind == "completion":
             body: dict[str, Any] = {"index": choice.index, "text": text, "logprobs": lp,
                                     "finish_reason": finish}  # fmt: skip
             head = self.header(model)
         else:
-            delta = {"content": text} if text or finish is None else {}
+            delta = {} if last else {"content": text}
             body = {"index": choice.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             head = {**self.header(model), "object": "chat.completion.chunk"}
         return sse({**head, "choices": [body]})
@@ -189,8 +197,10 @@ class Session:
                 yield self.chunk(model, c, None, self.job.echo)
         try:
             async for choice, ev, text in self.events():
-                if text or choice.finish_reason is not None or self.job.logprobs:
+                if text or self.job.logprobs:
                     yield self.chunk(model, choice, ev, text)
+                if choice.finish_reason is not None:
+                    yield self.chunk(model, choice, None, "", last=True)
         except APIError as e:  # the engine failed mid-stream: say so in the stream
             yield sse(e.body())
             return

@@ -4,7 +4,8 @@ Rules (documented in README.md, "Serving"):
 - Unset sampling settings take the model's generation_config.json values, else clearlm's
   SamplingParams defaults (temperature 1, as OpenAI's); ranges are SamplingParams' own.
 - ``n`` choices are ``n`` independent sequences; with a ``seed``, choice ``i`` uses
-  ``seed + i``, so choice ``i`` equals ``model.generate(..., seed=seed + i)``.
+  ``seed + i``, so choice ``i`` equals ``model.generate(..., seed=seed + i)``. A seed is in
+  [0, 2**63) (a signed 64-bit int, as OpenAI's clients send it); -1 means random (llama.cpp).
 - ``max_tokens`` (chat: or ``max_completion_tokens``) defaults to 16 for completions (as
   OpenAI) and to what the context leaves for chat; above the context length it is refused
   (``invalid_value``). A request whose prompt plus the ``max_tokens`` it gives passes the
@@ -30,6 +31,7 @@ from clearlm.serve.schemas import ChatBody, CompletionBody
 SETTINGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
             "presence_penalty", "frequency_penalty")  # fmt: skip
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_SEED = 2**63  # seeds are int64 for OpenAI's clients; with n <= max_n, seed + i stays < 2**64
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,10 @@ def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
     """One SamplingParams per choice (seed + i). Raises APIError (400) naming the setting."""
     given = {k: getattr(body, k) for k in SETTINGS if getattr(body, k) is not None}
     seed = body.seed
-    if seed is not None and (seed < 0 or seed + n > 2**64):
-        raise APIError(400, f"seed must be in [0, 2**64 - n), got {seed}", "seed", "invalid_value")
+    if seed is not None and not (seed == -1 or 0 <= seed < MAX_SEED):
+        raise APIError(400, f"seed must be -1 (random) or in [0, 2**63), got {seed}", "seed",
+                       "invalid_value")  # fmt: skip
+    seed = None if seed == -1 else seed  # llama.cpp's clients send -1 for "random"
     try:
         base = model.sampling_params(None, {}, **given)
     except SamplingParamsError as e:
@@ -116,6 +120,9 @@ def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, 
             f"completion, {max_name}); shorten the prompt or lower {max_name}",
             where, "context_length_exceeded",
         )  # fmt: skip
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options is only allowed with stream: true", "stream_options",
+                       "invalid_value")  # fmt: skip
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if any(not s for s in stop):
         raise APIError(400, "a stop string must not be empty", "stop", "invalid_value")

@@ -87,10 +87,11 @@ class Message(Strict):
     name: str | None = None  # accepted; the chat templates clearlm runs do not read it
 
     def text(self) -> str:
-        """The content as one string (text parts joined, as OpenAI concatenates them)."""
-        return (
-            self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        )
+        """The content as one string: text parts joined with a newline, as llama-server and
+        vLLM join them ("What is" + "the best book" must not read "What isthe best book")."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content)
 
 
 class ChatBody(Sampling):
