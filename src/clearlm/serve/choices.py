@@ -6,8 +6,12 @@ stop strings), the same class ``model.generate`` uses, so a choice's text equals
 or the context window is full). Logprobs are the engine's: log-probabilities under the
 distribution the token was drawn from (after the sampling settings); an alternative the
 settings removed has probability 0 and is reported as -9999.0, as OpenAI does, since JSON has
-no -infinity. Every generated token is listed, the end token and the tokens of a stop string
-included, so there are ``usage.completion_tokens`` entries.
+no -infinity. ``top_logprobs`` always lists as many alternatives as asked (the removed ones
+after the kept ones, in the model's order: :func:`clearlm.engine.running.top_alternatives`);
+completions' ``top_logprobs`` also hold the sampled token (OpenAI: "up to logprobs + 1
+elements"), so ``logprobs: 0`` gives the sampled token alone. Every generated token is listed,
+the end token and the tokens of a stop string included, so there are
+``usage.completion_tokens`` entries.
 """
 
 from __future__ import annotations
@@ -76,7 +80,8 @@ class Choice:
             "tokens": pieces,
             "token_logprobs": [finite(e.logprob) for e in events],
             "top_logprobs": [
-                {self.piece(t): finite(lp) for t, lp in e.top_logprobs} for e in events
+                {self.piece(t): finite(lp) for t, lp in [*e.top_logprobs, (e.token, e.logprob)]}
+                for e in events
             ],
             "text_offset": offsets,
         }

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 import torch
 
 from clearlm.engine import Request, TokenEvent
+from clearlm.engine.running import top_alternatives
 from clearlm.errors import SamplingParamsError
 from clearlm.generation import check_fits, decode_step, new_cache, prefill
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
-from clearlm.sampling import filter_logits, log_softmax, make_generator, pick
+from clearlm.sampling import filter_logits, make_generator, pick
 
 
 @dataclass
@@ -101,9 +102,7 @@ class SerialEngine:
         token, logprob = pick(filtered, req.params, run.generator)  # (1,), (1,)
         top: list[tuple[int, float]] = []
         if req.top_logprobs:
-            k = min(req.top_logprobs, filtered.shape[-1])
-            values, ids = torch.topk(log_softmax(filtered)[0], k)  # (k,), (k,)
-            top = list(zip(ids.tolist(), values.tolist(), strict=True))
+            top = top_alternatives(logits[0], filtered[0], req.top_logprobs)
         tok = int(token[0])
         run.generated.append(tok)
         run.seq = torch.cat([run.seq, token.view(1, 1)], dim=1)  # (1, P + G + 1)
