@@ -21,7 +21,7 @@ from clearlm.errors import ContextLengthError, SamplingParamsError
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
 from clearlm.sampling import Sampler, SamplingParams, make_sampler
-from clearlm.sampling_params import is_int
+from clearlm.sampling_params import check_logit_bias, is_int
 from clearlm.text_stream import TextStream
 from clearlm.tokenizer import Tokenizer
 
@@ -169,9 +169,11 @@ def stream_generate(
     back until it is clear that it is not.
 
     Raises:
-        ContextLengthError: the prompt leaves no room for a new token.
+        ContextLengthError: the prompt leaves no room for a new token. SamplingParamsError: a
+            logit_bias id outside the vocabulary.
     """
-    text = TextStream(tokenizer, stop)
+    check_logit_bias(params.logit_bias, model.config.vocab_size)
+    text = TextStream(tokenizer, stop, ignore_eos=params.ignore_eos)
     n = 0
     sampler = make_sampler(params)
     for token, logprob in generate_step(model, prompt, sampler, max_new_tokens):

@@ -63,7 +63,7 @@ def run_rows(
 ) -> Iterator[Chunk]:
     """The generator behind :func:`stream_batch` (arguments already checked)."""
     ctx = model.config.context_length
-    texts = [TextStream(tokenizer, stop) for stop in stops]
+    texts = [TextStream(tokenizer, s, p.ignore_eos) for s, p in zip(stops, params, strict=True)]
     for i, n in enumerate(max_new_tokens):
         if n == 0:  # nothing to generate: alone, the stream ends at once
             yield Chunk(texts[i].finish(), None, None, "length", index=i)

@@ -57,7 +57,8 @@ class Running:
     ) -> TokenEvent:
         """Pick the next token from logits (1, V) and say whether the request ends with it.
 
-        Finish reasons, in this order (single-sequence generation's): "eos" (an end id),
+        Finish reasons, in this order (single-sequence generation's): "eos" (an end id, unless
+        the request's params say ``ignore_eos``),
         "length" (max_new_tokens reached), "context_length" (the slot is full: prompt +
         generated tokens fill max_seq_len, so the token cannot be fed).
         """
@@ -67,7 +68,7 @@ class Running:
         top = self.top_logprobs(logits, history)
         self.generated.append(tok)
         reason = None
-        if tok in eos_ids:
+        if tok in eos_ids and not self.request.params.ignore_eos:
             reason = "eos"
         elif len(self.generated) >= self.request.max_new_tokens:
             reason = "length"

@@ -42,12 +42,15 @@ class Choice:
         index: the choice's place in ``choices``.
         tokenizer: the model's tokenizer.
         stop: stop strings.
+        ignore_eos: end tokens do not end the choice (the request's ``ignore_eos``).
     """
 
-    def __init__(self, index: int, tokenizer: Tokenizer, stop: list[str]) -> None:
+    def __init__(
+        self, index: int, tokenizer: Tokenizer, stop: list[str], ignore_eos: bool = False
+    ) -> None:
         self.index = index
         self.tokenizer = tokenizer
-        self.stream = TextStream(tokenizer, stop)
+        self.stream = TextStream(tokenizer, stop, ignore_eos)
         self.text = ""
         self.events: list[TokenEvent] = []
         self.finish_reason: str | None = None

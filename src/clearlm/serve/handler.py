@@ -47,7 +47,9 @@ class Session:
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.choices = [Choice(i, tokenizer, job.stop) for i in range(len(job.params))]
+        self.choices = [
+            Choice(i, tokenizer, job.stop, p.ignore_eos) for i, p in enumerate(job.params)
+        ]
         self.rids = {f"{self.id}-{i}": i for i in range(len(job.params))}
         self.sink: asyncio.Queue[Item] = asyncio.Queue()
         self.t0 = time.perf_counter()

@@ -25,6 +25,7 @@ from clearlm.api import Model
 from clearlm.errors import ClearLMError, SamplingParamsError
 from clearlm.generation import check_fits
 from clearlm.sampling import SamplingParams
+from clearlm.sampling_params import MAX_BIAS
 from clearlm.serve.errors import APIError, from_clearlm
 from clearlm.serve.schemas import ChatBody, CompletionBody
 
@@ -67,9 +68,29 @@ class Job:
     include_usage: bool
 
 
+def logit_bias(model: Model, bias: dict[str, float] | None) -> dict[int, float] | None:
+    """``logit_bias`` with its keys (JSON object keys are strings) as token ids.
+
+    Raises APIError (400, param ``logit_bias.KEY``): a key that is not a token id of the model,
+    or a bias outside [-100, 100]."""
+    out, vocab = {}, model.config.vocab_size
+    for key, value in (bias or {}).items():
+        where = f"logit_bias.{key}"
+        if not (key.isascii() and key.isdigit() and int(key) < vocab):
+            raise APIError(400, f"logit_bias key {key!r} is not a token id of this model; "
+                           f"give ids in [0, {vocab})", where, "invalid_value")  # fmt: skip
+        if not -MAX_BIAS <= value <= MAX_BIAS:
+            raise APIError(400, f"logit_bias[{key}] must be in [-100, 100], got {value}", where,
+                           "invalid_value")  # fmt: skip
+        out[int(key)] = value
+    return out or None
+
+
 def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
     """One SamplingParams per choice (seed + i). Raises APIError (400) naming the setting."""
     given = {k: getattr(body, k) for k in SETTINGS if getattr(body, k) is not None}
+    given["logit_bias"] = logit_bias(model, body.logit_bias)
+    given["ignore_eos"] = body.ignore_eos
     seed = body.seed
     if seed is not None and not (seed == -1 or 0 <= seed < MAX_SEED):
         raise APIError(400, f"seed must be -1 (random) or in [0, 2**63), got {seed}", "seed",
@@ -95,8 +116,6 @@ def _common(model: Model, body: Any, prompt: list[int], max_tokens: int | None, 
     (ctx, what), n = window(model, limits), body.n or 1
     if n > limits.max_n:
         raise APIError(400, f"n must be at most {limits.max_n}, got {n}", "n", "invalid_value")
-    if body.logit_bias:
-        raise APIError(400, "logit_bias is not supported", "logit_bias", "unsupported")
     if max_tokens is not None and max_tokens > ctx:
         raise APIError(
             400, f"{max_name} is {max_tokens} but {what} is {ctx}",

@@ -56,7 +56,8 @@ class Sampling(Strict):
     stream: bool | None = None  # None (null): false
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored, as an end-user id for the caller's logs
-    logit_bias: dict[str, float] | None = None  # only empty: refused otherwise (requests.py)
+    logit_bias: dict[str, float] | None = None  # token id (as JSON keys are text) -> bias
+    ignore_eos: bool | None = None  # llama-server's and vLLM's: end tokens do not end a choice
 
 
 class CompletionBody(Sampling):

@@ -23,6 +23,7 @@ from clearlm.generation import check_fits, decode_step, new_cache, prefill
 from clearlm.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
 from clearlm.sampling import filter_logits, make_generator, pick
+from clearlm.sampling_params import check_logit_bias
 
 
 @dataclass
@@ -57,7 +58,7 @@ class SerialEngine:
         Raises:
             ContextLengthError: an empty prompt, or one that leaves no room for a token.
             SamplingParamsError: max_new_tokens < 1, top_logprobs < 0, a duplicate id, or a
-                token id outside the vocabulary.
+                token id (of the prompt or of logit_bias) outside the vocabulary.
         """
         n, vocab = request.max_new_tokens, self.model.config.vocab_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -71,6 +72,7 @@ class SerialEngine:
             live.append(self.running.request.request_id)
         if request.request_id in live:
             raise SamplingParamsError(f"request id {request.request_id!r} is already running")
+        check_logit_bias(request.params.logit_bias, vocab)
         check_fits(len(request.prompt), self.model.config.context_length)
         self.queue.append(request)
 
@@ -107,7 +109,7 @@ class SerialEngine:
         run.generated.append(tok)
         run.seq = torch.cat([run.seq, token.view(1, 1)], dim=1)  # (1, P + G + 1)
         reason = None
-        if tok in self.eos_ids:
+        if tok in self.eos_ids and not req.params.ignore_eos:
             reason = "eos"
         elif len(run.generated) == req.max_new_tokens:
             reason = "length"
