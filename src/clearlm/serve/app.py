@@ -39,6 +39,7 @@ from clearlm.engine import Engine
 from clearlm.engine.scheduler import BatchEngine
 from clearlm.serve.errors import APIError
 from clearlm.serve.handler import Session
+from clearlm.serve.logprobs import score_prompt
 from clearlm.serve.requests import Limits, chat_job, completion_job
 from clearlm.serve.runner import Runner
 from clearlm.serve.schemas import ChatBody, CompletionBody, error_code, parse
@@ -213,6 +214,11 @@ def create_app(
         shown = body.model  # the name the client sent (with any_model, whatever it is)
         prepare = completion_job if kind == "completion" else chat_job
         job = await asyncio.to_thread(prepare, model, body, limits)  # tokenizing: off the loop
+        if job.score_prompts:  # echo + logprobs: one forward pass per prompt, between steps
+            k = job.top_logprobs
+            job.scored = await asyncio.to_thread(
+                runner.exclusive, lambda: [score_prompt(model, p, k) for p in job.prompts]
+            )
         session = Session(runner, job, model.tokenizer, kind, fingerprint)
         await session.start()
         if job.stream:

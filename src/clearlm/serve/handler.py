@@ -21,6 +21,7 @@ from clearlm.engine import Request, TokenEvent
 from clearlm.errors import ClearLMError
 from clearlm.serve.choices import Choice
 from clearlm.serve.errors import APIError, from_clearlm
+from clearlm.serve.logprobs import completion_logprobs
 from clearlm.serve.requests import Job
 from clearlm.serve.runner import EngineFailed, Item, Runner
 from clearlm.tokenizer import Tokenizer
@@ -47,10 +48,17 @@ class Session:
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.choices = [
-            Choice(i, tokenizer, job.stop, p.ignore_eos) for i, p in enumerate(job.params)
-        ]
-        self.rids = {f"{self.id}-{i}": i for i in range(len(job.params))}
+        self.tokenizer, n = tokenizer, len(job.params)
+        self.choices = [  # choice i * n + j: prompt i, params j (OpenAI's layout)
+            Choice(i * n + j, tokenizer, job.stop, p.ignore_eos)
+            for i in range(len(job.prompts)) for j, p in enumerate(job.params)
+        ]  # fmt: skip
+        self.prompt_of = [c.index // n for c in self.choices]
+        for c in self.choices:
+            if job.max_new_tokens[self.prompt_of[c.index]] == 0:  # nothing to generate
+                c.finish_reason = "length"
+        live = [c.index for c in self.choices if c.finish_reason is None]
+        self.rids = {f"{self.id}-{k}": k for k in live}
         self.sink: asyncio.Queue[Item] = asyncio.Queue()
         self.t0 = time.perf_counter()
         self.t_first: float | None = None
@@ -58,10 +66,12 @@ class Session:
 
     async def start(self) -> None:
         """Queue the choices in the engine. Raises APIError (400) if it refuses one."""
-        reqs = [
-            Request(rid, list(self.job.prompt), p, self.job.max_new_tokens, self.job.top_logprobs)
-            for rid, p in zip(self.rids, self.job.params, strict=True)
-        ]
+        job, n = self.job, len(self.job.params)
+        reqs = []
+        for rid, k in self.rids.items():
+            i = self.prompt_of[k]
+            reqs.append(Request(rid, list(job.prompts[i]), job.params[k % n],
+                                job.max_new_tokens[i], job.top_logprobs))  # fmt: skip
         loop = asyncio.get_running_loop()
         try:
             await asyncio.to_thread(self.runner.add, reqs, self.sink, loop)
@@ -118,8 +128,8 @@ class Session:
             self.log()
 
     def usage(self) -> dict[str, int]:
-        """Exact token counts: the prompt once, and every token each choice generated."""
-        prompt = len(self.job.prompt)
+        """Exact token counts: each prompt once, and every token each choice generated."""
+        prompt = sum(len(p) for p in self.job.prompts)
         completion = sum(len(c.events) for c in self.choices)
         return {
             "prompt_tokens": prompt,
@@ -146,20 +156,23 @@ class Session:
         return {"id": self.id, "object": obj, "created": self.created, "model": model,
                 "system_fingerprint": self.fingerprint}  # fmt: skip
 
-    def logprobs(self, choice: Choice, events: list[TokenEvent], offset: int = 0) -> Any:
+    def logprobs(self, choice: Choice, events: list[TokenEvent], prompt: bool = False) -> Any:
+        """The ``logprobs`` of ``events``; with ``prompt``, the scored prompt's entries first."""
         if not self.job.logprobs:
             return None
-        if self.kind == "completion":
-            return choice.completion_logprobs(events, offset)
-        return choice.chat_logprobs(events)
+        if self.kind == "chat":
+            return choice.chat_logprobs(events)
+        i = self.prompt_of[choice.index]
+        scored = self.job.scored[i] if prompt and self.job.scored else None
+        return completion_logprobs(self.tokenizer, scored, events, self.job.echo[i])
 
     def final(self, model: str) -> dict[str, Any]:
         """The whole (non-streaming) response."""
         out = []
         for c in self.choices:
-            lp = self.logprobs(c, c.events, len(self.job.echo))
+            lp = self.logprobs(c, c.events, prompt=True)
             if self.kind == "completion":
-                text = self.job.echo + c.text
+                text = self.job.echo[self.prompt_of[c.index]] + c.text
                 out.append({"index": c.index, "text": text, "logprobs": lp,
                             "finish_reason": c.finish_reason})  # fmt: skip
             else:
@@ -195,8 +208,13 @@ class Session:
                 delta = {"role": "assistant", "content": ""}
                 first = {"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None}
                 yield sse({**head, "choices": [first]})
-            elif self.job.echo:
-                yield self.chunk(model, c, None, self.job.echo)
+            elif self.job.echo[self.prompt_of[c.index]]:
+                lp = self.logprobs(c, [], prompt=True)
+                body = {"index": c.index, "text": self.job.echo[self.prompt_of[c.index]],
+                        "logprobs": lp, "finish_reason": None}  # fmt: skip
+                yield sse({**head, "choices": [body]})
+            if c.finish_reason is not None:  # max_tokens 0: nothing will come
+                yield self.chunk(model, c, None, "", last=True)
         try:
             async for choice, ev, text in self.events():
                 if text or self.job.logprobs:

@@ -20,7 +20,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
 )
 
 from clearlm.serve.errors import APIError
@@ -42,7 +41,7 @@ class Sampling(Strict):
     """The fields both endpoints share. Unset (None) settings take the model's defaults."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: generate nothing
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -61,20 +60,11 @@ class Sampling(Strict):
 
 
 class CompletionBody(Sampling):
-    """``POST /v1/completions``: a text prompt (or token ids) to continue."""
+    """``POST /v1/completions``: a text prompt (or token ids) to continue, or a list of them."""
 
-    prompt: Text | list[int]
+    prompt: Text | list[int] | list[Text] | list[list[int]]  # one prompt, or a list of them
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = None
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        """OpenAI also takes a list of prompts (a batch): said plainly, not as a type error."""
-        if isinstance(value, list) and any(isinstance(v, str | list) for v in value):
-            raise ValueError("a list of prompts (a batch) is not supported; send one prompt "
-                             "per request (n asks for several completions of one prompt)")
-        return value
 
 
 class TextPart(Strict):
@@ -99,7 +89,7 @@ class ChatBody(Sampling):
     """``POST /v1/chat/completions``: a conversation rendered with the model's chat template."""
 
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
