@@ -135,3 +135,13 @@ def test_prompt_logprobs_equal_transformers(smollm2, hf_smollm2_model):
         ref = hf_smollm2_model(torch.tensor([ids])).logits[0].double().log_softmax(-1)  # (T, V)
     want = [float(ref[t - 1, ids[t]]) for t in range(1, len(ids))]
     assert r.choices[0].logprobs.token_logprobs[1:] == pytest.approx(want, abs=2e-3)
+
+
+def test_zero_tokens_takes_a_prompt_that_fills_the_context(tiny, client):
+    ids = [5] * tiny.config.context_length  # no room for a token: fine when none is asked for
+    assert tiny.generate(ids, max_new_tokens=0).finish_reason == "length"
+    assert [r.finish_reason for r in tiny.generate([ids, ids], max_new_tokens=0)] == ["length"] * 2
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=0)
+    assert len(r.choices[0].logprobs.tokens) == len(ids)
+    with pytest.raises(clearlm.errors.ContextLengthError, match="no room for a new token"):
+        tiny.generate(ids, max_new_tokens=1)

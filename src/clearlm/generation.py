@@ -83,13 +83,16 @@ def generate_step(
     """Yield (token id, logprob) one step at a time, up to max_new_tokens or the context length.
 
     The caller decides when to stop earlier (EOS, stop strings) by not asking for more.
-    Raises ContextLengthError if the prompt leaves no room for a new token,
+    Raises ContextLengthError if the prompt is empty or leaves no room for a new token (with
+    max_new_tokens 0: if it is longer than the context),
     SamplingParamsError if max_new_tokens is not an integer ≥ 0.
     """
     ctx = model.config.context_length
     check_max_new_tokens(max_new_tokens)
-    check_fits(len(prompt), ctx)
+    check_fits(len(prompt), ctx, min(max_new_tokens, 1))  # 0 tokens: a full context is fine
     n_new = min(max_new_tokens, ctx - len(prompt))
+    if n_new == 0:
+        return  # nothing to generate: no forward pass either
     cache = generation_cache(model, len(prompt), max_new_tokens)
     seq = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)  # (1, P): history
     step = getattr(model, "decode_fn", None) or decode_step  # clearlm.compiled.compile_decode
