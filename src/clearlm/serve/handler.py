@@ -24,6 +24,7 @@ from clearlm.serve.errors import APIError, from_clearlm
 from clearlm.serve.logprobs import completion_logprobs
 from clearlm.serve.requests import Job
 from clearlm.serve.runner import EngineFailed, Item, Runner
+from clearlm.serve.tools import parse_tool_calls
 from clearlm.tokenizer import Tokenizer
 
 log = logging.getLogger("clearlm.serve")
@@ -176,10 +177,32 @@ class Session:
                 out.append({"index": c.index, "text": text, "logprobs": lp,
                             "finish_reason": c.finish_reason})  # fmt: skip
             else:
-                msg = {"role": "assistant", "content": c.text}
+                msg = self.message(c)
                 out.append({"index": c.index, "message": msg, "logprobs": lp,
                             "finish_reason": c.finish_reason})  # fmt: skip
         return {**self.header(model), "choices": out, "usage": self.usage()}
+
+    def message(self, choice: Choice) -> dict[str, Any]:
+        """A finished chat choice's message; with tools, its calls parsed out of the text
+        (:func:`clearlm.serve.tools.parse_tool_calls`), and then finish_reason "tool_calls"."""
+        if not self.job.tools:
+            return {"role": "assistant", "content": choice.text}
+        content, calls = parse_tool_calls(choice.text, self.job.tools)
+        if not calls:
+            return {"role": "assistant", "content": content}
+        if choice.finish_reason == "stop":
+            choice.finish_reason = "tool_calls"
+        return {"role": "assistant", "content": content, "tool_calls": calls}
+
+    def tool_chunk(self, model: str, choice: Choice) -> str:
+        """With tools, a streamed chat choice's whole answer in one chunk, at its end (the text
+        must be complete to tell calls from content): content, and calls with their index."""
+        msg = self.message(choice)
+        delta: dict[str, Any] = {"content": msg["content"]}
+        if "tool_calls" in msg:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]
+        body = {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return sse({**self.header(model), "object": "chat.completion.chunk", "choices": [body]})
 
     def chunk(
         self, model: str, choice: Choice, ev: TokenEvent | None, text: str, last: bool = False
@@ -217,6 +240,11 @@ class Session:
                 yield self.chunk(model, c, None, "", last=True)
         try:
             async for choice, ev, text in self.events():
+                if self.job.tools:  # the answer goes whole, at its end
+                    if choice.finish_reason is not None:
+                        yield self.tool_chunk(model, choice)
+                        yield self.chunk(model, choice, None, "", last=True)
+                    continue
                 if text or self.job.logprobs:
                     yield self.chunk(model, choice, ev, text)
                 if choice.finish_reason is not None:

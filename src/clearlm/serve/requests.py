@@ -13,6 +13,7 @@ Rules (documented in README.md, "Serving"; the sampling settings: :mod:`clearlm.
   completion's default 16 stops at the context with finish_reason "length".
 - Chat contents are text: special-token text typed in a message stays text (the injection
   rule of :meth:`clearlm.api.Model.chat_prompt`); a "developer" message is a system message.
+  Tools: :mod:`clearlm.serve.tools`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from clearlm.sampling import SamplingParams
 from clearlm.serve.errors import APIError, from_clearlm
 from clearlm.serve.schemas import ChatBody, CompletionBody
 from clearlm.serve.settings import sampling_params
+from clearlm.serve.tools import active_tools, template_message
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -66,6 +68,7 @@ class Job:
     include_usage: bool
     score_prompts: bool = False  # echo + logprobs: the prompts' own logprobs are returned
     scored: list[Any] = field(default_factory=list)  # per prompt, filled by the app
+    tools: list[dict[str, Any]] | None = None  # chat: the tools rendered (serve/tools.py)
 
 
 def check_prompt(model: Model, prompt: list[int], max_tokens: int | None, limits: Limits,
@@ -162,12 +165,13 @@ def chat_job(model: Model, body: ChatBody, limits: Limits) -> Job:
     """Raises APIError (400) for anything the model cannot run (its template failing too)."""
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in body.messages
-    ]
-    try:
-        prompt = model.chat_prompt(messages)  # contents are text: no control tokens from users
+    tools = active_tools(body, model.tokenizer)
+    messages = [template_message(m) for m in body.messages]
+    try:  # contents are text: no control tokens from users (Model.chat_prompt's rule)
+        if tools is None:
+            prompt = model.chat_prompt(messages)
+        else:
+            prompt = model.tokenizer.encode_chat(messages, tools=tools)
     except ClearLMError as e:
         raise from_clearlm(e, "messages") from None
     given = body.max_completion_tokens
@@ -183,4 +187,5 @@ def chat_job(model: Model, body: ChatBody, limits: Limits) -> Job:
         top_logprobs=body.top_logprobs or 0,
         logprobs=bool(body.logprobs),
         echo=[""],
+        tools=tools,
     )

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    model_validator,
 )
 
 from clearlm.serve.errors import APIError
@@ -72,17 +73,59 @@ class TextPart(Strict):
     text: Text
 
 
+class FunctionCall(Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None  # None (or absent): an assistant's tool calls only
     name: str | None = None  # accepted; the chat templates clearlm runs do not read it
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls, sent back
+    tool_call_id: str | None = None  # a "tool" message: the call it answers
+
+    @model_validator(mode="before")
+    @classmethod
+    def _calls_need_no_content(cls, value: Any) -> Any:
+        """OpenAI lets an assistant message with ``tool_calls`` leave ``content`` out."""
+        if isinstance(value, dict) and value.get("tool_calls") and "content" not in value:
+            return {**value, "content": None}
+        return value
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> Message:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is null; only an assistant message with tool_calls may "
+                             "leave it out")  # fmt: skip
+        return self
 
     def text(self) -> str:
         """The content as one string: text parts joined with a newline, as llama-server and
         vLLM join them ("What is" + "the best book" must not read "What isthe best book")."""
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(p.text for p in self.content)
+
+
+class Function(Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema, rendered as given
+    strict: bool | None = None  # accepted; output is not constrained to the schema
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: Function
 
 
 class ChatBody(Sampling):
@@ -92,6 +135,9 @@ class ChatBody(Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # accepted: every call in the answer is returned
 
 
 Body = TypeVar("Body", bound=Strict)

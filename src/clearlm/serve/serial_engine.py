@@ -124,6 +124,6 @@ class SerialEngine:
         n_new = min(req.max_new_tokens, self.model.config.context_length - len(req.prompt))
         cache = new_cache(self.model, 1, len(req.prompt) + n_new)
         seq = torch.tensor([req.prompt], dtype=torch.long)  # (1, P)
-        device = self.model.embed_tokens.weight.device
+        device = self.model.device  # (compact weights: a QuantEmbedding has no .weight)
         generator = None if req.params.is_greedy else make_generator(req.params.seed, device)
         return _Running(req, n_new, cache, generator, seq)
