@@ -55,8 +55,9 @@ def test_empty_tools_and_tool_choice_none_are_accepted(tiny):
         c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
         ask = dict(model="tiny", messages=MSGS, max_tokens=6, temperature=0)
         plain = c.chat.completions.create(**ask).choices[0].message.content
-        for extra in (dict(tools=[]), dict(tool_choice="none"),
-                      dict(tools=[WEATHER], tool_choice="none"), dict(tools=[], tool_choice="auto")):
+        extras = [dict(tools=[]), dict(tool_choice="none"),
+                  dict(tools=[WEATHER], tool_choice="none"), dict(tools=[], tool_choice="auto")]
+        for extra in extras:
             r = c.chat.completions.create(**ask, **extra)
             assert r.choices[0].message.content == plain and r.choices[0].message.tool_calls is None
         with pytest.raises(openai.BadRequestError, match="does not render tools") as e:
