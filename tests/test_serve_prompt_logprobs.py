@@ -44,7 +44,8 @@ def prompt_lp(model: clearlm.Model, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(model.logits(ids)[:-1].double(), dim=-1)
 
 
-def test_echo_with_logprobs_scores_the_prompt(client, tiny):
+def test_echo_with_logprobs_scores_the_prompt(client, tiny, monkeypatch):
+    monkeypatch.setattr("clearlm.serve.logprobs.ROWS", 3)  # several blocks of positions
     text = "hello world, once"
     ids = tiny.encode(text)
     r = client.completions.create(model=MODEL, prompt=text, max_tokens=0, echo=True, logprobs=2)

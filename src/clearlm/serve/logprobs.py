@@ -41,18 +41,25 @@ class Scored:
     top: list[tuple[int, float]] | None
 
 
+ROWS = 256  # positions per log-softmax: a (ROWS, V) float32 block at a time, not (T, V) twice
+
+
 @torch.inference_mode()
 def score_prompt(model: Model, ids: list[int], k: int) -> list[Scored]:
     """Each prompt token's log-probability under the model, and the ``k`` most likely tokens
-    at its position (ties: the lowest id first). One forward pass, no cache: logits (T, V)."""
+    at its position (``torch.topk``'s order). One forward pass, no cache: logits (T, V); the
+    log-softmax runs ROWS positions at a time."""
     logits = model.logits(ids)  # (T, V)
-    lp = log_softmax(logits[:-1])  # (T - 1, V): row t scores token t + 1
     out = [Scored(ids[0], None, None)]
-    for t in range(1, len(ids)):
-        row = lp[t - 1]  # (V,)
-        order = torch.argsort(row, descending=True, stable=True)[:k]  # (k,)
-        top = [(int(i), float(row[i])) for i in order]
-        out.append(Scored(ids[t], float(row[ids[t]]), top))
+    for start in range(0, len(ids) - 1, ROWS):
+        lp = log_softmax(logits[start : start + ROWS])  # (R, V): row r scores token start+r+1
+        nxt = torch.tensor(ids[start + 1 : start + 1 + len(lp)])  # (R,)
+        own = lp[torch.arange(len(nxt)), nxt].tolist()  # (R,)
+        values, top_ids = torch.topk(lp[: len(nxt)], k) if k else (None, None)  # (R, k)
+        for r, token in enumerate(nxt.tolist()):
+            top = [] if values is None else list(zip(top_ids[r].tolist(), values[r].tolist(),
+                                                     strict=True))  # fmt: skip
+            out.append(Scored(token, own[r], top))
     return out
 
 
