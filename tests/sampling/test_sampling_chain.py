@@ -124,9 +124,11 @@ def test_the_stage_tables_state_the_chain_that_runs(page):
     row = next(r for r in text.splitlines() if r.startswith("| 5. softmax + sampling |"))
     stated = row.split("|")[2].split("(")[0].split("→")
     penalties = dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.5)
-    every = SamplingParams(temperature=0.7, top_k=8, top_p=0.9, min_p=0.05, **penalties)
+    every = SamplingParams(
+        temperature=0.7, top_k=8, top_p=0.9, min_p=0.05, logit_bias={0: 1.0}, **penalties
+    )
     steps = sampling_chain(every, torch.tensor([1]), torch.tensor([1]))
     names = [s.name for s in steps]
     assert [w.strip().replace(" ", "_").replace("-", "_") for w in stated] == [*names, "draw"]
-    words = {7: "seven", 8: "eight"}
+    words = {7: "seven", 8: "eight", 9: "nine"}
     assert f"`sampling/filters.py` (the {words[len(names)]} filters)" in row

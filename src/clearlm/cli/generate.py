@@ -136,6 +136,11 @@ def generate(
     repetition_penalty: RepPen = None,
     seed: Seed = None,
     stop: Stop = None,
+    ignore_eos: Annotated[
+        bool,
+        typer.Option("--ignore-eos", help="Go on past the model's end token: exactly "
+                     "--max-new-tokens tokens (unless --stop or the context ends it)."),
+    ] = False,
     dtype: DType = "float32",
     weights: Weights = None,
     as_json: Json = False,
@@ -159,6 +164,7 @@ def generate(
             "give a PROMPT (or -p TEXT), '-' to read standard input, or -f FILE"
         )
     sampling = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+    sampling["ignore_eos"] = ignore_eos or None  # SamplingParams.ignore_eos; None: unset
     _run(
         model,
         dtype,

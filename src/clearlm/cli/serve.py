@@ -65,6 +65,11 @@ def serve(
             help="Model id clients send; default the alias or file name.", show_default=False
         ),
     ] = None,
+    any_model: Annotated[
+        bool,
+        typer.Option(help="Answer requests for any model name with this model (for clients "
+                     "that insist on a name of their own); default: other names get a 404."),
+    ] = False,
     shutdown_timeout: Annotated[
         float, typer.Option(min=0, help="Seconds in-flight requests get to finish on shutdown.")
     ] = 10.0,
@@ -121,7 +126,7 @@ def serve(
                   f"length; each sequence holds {engine.max_seq_len} tokens[/]", soft_wrap=True)
     app_ = create_app(
         m, engine, model_id=model_id, api_key=api_key or None,
-        max_body=max_body, limits=Limits(max_n=max_n),
+        max_body=max_body, limits=Limits(max_n=max_n), any_model=any_model,
     )  # fmt: skip
     log = logging.getLogger("clearlm.serve")
     if not quiet:

@@ -43,13 +43,13 @@ def stream_batch(
         SamplingParamsError: a max_new_tokens is not an integer ≥ 0.
     """
     ctx = model.config.context_length
-    for i, p in enumerate(prompts):
-        try:
-            check_fits(len(p), ctx)
-        except ContextLengthError as e:  # say which prompt of the batch
-            raise ContextLengthError(f"prompt {i}: {e}") from None
     for n in max_new_tokens:
         check_max_new_tokens(n)
+    for i, p in enumerate(prompts):
+        try:
+            check_fits(len(p), ctx, min(max_new_tokens[i], 1))  # 0 tokens: a full context fits
+        except ContextLengthError as e:  # say which prompt of the batch
+            raise ContextLengthError(f"prompt {i}: {e}") from None
     return run_rows(model, tokenizer, prompts, params, max_new_tokens, stops)
 
 
@@ -63,7 +63,7 @@ def run_rows(
 ) -> Iterator[Chunk]:
     """The generator behind :func:`stream_batch` (arguments already checked)."""
     ctx = model.config.context_length
-    texts = [TextStream(tokenizer, stop) for stop in stops]
+    texts = [TextStream(tokenizer, s, p.ignore_eos) for s, p in zip(stops, params, strict=True)]
     for i, n in enumerate(max_new_tokens):
         if n == 0:  # nothing to generate: alone, the stream ends at once
             yield Chunk(texts[i].finish(), None, None, "length", index=i)

@@ -58,7 +58,8 @@ class Running:
     ) -> TokenEvent:
         """Pick the next token from logits (1, V) and say whether the request ends with it.
 
-        Finish reasons, in this order (single-sequence generation's): "eos" (an end id),
+        Finish reasons, in this order (single-sequence generation's): "eos" (an end id, unless
+        the request's params say ``ignore_eos``),
         "length" (max_new_tokens reached), "context_length" (the slot is full: prompt +
         generated tokens fill max_seq_len, so the token cannot be fed).
         """
@@ -69,20 +70,39 @@ class Running:
         self.generated.append(tok)
         n, req = len(self.generated), self.request
         filled = len(req.prompt) + n
-        reason = finish_reason(tok, eos_ids, n, req.max_new_tokens, filled, max_seq_len)
+        eos = () if req.params.ignore_eos else eos_ids  # ignore_eos: an end id is a token
+        reason = finish_reason(tok, eos, n, req.max_new_tokens, filled, max_seq_len)
         return TokenEvent(self.request.request_id, tok, float(logprob[0]), top, reason)
 
     def top_logprobs(
         self, logits: torch.Tensor, history: torch.Tensor | None
     ) -> list[tuple[int, float]]:
-        """The request's ``top_logprobs`` most likely tokens and their logprobs, under the same
-        distribution as the sampled token's logprob (the filtered, renormalised one); tokens
-        the filters removed (logprob −inf) are left out. Ties: the lowest id first."""
+        """The request's ``top_logprobs`` alternatives (:func:`top_alternatives`)."""
         k = self.request.top_logprobs
         if k == 0:
             return []
         generated = None if history is None else history[:, len(self.request.prompt) :]  # (1, n)
-        params = self.request.params
-        lp = log_softmax(filter_logits(logits, history, params, generated))[0]  # (V,)
-        order = torch.argsort(lp, descending=True, stable=True)[:k]
-        return [(int(i), float(lp[i])) for i in order if lp[i] > float("-inf")]
+        filtered = filter_logits(logits, history, self.request.params, generated)  # (1, V)
+        return top_alternatives(logits[0], filtered[0], k)
+
+
+def top_alternatives(
+    logits: torch.Tensor, filtered: torch.Tensor, k: int
+) -> list[tuple[int, float]]:
+    """The ``k`` alternatives reported for one position, and their logprobs under the sampling
+    distribution (softmax of ``filtered``, the distribution the sampled token's logprob is of).
+
+    Always ``min(k, V)`` entries: first the tokens the sampling settings kept, most likely first;
+    then, when top-k / top-p / min-p kept fewer than ``k``, the removed ones in the order of the
+    model's own ``logits`` (the most likely of them first), with logprob −inf (the server writes
+    −9999.0, OpenAI's stand-in). Ties: the lowest id first. ``logits`` and ``filtered`` are
+    ``(V,)`` float (before and after :func:`~clearlm.sampling.chain.filter_logits`)."""
+    lp = log_softmax(filtered)  # (V,) float32
+    kept = torch.isfinite(lp)  # (V,) bool
+    order = torch.argsort(lp, descending=True, stable=True)[:k]  # (k,), kept tokens first
+    n_kept = int(kept.sum())
+    if n_kept < len(order):  # fill with the removed tokens, by the model's own logits
+        raw = torch.where(kept, float("-inf"), logits.to(torch.float32))  # (V,)
+        removed = torch.argsort(raw, descending=True, stable=True)[: len(order) - n_kept]
+        order = torch.cat([order[:n_kept], removed])  # (k,)
+    return [(int(i), float(lp[i])) for i in order]

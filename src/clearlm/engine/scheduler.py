@@ -35,7 +35,7 @@ from clearlm.engine.running import Running
 from clearlm.errors import ClearLMError, ContextLengthError, SamplingParamsError
 from clearlm.generation.loop import check_fits, new_cache
 from clearlm.model.transformer import Transformer
-from clearlm.sampling.params import is_int
+from clearlm.sampling.params import check_logit_bias, is_int
 
 DEFAULT_MAX_SEQ_LEN = 2048  # tokens per slot when the caller does not say (memory: see KVCache)
 
@@ -89,7 +89,8 @@ class BatchEngine:
         Raises:
             ClearLMError: the id is already live, or a token id is outside the vocabulary.
             ContextLengthError: an empty prompt, or one that leaves no room in a slot.
-            SamplingParamsError: max_new_tokens < 1 or top_logprobs < 0 (or not ints).
+            SamplingParamsError: max_new_tokens < 1 or top_logprobs < 0 (or not ints), or a
+                logit_bias id outside the vocabulary.
         """
         rid = request.request_id
         if rid in self.running or any(q.request_id == rid for q in self.queue):
@@ -102,6 +103,7 @@ class BatchEngine:
             raise SamplingParamsError(
                 f"top_logprobs must be an integer ≥ 0, got {request.top_logprobs!r}"
             )
+        check_logit_bias(request.params.logit_bias, self.model.config.vocab_size)
         self.check_prompt(request.prompt)
         self.queue.append(request)
 

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 import torch
 
 from clearlm.engine import Request, TokenEvent
+from clearlm.engine.running import top_alternatives
 from clearlm.errors import SamplingParamsError
 from clearlm.generation.loop import check_fits, decode_step, new_cache, prefill
 from clearlm.generation.stops import finish_reason
 from clearlm.model.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
-from clearlm.sampling.chain import filter_logits, log_softmax, make_generator, pick
+from clearlm.sampling.chain import filter_logits, make_generator, pick
+from clearlm.sampling.params import check_logit_bias
 
 
 @dataclass
@@ -57,7 +59,7 @@ class SerialEngine:
         Raises:
             ContextLengthError: an empty prompt, or one that leaves no room for a token.
             SamplingParamsError: max_new_tokens < 1, top_logprobs < 0, a duplicate id, or a
-                token id outside the vocabulary.
+                token id (of the prompt or of logit_bias) outside the vocabulary.
         """
         n, vocab = request.max_new_tokens, self.model.config.vocab_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -71,6 +73,7 @@ class SerialEngine:
             live.append(self.running.request.request_id)
         if request.request_id in live:
             raise SamplingParamsError(f"request id {request.request_id!r} is already running")
+        check_logit_bias(request.params.logit_bias, vocab)
         check_fits(len(request.prompt), self.model.config.context_length)
         self.queue.append(request)
 
@@ -102,15 +105,14 @@ class SerialEngine:
         token, logprob = pick(filtered, req.params, run.generator)  # (1,), (1,)
         top: list[tuple[int, float]] = []
         if req.top_logprobs:
-            k = min(req.top_logprobs, filtered.shape[-1])
-            values, ids = torch.topk(log_softmax(filtered)[0], k)  # (k,), (k,)
-            top = list(zip(ids.tolist(), values.tolist(), strict=True))
+            top = top_alternatives(logits[0], filtered[0], req.top_logprobs)
         tok = int(token[0])
         run.generated.append(tok)
         run.seq = torch.cat([run.seq, token.view(1, 1)], dim=1)  # (1, P + G + 1)
         n, p = len(run.generated), len(req.prompt)
+        eos = () if req.params.ignore_eos else self.eos_ids  # ignore_eos: an end id is a token
         # the slot holds prompt + n_new tokens (n_new: capped by the context length)
-        reason = finish_reason(tok, self.eos_ids, n, req.max_new_tokens, p + n, p + run.n_new)
+        reason = finish_reason(tok, eos, n, req.max_new_tokens, p + n, p + run.n_new)
         if reason is not None:
             self.running = None
         return [TokenEvent(req.request_id, tok, float(logprob[0]), top, reason)]
@@ -120,6 +122,6 @@ class SerialEngine:
         n_new = min(req.max_new_tokens, self.model.config.context_length - len(req.prompt))
         cache = new_cache(self.model, 1, len(req.prompt) + n_new)
         seq = torch.tensor([req.prompt], dtype=torch.long)  # (1, P)
-        device = self.model.embed_tokens.weight.device
+        device = self.model.device  # (compact weights: a QuantEmbedding has no .weight)
         generator = None if req.params.is_greedy else make_generator(req.params.seed, device)
         return _Running(req, n_new, cache, generator, seq)

@@ -22,7 +22,7 @@ from clearlm.generation.text_stream import TextStream
 from clearlm.model.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
 from clearlm.sampling.chain import Sampler, SamplingParams, make_sampler
-from clearlm.sampling.params import is_int
+from clearlm.sampling.params import check_logit_bias, is_int
 from clearlm.tokenizer import Tokenizer
 
 
@@ -84,13 +84,16 @@ def generate_step(
     """Yield (token id, logprob) one step at a time, up to max_new_tokens or the context length.
 
     The caller decides when to stop earlier (EOS, stop strings) by not asking for more.
-    Raises ContextLengthError if the prompt leaves no room for a new token,
+    Raises ContextLengthError if the prompt is empty or leaves no room for a new token (with
+    max_new_tokens 0: if it is longer than the context),
     SamplingParamsError if max_new_tokens is not an integer ≥ 0.
     """
     ctx = model.config.context_length
     check_max_new_tokens(max_new_tokens)
-    check_fits(len(prompt), ctx)
+    check_fits(len(prompt), ctx, min(max_new_tokens, 1))  # 0 tokens: a full context is fine
     n_new = min(max_new_tokens, ctx - len(prompt))
+    if n_new == 0:
+        return  # nothing to generate: no forward pass either
     cache = generation_cache(model, len(prompt), max_new_tokens)
     seq = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)  # (1, P): history
     # a compiled step when one was set (clearlm.runtime.compiled.compile_decode)
@@ -171,9 +174,11 @@ def stream_generate(
     back until it is clear that it is not.
 
     Raises:
-        ContextLengthError: the prompt leaves no room for a new token.
+        ContextLengthError: the prompt leaves no room for a new token. SamplingParamsError: a
+            logit_bias id outside the vocabulary.
     """
-    text = TextStream(tokenizer, stop)
+    check_logit_bias(params.logit_bias, model.config.vocab_size)
+    text = TextStream(tokenizer, stop, ignore_eos=params.ignore_eos)
     n = 0
     sampler = make_sampler(params)
     for token, logprob in generate_step(model, prompt, sampler, max_new_tokens):

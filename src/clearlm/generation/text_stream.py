@@ -32,10 +32,14 @@ class TextStream:
     Args:
         tokenizer: the model's tokenizer (its ``eos_ids`` end the text).
         stop: stop strings (empty ones are ignored).
+        ignore_eos: end ids do not end the text (``SamplingParams.ignore_eos``): they are
+            decoded like any token.
     """
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
-        self.eos_ids = tokenizer.eos_ids
+    def __init__(
+        self, tokenizer: Tokenizer, stop: Sequence[str] = (), ignore_eos: bool = False
+    ) -> None:
+        self.eos_ids = frozenset() if ignore_eos else tokenizer.eos_ids
         self.stops = [s for s in stop if s]
         self.detok = StreamingDetokenizer(tokenizer)
         self.pending = ""  # decoded text not yet shown: it may still turn into a stop string

@@ -76,15 +76,21 @@ class FileDefaults:
     path: str | None = None
 
 
+PER_CALL = ("logit_bias", "ignore_eos")  # settings of one call, never a model's default
+
+
 def resolve(
     fallback: dict[str, Any], file: FileDefaults, given: dict[str, Any]
 ) -> dict[str, tuple[Any, str]]:
-    """Every SamplingParams setting -> (value, where it came from): the caller's ``given``
-    (None means unset) over the file's values over ``fallback`` (GENERATE_DEFAULTS or
-    CHAT_DEFAULTS) over SamplingParams' own defaults ("clearlm default")."""
+    """Every SamplingParams setting but :data:`PER_CALL`'s -> (value, where it came from): the
+    caller's ``given`` (None means unset) over the file's values over ``fallback``
+    (GENERATE_DEFAULTS or CHAT_DEFAULTS) over SamplingParams' own defaults ("clearlm
+    default")."""
     out: dict[str, tuple[Any, str]] = {}
     for f in fields(SamplingParams):
         name = f.name
+        if name in PER_CALL:
+            continue
         if given.get(name) is not None:
             out[name] = (given[name], USER)
         elif name in file.values:

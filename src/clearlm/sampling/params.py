@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -36,7 +36,29 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "presence_penalty": (lambda c: is_real(c) and -2 <= c <= 2, "in [-2, 2] (0 means off)"),
     "frequency_penalty": (lambda c: is_real(c) and -2 <= c <= 2, "in [-2, 2] (0 means off)"),
     "seed": (lambda s: s is None or (is_int(s) and 0 <= s < 2**64), "None or an int in [0, 2**64)"),
+    "logit_bias": (
+        lambda b: b is None or isinstance(b, Mapping),
+        "None or a dict {token id: bias in [-100, 100]}",
+    ),
+    "ignore_eos": (lambda b: isinstance(b, bool), "True or False"),
 }
+MAX_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
+
+
+def check_logit_bias(bias: Mapping[Any, Any] | None, vocab_size: int | None = None) -> None:
+    """Raise a one-line SamplingParamsError naming the first bad entry of ``logit_bias``: a key
+    that is not a token id (an int >= 0, below ``vocab_size`` when given) or a bias outside
+    [-100, 100]. OpenAI's rule: "values between -100 and 100"."""
+    for key, value in (bias or {}).items():
+        if not is_int(key) or key < 0 or (vocab_size is not None and key >= vocab_size):
+            valid = f"[0, {vocab_size})" if vocab_size is not None else "an int >= 0"
+            raise SamplingParamsError(
+                f"logit_bias key {key!r} is not a token id: give token ids in {valid}"
+            )
+        if not (is_real(value) and -MAX_BIAS <= value <= MAX_BIAS):
+            raise SamplingParamsError(
+                f"logit_bias[{key}] must be a number in [-100, 100], got {value!r}"
+            )
 
 
 def validate(name: str, value: object, rule: str | None = None) -> None:
@@ -63,6 +85,13 @@ class SamplingParams:
         frequency_penalty: OpenAI's frequency penalty: subtracted from a generated token's logit
             once per time it was generated. Range [-2, 2]; 0 is off.
         seed: seed of the sampler's torch.Generator, in [0, 2**64); None means a random seed.
+        logit_bias: ``{token id: bias}`` added to the logits before every other step (OpenAI's
+            ``logit_bias``: -100 bans a token in practice, +100 forces it); biases in
+            [-100, 100]. None or empty means off. Ids must be in the vocabulary (checked when
+            generation starts).
+        ignore_eos: keep generating past the model's end tokens (they are sampled and shown
+            like any token), so exactly ``max_new_tokens`` are produced unless a stop string or
+            the context ends it first (llama-server's and vLLM's ``ignore_eos``).
 
     Raises:
         SamplingParamsError: a value is out of range (the message names it and the range).
@@ -76,10 +105,15 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    logit_bias: Mapping[int, float] | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
             validate(f.name, getattr(self, f.name))
+        check_logit_bias(self.logit_bias)
+        if self.logit_bias is not None:  # a copy: the caller's dict may change later
+            object.__setattr__(self, "logit_bias", dict(self.logit_bias))
 
     @property
     def is_greedy(self) -> bool:

@@ -18,7 +18,9 @@ requires it when the server has one, /health included), 404 for an unknown route
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
+import importlib.metadata
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -37,6 +39,7 @@ from clearlm.engine import Engine
 from clearlm.engine.scheduler import build_engine
 from clearlm.serve.errors import APIError
 from clearlm.serve.handler import Session
+from clearlm.serve.logprobs import score_prompt
 from clearlm.serve.requests import Limits, chat_job, completion_job
 from clearlm.serve.runner import Runner
 from clearlm.serve.schemas import ChatBody, CompletionBody, error_code, parse
@@ -105,6 +108,18 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+def system_fingerprint(model: Model) -> str:
+    """OpenAI's ``system_fingerprint``: ``fp_`` and 10 hex digits that change when the code's
+    version, the model file or the way it is held in memory changes (the settings that can
+    change an answer for the same request and seed)."""
+    try:
+        version = importlib.metadata.version("clearlm")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        version = "source"
+    what = f"{version} {model.path} {model.weights} {model.activations}"
+    return "fp_" + hashlib.sha256(what.encode()).hexdigest()[:10]
+
+
 def create_app(
     model: Model,
     engine: Engine | None = None,
@@ -113,6 +128,7 @@ def create_app(
     api_key: str | None = None,
     max_body: int = MAX_BODY,
     limits: Limits | None = None,
+    any_model: bool = False,
 ) -> FastAPI:
     """The app serving ``model`` through ``engine``.
 
@@ -124,6 +140,8 @@ def create_app(
         api_key: when set, every request needs ``Authorization: Bearer <api_key>``.
         max_body: the largest request body accepted, in bytes.
         limits: per-request limits (``n``).
+        any_model: serve the model under whatever ``model`` a request names (its responses
+            carry that name) instead of answering 404 for another name.
     """
     engine = engine or build_engine(model.transformer, model.tokenizer.eos_ids)
     runner = Runner(engine)
@@ -132,6 +150,7 @@ def create_app(
         limits = replace(limits, max_seq_len=getattr(engine, "max_seq_len", None))
     name = model_id or str(model.path).rsplit("/", 1)[-1]
     created = int(time.time())
+    fingerprint = system_fingerprint(model)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -189,15 +208,21 @@ def create_app(
             body: Any = parse(raw, CompletionBody)
         else:
             body = parse(raw, ChatBody)
-        if body.model != name:  # OpenAI's answer: 404, model_not_found
+        if body.model != name and not any_model:  # OpenAI's answer: 404, model_not_found
             raise APIError(404, f"unknown model {body.model!r}; this server serves {name!r}",
                            "model", "model_not_found")  # fmt: skip
+        shown = body.model  # the name the client sent (with any_model, whatever it is)
         prepare = completion_job if kind == "completion" else chat_job
         job = await asyncio.to_thread(prepare, model, body, limits)  # tokenizing: off the loop
-        session = Session(runner, job, model.tokenizer, kind)
+        if job.score_prompts:  # echo + logprobs: one forward pass per prompt, between steps
+            k = job.top_logprobs
+            job.scored = await asyncio.to_thread(
+                runner.exclusive, lambda: [score_prompt(model, p, k) for p in job.prompts]
+            )
+        session = Session(runner, job, model.tokenizer, kind, fingerprint)
         await session.start()
         if job.stream:
-            return SessionStream(session, name)
+            return SessionStream(session, shown)
         try:
             async for _ in session.events(request.is_disconnected):
                 pass
@@ -205,7 +230,7 @@ def create_app(
             session.close()
         if session.running():  # the client went away: nobody reads this
             return Response(status_code=499)
-        return JSONResponse(session.final(name))
+        return JSONResponse(session.final(shown))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

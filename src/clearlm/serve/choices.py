@@ -7,24 +7,23 @@ stop strings), the same class ``model.generate`` uses, so a choice's text equals
 or the context window is full). Logprobs are the engine's: log-probabilities under the
 distribution the token was drawn from (after the sampling settings); an alternative the
 settings removed has probability 0 and is reported as -9999.0, as OpenAI does, since JSON has
-no -infinity. Every generated token is listed, the end token and the tokens of a stop string
-included, so there are ``usage.completion_tokens`` entries.
+no -infinity. ``top_logprobs`` always lists as many alternatives as asked (the removed ones
+after the kept ones, in the model's order: :func:`clearlm.engine.running.top_alternatives`);
+completions' ``top_logprobs`` also hold the sampled token (OpenAI: "up to logprobs + 1
+elements"), so ``logprobs: 0`` gives the sampled token alone (:mod:`clearlm.serve.logprobs`
+shapes them, with the prompt's when it is scored). Every generated token is listed,
+the end token and the tokens of a stop string included, so there are
+``usage.completion_tokens`` entries.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from clearlm.engine import TokenEvent
 from clearlm.generation.text_stream import TextStream
+from clearlm.serve.logprobs import finite
 from clearlm.tokenizer import Tokenizer
-
-FLOOR = -9999.0  # OpenAI's stand-in for log(0)
-
-
-def finite(x: float) -> float:
-    return x if math.isfinite(x) else FLOOR
 
 
 def openai_finish(reason: str) -> str:
@@ -39,12 +38,15 @@ class Choice:
         index: the choice's place in ``choices``.
         tokenizer: the model's tokenizer.
         stop: stop strings.
+        ignore_eos: end tokens do not end the choice (the request's ``ignore_eos``).
     """
 
-    def __init__(self, index: int, tokenizer: Tokenizer, stop: list[str]) -> None:
+    def __init__(
+        self, index: int, tokenizer: Tokenizer, stop: list[str], ignore_eos: bool = False
+    ) -> None:
         self.index = index
         self.tokenizer = tokenizer
-        self.stream = TextStream(tokenizer, stop)
+        self.stream = TextStream(tokenizer, stop, ignore_eos)
         self.text = ""
         self.events: list[TokenEvent] = []
         self.finish_reason: str | None = None
@@ -64,23 +66,6 @@ class Choice:
 
     def piece(self, token: int) -> str:
         return self.tokenizer.decode([token])
-
-    def completion_logprobs(self, events: list[TokenEvent], offset: int) -> dict[str, Any]:
-        """The legacy completions ``logprobs`` object for ``events``; ``text_offset`` counts
-        the decoded pieces from ``offset``."""
-        pieces = [self.piece(e.token) for e in events]
-        offsets = []
-        for p in pieces:
-            offsets.append(offset)
-            offset += len(p)
-        return {
-            "tokens": pieces,
-            "token_logprobs": [finite(e.logprob) for e in events],
-            "top_logprobs": [
-                {self.piece(t): finite(lp) for t, lp in e.top_logprobs} for e in events
-            ],
-            "text_offset": offsets,
-        }
 
     def chat_logprobs(self, events: list[TokenEvent]) -> dict[str, Any]:
         """The chat ``logprobs`` object (``content``: one entry per token) for ``events``."""

@@ -21,8 +21,10 @@ from clearlm.engine import Request, TokenEvent
 from clearlm.errors import ClearLMError
 from clearlm.serve.choices import Choice
 from clearlm.serve.errors import APIError, from_clearlm
+from clearlm.serve.logprobs import completion_logprobs
 from clearlm.serve.requests import Job
 from clearlm.serve.runner import EngineFailed, Item, Runner
+from clearlm.serve.tools import parse_tool_calls
 from clearlm.tokenizer import Tokenizer
 
 log = logging.getLogger("clearlm.serve")
@@ -37,15 +39,27 @@ class Session:
         job: the checked request.
         tokenizer: for text and logprob pieces.
         kind: "completion" or "chat" (for ids, objects and the log line).
+        fingerprint: the ``system_fingerprint`` of every response and chunk.
     """
 
-    def __init__(self, runner: Runner, job: Job, tokenizer: Tokenizer, kind: str) -> None:
-        self.runner, self.job, self.kind = runner, job, kind
+    def __init__(
+        self, runner: Runner, job: Job, tokenizer: Tokenizer, kind: str, fingerprint: str = ""
+    ) -> None:
+        self.runner, self.job, self.kind, self.fingerprint = runner, job, kind, fingerprint
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.choices = [Choice(i, tokenizer, job.stop) for i in range(len(job.params))]
-        self.rids = {f"{self.id}-{i}": i for i in range(len(job.params))}
+        self.tokenizer, n = tokenizer, len(job.params)
+        self.choices = [  # choice i * n + j: prompt i, params j (OpenAI's layout)
+            Choice(i * n + j, tokenizer, job.stop, p.ignore_eos)
+            for i in range(len(job.prompts)) for j, p in enumerate(job.params)
+        ]  # fmt: skip
+        self.prompt_of = [c.index // n for c in self.choices]
+        for c in self.choices:
+            if job.max_new_tokens[self.prompt_of[c.index]] == 0:  # nothing to generate
+                c.finish_reason = "length"
+        live = [c.index for c in self.choices if c.finish_reason is None]
+        self.rids = {f"{self.id}-{k}": k for k in live}
         self.sink: asyncio.Queue[Item] = asyncio.Queue()
         self.t0 = time.perf_counter()
         self.t_first: float | None = None
@@ -53,10 +67,12 @@ class Session:
 
     async def start(self) -> None:
         """Queue the choices in the engine. Raises APIError (400) if it refuses one."""
-        reqs = [
-            Request(rid, list(self.job.prompt), p, self.job.max_new_tokens, self.job.top_logprobs)
-            for rid, p in zip(self.rids, self.job.params, strict=True)
-        ]
+        job, n = self.job, len(self.job.params)
+        reqs = []
+        for rid, k in self.rids.items():
+            i = self.prompt_of[k]
+            reqs.append(Request(rid, list(job.prompts[i]), job.params[k % n],
+                                job.max_new_tokens[i], job.top_logprobs))  # fmt: skip
         loop = asyncio.get_running_loop()
         try:
             await asyncio.to_thread(self.runner.add, reqs, self.sink, loop)
@@ -113,8 +129,8 @@ class Session:
             self.log()
 
     def usage(self) -> dict[str, int]:
-        """Exact token counts: the prompt once, and every token each choice generated."""
-        prompt = len(self.job.prompt)
+        """Exact token counts: each prompt once, and every token each choice generated."""
+        prompt = sum(len(p) for p in self.job.prompts)
         completion = sum(len(c.events) for c in self.choices)
         return {
             "prompt_tokens": prompt,
@@ -138,40 +154,70 @@ class Session:
 
     def header(self, model: str) -> dict[str, Any]:
         obj = "text_completion" if self.kind == "completion" else "chat.completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": model}
+        return {"id": self.id, "object": obj, "created": self.created, "model": model,
+                "system_fingerprint": self.fingerprint}  # fmt: skip
 
-    def logprobs(self, choice: Choice, events: list[TokenEvent], offset: int = 0) -> Any:
+    def logprobs(self, choice: Choice, events: list[TokenEvent], prompt: bool = False) -> Any:
+        """The ``logprobs`` of ``events``; with ``prompt``, the scored prompt's entries first."""
         if not self.job.logprobs:
             return None
-        if self.kind == "completion":
-            return choice.completion_logprobs(events, offset)
-        return choice.chat_logprobs(events)
+        if self.kind == "chat":
+            return choice.chat_logprobs(events)
+        i = self.prompt_of[choice.index]
+        scored = self.job.scored[i] if prompt and self.job.scored else None
+        return completion_logprobs(self.tokenizer, scored, events, self.job.echo[i])
 
     def final(self, model: str) -> dict[str, Any]:
         """The whole (non-streaming) response."""
         out = []
         for c in self.choices:
-            lp = self.logprobs(c, c.events, len(self.job.echo))
+            lp = self.logprobs(c, c.events, prompt=True)
             if self.kind == "completion":
-                text = self.job.echo + c.text
+                text = self.job.echo[self.prompt_of[c.index]] + c.text
                 out.append({"index": c.index, "text": text, "logprobs": lp,
                             "finish_reason": c.finish_reason})  # fmt: skip
             else:
-                msg = {"role": "assistant", "content": c.text}
+                msg = self.message(c)
                 out.append({"index": c.index, "message": msg, "logprobs": lp,
                             "finish_reason": c.finish_reason})  # fmt: skip
         return {**self.header(model), "choices": out, "usage": self.usage()}
 
-    def chunk(self, model: str, choice: Choice, ev: TokenEvent | None, text: str) -> str:
-        """One server-sent event for a streamed piece of ``choice``."""
-        finish = choice.finish_reason
-        lp = self.logprobs(choice, [ev]) if ev is not None else None
+    def message(self, choice: Choice) -> dict[str, Any]:
+        """A finished chat choice's message; with tools, its calls parsed out of the text
+        (:func:`clearlm.serve.tools.parse_tool_calls`), and then finish_reason "tool_calls"."""
+        if not self.job.tools:
+            return {"role": "assistant", "content": choice.text}
+        content, calls = parse_tool_calls(choice.text, self.job.tools)
+        if not calls:
+            return {"role": "assistant", "content": content}
+        if choice.finish_reason == "stop":
+            choice.finish_reason = "tool_calls"
+        return {"role": "assistant", "content": content, "tool_calls": calls}
+
+    def tool_chunk(self, model: str, choice: Choice) -> str:
+        """With tools, a streamed chat choice's whole answer in one chunk, at its end (the text
+        must be complete to tell calls from content): content, and calls with their index."""
+        msg = self.message(choice)
+        delta: dict[str, Any] = {"content": msg["content"]}
+        if "tool_calls" in msg:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]
+        body = {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return sse({**self.header(model), "object": "chat.completion.chunk", "choices": [body]})
+
+    def chunk(
+        self, model: str, choice: Choice, ev: TokenEvent | None, text: str, last: bool = False
+    ) -> str:
+        """One server-sent event for a streamed piece of ``choice``: its new text and the
+        token's logprobs, or (``last``) the choice's own closing chunk: no text (chat: an empty
+        ``delta``), no logprobs, only ``finish_reason``, as OpenAI and llama-server send it."""
+        finish = choice.finish_reason if last else None
+        lp = self.logprobs(choice, [ev]) if ev is not None and not last else None
         if self.kind == "completion":
             body: dict[str, Any] = {"index": choice.index, "text": text, "logprobs": lp,
                                     "finish_reason": finish}  # fmt: skip
             head = self.header(model)
         else:
-            delta = {"content": text} if text or finish is None else {}
+            delta = {} if last else {"content": text}
             body = {"index": choice.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             head = {**self.header(model), "object": "chat.completion.chunk"}
         return sse({**head, "choices": [body]})
@@ -185,12 +231,24 @@ class Session:
                 delta = {"role": "assistant", "content": ""}
                 first = {"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None}
                 yield sse({**head, "choices": [first]})
-            elif self.job.echo:
-                yield self.chunk(model, c, None, self.job.echo)
+            elif self.job.echo[self.prompt_of[c.index]]:
+                lp = self.logprobs(c, [], prompt=True)
+                body = {"index": c.index, "text": self.job.echo[self.prompt_of[c.index]],
+                        "logprobs": lp, "finish_reason": None}  # fmt: skip
+                yield sse({**head, "choices": [body]})
+            if c.finish_reason is not None:  # max_tokens 0: nothing will come
+                yield self.chunk(model, c, None, "", last=True)
         try:
             async for choice, ev, text in self.events():
-                if text or choice.finish_reason is not None or self.job.logprobs:
+                if self.job.tools:  # the answer goes whole, at its end
+                    if choice.finish_reason is not None:
+                        yield self.tool_chunk(model, choice)
+                        yield self.chunk(model, choice, None, "", last=True)
+                    continue
+                if text or self.job.logprobs:
                     yield self.chunk(model, choice, ev, text)
+                if choice.finish_reason is not None:
+                    yield self.chunk(model, choice, None, "", last=True)
         except APIError as e:  # the engine failed mid-stream: say so in the stream
             yield sse(e.body())
             return

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from clearlm.engine import Engine, Request, TokenEvent
 
@@ -30,6 +31,7 @@ class EngineFailed:
 
 
 Item = TokenEvent | EngineFailed
+T = TypeVar("T")
 
 
 class Runner:
@@ -87,6 +89,12 @@ class Runner:
                         self.sinks.pop(rid, None)
                 raise
         self.wake.set()
+
+    def exclusive(self, fn: Callable[[], T]) -> T:
+        """``fn()`` with the engine's lock held, so that no step runs meanwhile (a forward pass
+        of the model outside the engine: prompt scoring). Call it from a worker thread."""
+        with self.lock:
+            return fn()
 
     def abort(self, request_ids: Iterable[str]) -> None:
         """Stop these requests: no more events reach their sink; the engine drops them before its

@@ -20,7 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
+    model_validator,
 )
 
 from clearlm.serve.errors import APIError
@@ -42,7 +42,7 @@ class Sampling(Strict):
     """The fields both endpoints share. Unset (None) settings take the model's defaults."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: generate nothing
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -56,24 +56,16 @@ class Sampling(Strict):
     stream: bool | None = None  # None (null): false
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted and ignored, as an end-user id for the caller's logs
-    logit_bias: dict[str, float] | None = None  # only empty: refused otherwise (requests.py)
+    logit_bias: dict[str, float] | None = None  # token id (as JSON keys are text) -> bias
+    ignore_eos: bool | None = None  # llama-server's and vLLM's: end tokens do not end a choice
 
 
 class CompletionBody(Sampling):
-    """``POST /v1/completions``: a text prompt (or token ids) to continue."""
+    """``POST /v1/completions``: a text prompt (or token ids) to continue, or a list of them."""
 
-    prompt: Text | list[int]
+    prompt: Text | list[int] | list[Text] | list[list[int]]  # one prompt, or a list of them
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool | None = None
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _one_prompt(cls, value: Any) -> Any:
-        """OpenAI also takes a list of prompts (a batch): said plainly, not as a type error."""
-        if isinstance(value, list) and any(isinstance(v, str | list) for v in value):
-            raise ValueError("a list of prompts (a batch) is not supported; send one prompt "
-                             "per request (n asks for several completions of one prompt)")
-        return value
 
 
 class TextPart(Strict):
@@ -81,25 +73,71 @@ class TextPart(Strict):
     text: Text
 
 
+class FunctionCall(Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None  # None (or absent): an assistant's tool calls only
     name: str | None = None  # accepted; the chat templates clearlm runs do not read it
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls, sent back
+    tool_call_id: str | None = None  # a "tool" message: the call it answers
+
+    @model_validator(mode="before")
+    @classmethod
+    def _calls_need_no_content(cls, value: Any) -> Any:
+        """OpenAI lets an assistant message with ``tool_calls`` leave ``content`` out."""
+        if isinstance(value, dict) and value.get("tool_calls") and "content" not in value:
+            return {**value, "content": None}
+        return value
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> Message:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is null; only an assistant message with tool_calls may "
+                             "leave it out")  # fmt: skip
+        return self
 
     def text(self) -> str:
-        """The content as one string (text parts joined, as OpenAI concatenates them)."""
-        return (
-            self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        )
+        """The content as one string: text parts joined with a newline, as llama-server and
+        vLLM join them ("What is" + "the best book" must not read "What isthe best book")."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content)
+
+
+class Function(Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema, rendered as given
+    strict: bool | None = None  # accepted; output is not constrained to the schema
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: Function
 
 
 class ChatBody(Sampling):
     """``POST /v1/chat/completions``: a conversation rendered with the model's chat template."""
 
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # accepted: every call in the answer is returned
 
 
 Body = TypeVar("Body", bound=Strict)
