@@ -321,3 +321,40 @@ def test_what_the_package_cannot_serve_is_refused_before_building(tiny, tmp_path
     assert not step.serves(model, torch.tensor([[1]]), stage)
     monkeypatch.setenv("CLEARLM_CACHE", "~/somewhere")
     assert clearlm.runtime.aot.cache_root() == Path.home() / "somewhere" / "aot"
+
+
+def test_a_step_building_elsewhere_decodes_eagerly_then_switches(tiny) -> None:
+    """start_build: a package not on disk is asked for once (the CLI and the API start
+    `clearlm compile` in the background there) and the steps run eagerly, with the eager
+    step's values; once the package appears, the next step loads it and runs compiled."""
+    import shutil
+
+    model, shared, _, root = tiny
+    run(model, shared, 13, 1)  # the module's package, built or loaded
+    asked: list[Path] = []
+    step = AOTDecodeStep(model, root / "elsewhere", start_build=asked.append)
+    want, want_toks, _ = run(model, decode_step, 13, 4)
+    got, got_toks, _ = run(model, step, 13, 4)
+    assert asked == [step.package_path()] and step.loader is None  # asked once, eager
+    assert got_toks == want_toks and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    # the build "finishes": the package appears (checksum first, then the file, as
+    # build_package writes them)
+    step.package_path().parent.mkdir(parents=True)
+    shutil.copy(shared.path.with_name(shared.path.name + ".sha256"),
+                step.package_path().with_name(step.package_path().name + ".sha256"))
+    shutil.copy(shared.path, step.package_path())
+    got, got_toks, _ = run(model, step, 13, 4)
+    assert step.loader is not None and asked == [step.package_path()]
+    assert got_toks == want_toks
+    assert max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) < 1e-4
+
+
+def test_the_build_lock_admits_one_live_process(tmp_path) -> None:
+    from clearlm.runtime.aot import lock_path, release_lock, take_lock
+
+    pkg = tmp_path / "decode-x.pt2"
+    assert take_lock(pkg) and not take_lock(pkg)  # held by this (live) process
+    release_lock(pkg)
+    assert not lock_path(pkg).exists() and take_lock(pkg)
+    lock_path(pkg).write_text("999999999")  # a process that is gone: its lock is taken over
+    assert take_lock(pkg) and lock_path(pkg).read_text() == str(__import__("os").getpid())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from clearlm.api.checks import (
     merge_params,
     with_system,
 )
+from clearlm.api.decode import attach_decode, parse_decode
 from clearlm.api.interpret import InterpretMixin
 from clearlm.api.options import (
     parse_activations,
@@ -235,6 +237,7 @@ def load(
     weights: str | None = None,
     matmul_precision: str = "highest",
     activations: str | None = "float32",
+    decode: str | None = None,
 ) -> Model:
     """Load a model from a .gguf file, a Hugging Face folder, or an alias.
 
@@ -270,10 +273,15 @@ def load(
             not built (no C++ compiler, or neither instruction set) a warning says so and the
             products stay exact. None: "float32".
             ``Model.activations`` says which took effect.
+        decode: "auto" (the compiled decode step when built, else built in a background
+            process while decoding eagerly), "compiled" (built or loaded here, before this
+            returns) or "eager" (the readable step only); None: ``$CLEARLM_DECODE``, else
+            "auto". See :mod:`clearlm.api.decode`; a line about a background build or a failed
+            one comes as a UserWarning.
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError: see clearlm.errors.
-        SamplingParamsError: a bad dtype, weights, matmul_precision or activations; compact
+        SamplingParamsError: a bad dtype, weights, matmul_precision, activations or decode; compact
             with a half dtype; int8 activations without compact weights; threads < 1.
         DeviceError, DistributedError: no such device; a parallel launch failed. And what
             ``check`` raises.
@@ -283,6 +291,7 @@ def load(
     weights = parse_weights(weights, dtype, where, max(tensor_parallel, pipeline_parallel))
     precision = parse_matmul_precision(matmul_precision)
     activations = parse_activations(activations, weights, dtype)
+    mode = parse_decode(decode)
     set_threads(threads)
     path = resolve_model(model)
     ckpt = open_checkpoint(path)
@@ -296,6 +305,10 @@ def load(
     if activations == "int8":
         activations = use_int8_activations(loaded.model, str(path))  # "float32": no kernel
     metadata = drop_vocab_arrays(loaded.metadata)  # the tokenizer holds the vocabulary
-    return Model(loaded.model, tokenizer, loaded.config, metadata, loaded.tensor_types,
-                 str(path), ckpt.generation_config.values, loaded.weights, loaded.weight_bytes,
-                 activations)
+    m = Model(loaded.model, tokenizer, loaded.config, metadata, loaded.tensor_types,
+              str(path), ckpt.generation_config.values, loaded.weights, loaded.weight_bytes,
+              activations)
+    step = attach_decode(m, mode, lambda line: warnings.warn(line, stacklevel=3))
+    if mode == "compiled" and step is not None:
+        step.prepare()  # before the first token
+    return m

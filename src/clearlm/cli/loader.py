@@ -101,6 +101,7 @@ def load_model(
     weights: str | None = None,
     matmul_precision: str = "highest",
     activations: str = "float32",
+    decode: str = "eager",
 ) -> Any:
     """Set the threads, load (checking the input on the header first), say so on stderr.
 
@@ -118,6 +119,8 @@ def load_model(
         weights: "compact", "float32" or None (the API's default: :func:`clearlm.api.model.load`).
         matmul_precision: "highest" or "medium" (clearlm.runtime.precision).
         activations: "float32" or "int8" (:func:`clearlm.api.model.load`).
+        decode: the decode mode (:mod:`clearlm.api.decode`): "eager" here; the commands that
+            decode set their step after the loading line (:func:`attach_decode_step`).
 
     Returns:
         The loaded :class:`clearlm.api.model.Model`.
@@ -172,7 +175,8 @@ def load_model(
             warnings.filterwarnings("ignore", "clearlm: int8 activations")  # said below
             model = load(
                 path, torch_dtype, check=check, threads=n_threads, weights=weights,
-                matmul_precision=matmul_precision, activations=activations, **where,
+                matmul_precision=matmul_precision, activations=activations, decode=decode,
+                **where,
             )  # fmt: skip
     except KeyboardInterrupt:  # said even with --quiet: the command did not do its job
         err.print(f"[yellow]interrupted while loading {shown}[/]", soft_wrap=True)

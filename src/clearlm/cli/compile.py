@@ -1,0 +1,77 @@
+"""`clearlm compile [MODEL]`: build a model's compiled decode step ahead of time.
+
+The step (:mod:`clearlm.runtime.aot`) is what generate, chat and the Python API decode through
+by default; without a built package they start this command in the background and decode
+eagerly meanwhile (:mod:`clearlm.api.decode`). Running it by hand (or through ``clearlm pull``
+and ``make demo``) builds it before the first answer: 1-3 minutes on 2 cores, once per model
+file, load options and clearlm version, kept in ``~/.cache/clearlm/aot``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from clearlm.cli.app import Activations, DType, ModelOpt, Precision, Weights, app, err
+from clearlm.cli.loader import QuietOpt, ThreadsOpt, load_model, spinner
+
+
+@app.command()
+def compile(  # noqa: A001 (the command's name)
+    model: Annotated[
+        str | None, typer.Argument(help="Path or alias (default smollm2-135m-instruct).")
+    ] = None,
+    model_opt: ModelOpt = None,
+    dtype: DType = "float32",
+    weights: Weights = None,
+    activations: Activations = "float32",
+    matmul_precision: Precision = "highest",
+    threads: ThreadsOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Build MODEL's compiled decode step now (1-3 minutes on 2 cores, once), so that no run
+    decodes eagerly while it builds. Prints the package's path on stdout.
+
+    The options must match the runs that will use it (--weights, --dtype, --activations,
+    --matmul-precision); the thread count does not matter.
+    """
+    from clearlm.runtime.aot import (
+        AOTDecodeStep,
+        failed_path,
+        release_lock,
+        take_lock,
+    )
+
+    if model is not None and model_opt is not None and model != model_opt:
+        raise typer.BadParameter(f"two models given: {model!r} and -m {model_opt!r}; give one")
+    m = load_model(model if model is not None else model_opt, dtype, threads, quiet,
+                   weights=weights, matmul_precision=matmul_precision, activations=activations,
+                   decode="eager")
+    errors: list[Exception] = []
+    step = AOTDecodeStep(m.transformer, on_error=errors.append)
+    path = step.package_path()
+    if path.exists():
+        step.prepare()  # checks that it loads
+    else:
+        while not take_lock(path):  # another process builds it: wait for that build
+            time.sleep(2.0)
+            if path.exists():
+                break
+        try:
+            failed_path(path).unlink(missing_ok=True)  # this run tries again
+            t0 = time.perf_counter()
+            with spinner("building the compiled decode step (1-3 minutes, once)…", not quiet):
+                step.prepare()
+            if errors:
+                failed_path(path).write_text(f"{errors[0]}\n")
+            elif not quiet:
+                err.print(f"[dim]built in {time.perf_counter() - t0:.0f} s[/]")
+        finally:
+            release_lock(path)
+    if errors:
+        err.print(f"error: {errors[0]}; generate and chat will decode eagerly", soft_wrap=True,
+                  markup=False)
+        raise typer.Exit(1)
+    print(path)
