@@ -19,6 +19,9 @@ sys.path[:0] = [str(_HERE / d) for d in ("helpers", "families", "tokenizer")]
 # (loading/compact/pack_cache.py); tests/loading/test_pack_cache.py turns the copy on in a folder of
 # its own.
 os.environ["CLEARLM_PACK_CACHE"] = "0"
+# Models decode eagerly unless a test asks for the compiled step: the default ("auto") would
+# start a background build of every tiny model's step (clearlm.api.decode).
+os.environ["CLEARLM_DECODE"] = "eager"
 
 from clearlm.store.catalog import resolve_model  # noqa: E402 (after the environment above)
 
