@@ -214,7 +214,8 @@ class Model(InterpretMixin):
 
         Message contents are text (see :meth:`chat_prompt`, and its opt-in
         ``parse_special_in_content``); ``system`` puts a system message first (as the CLI's
-        ``--system``). Unset settings default to greedy decoding (CHAT_DEFAULTS: temperature 0).
+        ``--system``). Unset settings: generation_config.json's, else ollama's (CHAT_DEFAULTS:
+        T 0.8, top_k 40, top_p 0.9, repetition_penalty 1.1; ``temperature=0`` is greedy).
         Raises ChatTemplateError when ``system`` is given and the messages start with one."""
         check_sampling_keywords(sampling, "chat")
         params = self.sampling_params(params, CHAT_DEFAULTS, **sampling)

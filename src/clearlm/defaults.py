@@ -31,10 +31,17 @@ from typing import Any
 from clearlm.errors import InvalidModelFileError, SamplingParamsError
 from clearlm.sampling_params import SamplingParams, validate
 
-# When neither the caller nor a generation_config.json sets a value: free text is sampled
-# (temperature 0.8), chat answers are greedy. The CLI uses the same ones.
+# When neither the caller nor a generation_config.json sets a value: free text is sampled at
+# temperature 0.8; chat answers sample with ollama's defaults (its Modelfile documentation:
+# temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1). Greedy chat made small models
+# repeat one sentence until max_new_tokens (SmolLM2-135M-Instruct on short questions).
 GENERATE_DEFAULTS: dict[str, Any] = {"temperature": 0.8}
-CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
+CHAT_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.9,
+    "repetition_penalty": 1.1,
+}
 
 FILE = "generation_config.json"
 USER, CLEARLM, TRANSFORMERS = "user", "clearlm default", "transformers default"
@@ -122,6 +129,16 @@ def read_generation_config(folder: str | Path) -> FileDefaults:
         said = "false" if do_sample is False else "null" if "do_sample" in raw else "absent"
         values["temperature"], sources["temperature"] = 0.0, f"{FILE} (do_sample {said}: greedy)"
     return FileDefaults(values, sources, ignored, str(path))
+
+
+def chat_defaults(file_values: dict[str, Any]) -> dict[str, Any]:
+    """The sampling settings a chat answer takes for those its caller leaves unset: the model's
+    generation_config.json values when the file sets any (``Model.generation_defaults``: all
+    five settings, as :func:`read_generation_config` fills them), else :data:`CHAT_DEFAULTS`.
+    The CLI's ``chat`` (one answer or a conversation) and the server's chat endpoint (a request
+    with no sampling field) use it; the caller's own values go over it, so ``temperature=0``
+    stays greedy."""
+    return dict(file_values) if file_values else dict(CHAT_DEFAULTS)
 
 
 def resolve(

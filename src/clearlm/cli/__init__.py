@@ -89,3 +89,4 @@ def main() -> None:
 from clearlm.cli import generate, inspect, manage  # noqa: E402,F401,I001
 from clearlm.cli import explain, explain_cmd, ui  # noqa: E402,F401
 from clearlm.cli import serve  # noqa: E402,F401
+from clearlm.cli import ollama  # noqa: E402,F401  (run, list: ollama's spellings)

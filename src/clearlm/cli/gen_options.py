@@ -9,22 +9,30 @@ from typing import Annotated
 
 import typer
 
+# Each option is declared once, here, with llama.cpp's spellings beside clearlm's own
+# (--n-predict, --temp, --repeat-penalty), so generate, chat and run all take both.
 MaxNew = Annotated[
-    int, typer.Option("--max-new-tokens", "-n", min=0, help="Most tokens to generate.")
+    int,
+    typer.Option("--max-new-tokens", "-n", "--n-predict", min=0, help="Most tokens to generate."),
 ]
 # Sampling options default to None: then the model folder's generation_config.json decides,
-# and failing that the command's own default (see _run).
+# and failing that the command's own default (see _run; chat's: clearlm.defaults.CHAT_DEFAULTS).
 Temp = Annotated[
     float | None,
-    typer.Option(help="Divide logits by this before softmax; 0 = greedy (default 0.8; chat 0)."),
-]
+    typer.Option(
+        "--temperature", "--temp",
+        help="Divide logits by this before softmax; 0 = greedy (default 0.8).",
+    ),
+]  # fmt: skip
 TopK = Annotated[
-    int | None, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off (default 0).")
+    int | None,
+    typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off (default 0; chat 40)."),
 ]
 TopP = Annotated[
     float | None,
     typer.Option(
-        "--top-p", help="Keep the smallest set with this much probability; 1 = off (default 1)."
+        "--top-p",
+        help="Keep the smallest set with this much probability; 1 = off (default 1; chat 0.9).",
     ),
 ]
 MinP = Annotated[
@@ -35,8 +43,11 @@ MinP = Annotated[
 ]
 RepPen = Annotated[
     float | None,
-    typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off (default 1)."),
-]
+    typer.Option(
+        "--repetition-penalty", "--repeat-penalty",
+        help="CTRL penalty on seen tokens; 1 = off (default 1; chat 1.1).",
+    ),
+]  # fmt: skip
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed reproduces a run.")]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")]
 
@@ -66,6 +77,22 @@ PromptOpt = Annotated[
     typer.Option(
         "--prompt", "-p", help="The prompt as an option (llama.cpp's -p), instead of the argument."
     ),
+]
+
+
+def _no_offload(value: str | None) -> None:
+    """llama.cpp's -ngl N: clearlm keeps every layer on one device, so it is refused (exit 2)
+    with what to use instead; without this option click read -ngl as -n with the value 'gl'."""
+    if value is not None:
+        raise typer.BadParameter(
+            "clearlm has no layer offload: the whole model runs on one device; see --device "
+            "(e.g. --device cuda)", param_hint="'-ngl'",
+        )  # fmt: skip
+
+
+NoOffload = Annotated[
+    str | None,
+    typer.Option("-ngl", "--n-gpu-layers", "--gpu-layers", hidden=True, callback=_no_offload),
 ]
 
 

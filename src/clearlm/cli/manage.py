@@ -3,6 +3,7 @@ aliases."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -52,8 +53,8 @@ def source(a: ModelAlias) -> str:
 
 @app.command()
 def models(cache_dir: CacheDirOpt = None) -> None:
-    """List the model aliases: family, size, whether present, where each comes from, and how
-    much the cache folder holds."""
+    """List the model aliases: family, size, whether present, where each comes from, how much
+    the cache folder holds, and the GGUF files in it (any one runs with -m PATH)."""
     from clearlm.cache import cache_usage, packed_dir
     from clearlm.models import ALIASES, DEFAULT_MODEL, default_cache_dir, locate
 
@@ -77,12 +78,24 @@ def models(cache_dir: CacheDirOpt = None) -> None:
     size, n_files = cache_usage(folder)
     s = "" if n_files == 1 else "s"
     out.print(f"Cache {folder}: {human_size(size)} in {n_files} model file{s}", soft_wrap=True)
+    listed = cache_ggufs(folder, {a.filename: a.name for a in ALIASES.values()})
+    if listed:
+        out.print("GGUF files in the cache (-m PATH runs any of them):", soft_wrap=True)
+        out.print("\n".join(listed), soft_wrap=True, markup=False)
     copies = [f for f in packed_dir(folder).glob("*") if f.is_file()]  # .tmp ones count too
     if copies:
         held = human_size(sum(f.stat().st_size for f in copies))
         s = "" if len(copies) == 1 else "s"
         out.print(f"Packed copies {packed_dir(folder)}: {held} in {len(copies)} file{s} (faster "
                   "loads; CLEARLM_PACK_CACHE=0 turns them off)", soft_wrap=True)
+
+
+def cache_ggufs(folder: str | Path, aliases: dict[str, str]) -> list[str]:
+    """One line per .gguf file in the cache folder (its own, not a subfolder's): path, size,
+    and the alias it is the file of (``aliases``: file name -> alias), if any."""
+    files = sorted(p for p in Path(folder).glob("*.gguf") if p.is_file())
+    return [f"  {p}  {human_size(p.stat().st_size)}"
+            + (f"  ({aliases[p.name]})" if p.name in aliases else "") for p in files]
 
 
 @app.command()

@@ -135,7 +135,7 @@ def load_model(
     from clearlm.load_options import parse_activations
     from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.precision import cpu_has_bf16_units
-    from clearlm.threads import set_threads
+    from clearlm.threads import default_threads, set_threads
 
     torch_dtype = parse_dtype(dtype)
     where = placement.load_kwargs() if placement is not None else {}
@@ -149,21 +149,18 @@ def load_model(
         raise ChatTemplateError(
             f"{path.name} has no chat template (a base model?); use `clearlm generate`"
         )
+    if threads is not None:  # allowed (it runs), but said: more threads than cores is slower
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        warning = threads_warning(threads, cpus or 1, default_threads())
+        if warning:
+            err.print(f"[yellow]warning: {warning}[/]", soft_wrap=True)
     n_threads = set_threads(threads)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if threads is not None and threads > cpus:  # allowed (it runs), but surely a slip
-        err.print(
-            f"[yellow]warning: --threads {threads} is more than the {cpus} CPUs here; "
-            "decoding will be slower than with fewer[/]",
-            soft_wrap=True,
-        )
     # "medium" only changes float32 products; a bfloat16/float16 model's are half already
     scoped = matmul_precision != "highest" and torch_dtype == torch.float32
     if scoped and not cpu_has_bf16_units():  # allowed, said honestly
         err.print("[yellow]warning: this CPU lists no bfloat16 units (AMX, AVX512-BF16): "
                   "--matmul-precision medium may be slower than highest here[/]", soft_wrap=True)
-    alias = name or DEFAULT_MODEL
-    shown = alias if alias in ALIASES else path.name
+    shown = model_label(name) if (name or DEFAULT_MODEL) in ALIASES else path.name
     label = f"loading {shown} ({human_size(ckpt.size_bytes)})"
     start = time.perf_counter()
     try:
@@ -189,6 +186,29 @@ def load_model(
             soft_wrap=True,
         )
     return model
+
+
+def model_label(name: str | None) -> str:
+    """The model as banners, ``--json`` and the page name it: its alias (the default model's
+    when ``name`` is None), or the path as the user gave it, never a site-packages path."""
+    from clearlm.models import DEFAULT_MODEL
+
+    return name or DEFAULT_MODEL
+
+
+def threads_warning(threads: int, cpus: int, free: int) -> str | None:
+    """What to say about ``--threads N`` (None: nothing): more than the ``cpus`` this process
+    may use, or more than the cores ``free`` now (clearlm.threads.default_threads: the usable
+    cores less those other processes keep busy), where every matrix product waits for the
+    thread whose core another process holds (decode fell from 30 to 0.5-1.7 tok/s)."""
+    if threads > cpus:
+        return (f"--threads {threads} is more than the {cpus} CPUs here; decoding will be "
+                "slower than with fewer")
+    if threads > free:
+        s = "" if free == 1 else "s"
+        return (f"--threads {threads} is more than the {free} core{s} free now (other processes "
+                f"keep the rest busy); decoding may be slower than with --threads {free}")
+    return None
 
 
 def precision_note(matmul_precision: str, scoped: bool, dtype: str) -> str:

@@ -2,7 +2,10 @@
 
 Rules (documented in README.md, "Serving"):
 - Unset sampling settings take the model's generation_config.json values, else clearlm's
-  SamplingParams defaults (temperature 1, as OpenAI's); ranges are SamplingParams' own.
+  SamplingParams defaults (temperature 1, as OpenAI's); ranges are SamplingParams' own. A chat
+  request that gives no sampling setting at all answers as ``clearlm chat`` does
+  (:func:`clearlm.defaults.chat_defaults`: the file's values, else ollama's temperature 0.8,
+  top_k 40, top_p 0.9, repetition_penalty 1.1).
 - ``n`` choices are ``n`` independent sequences; with a ``seed``, choice ``i`` uses
   ``seed + i``, so choice ``i`` equals ``model.generate(..., seed=seed + i)``.
 - ``max_tokens`` (chat: or ``max_completion_tokens``) defaults to 16 for completions (as
@@ -21,6 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from clearlm.api import Model
+from clearlm.defaults import chat_defaults
 from clearlm.errors import ClearLMError, SamplingParamsError
 from clearlm.generation import check_fits
 from clearlm.sampling import SamplingParams
@@ -71,8 +75,10 @@ def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
     seed = body.seed
     if seed is not None and (seed < 0 or seed + n > 2**64):
         raise APIError(400, f"seed must be in [0, 2**64 - n), got {seed}", "seed", "invalid_value")
+    chat = isinstance(body, ChatBody) and not given  # no sampling field: chat's defaults
     try:
-        base = model.sampling_params(None, {}, **given)
+        base = model.sampling_params(None, chat_defaults(model.generation_defaults) if chat
+                                     else {}, **given)
     except SamplingParamsError as e:
         name = str(e).split(" ", 1)[0]
         known = {f.name for f in fields(SamplingParams)}
