@@ -125,14 +125,16 @@ def test_run_is_chat_with_the_model_first(tiny, tiny_path):
 
 def test_list_is_models_and_shows_the_cache_ggufs(tmp_path, tiny_path):
     shutil.copy(tiny_path, tmp_path / "mine.gguf")
+    shutil.copy(tiny_path, tmp_path / "gemma-3-270m-q4_k_m.gguf")  # an alias's: listed once
     (tmp_path / "notes.txt").write_text("not a model")
     listed = cli("list", "--cache-dir", str(tmp_path))
     models = cli("models", "--cache-dir", str(tmp_path))
     assert listed.returncode == models.returncode == 0, listed.stderr
     assert listed.stdout == models.stdout
     out = listed.stdout.decode()
-    assert "GGUF files in the cache" in out
-    assert str(tmp_path / "mine.gguf") in out
+    mine = f"  {tmp_path / 'mine.gguf'}  369 kB"
+    assert f"Other GGUF files in the cache (-m PATH runs one):\n{mine}" in out
+    assert out.count("gemma-3-270m-q4_k_m.gguf") == 1  # under "Files:" with its alias
     assert "notes.txt" not in out
 
 

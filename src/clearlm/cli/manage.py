@@ -78,10 +78,10 @@ def models(cache_dir: CacheDirOpt = None) -> None:
     size, n_files = cache_usage(folder)
     s = "" if n_files == 1 else "s"
     out.print(f"Cache {folder}: {human_size(size)} in {n_files} model file{s}", soft_wrap=True)
-    listed = cache_ggufs(folder, {a.filename: a.name for a in ALIASES.values()})
-    if listed:
-        out.print("GGUF files in the cache (-m PATH runs any of them):", soft_wrap=True)
-        out.print("\n".join(listed), soft_wrap=True, markup=False)
+    others = cache_ggufs(folder, {a.filename for a in ALIASES.values()})
+    if others:  # (the aliases' own files are under "Files:" above)
+        out.print("Other GGUF files in the cache (-m PATH runs one):", soft_wrap=True)
+        out.print("\n".join(others), soft_wrap=True, markup=False)
     copies = [f for f in packed_dir(folder).glob("*") if f.is_file()]  # .tmp ones count too
     if copies:
         held = human_size(sum(f.stat().st_size for f in copies))
@@ -90,12 +90,11 @@ def models(cache_dir: CacheDirOpt = None) -> None:
                   "loads; CLEARLM_PACK_CACHE=0 turns them off)", soft_wrap=True)
 
 
-def cache_ggufs(folder: str | Path, aliases: dict[str, str]) -> list[str]:
-    """One line per .gguf file in the cache folder (its own, not a subfolder's): path, size,
-    and the alias it is the file of (``aliases``: file name -> alias), if any."""
-    files = sorted(p for p in Path(folder).glob("*.gguf") if p.is_file())
-    return [f"  {p}  {human_size(p.stat().st_size)}"
-            + (f"  ({aliases[p.name]})" if p.name in aliases else "") for p in files]
+def cache_ggufs(folder: str | Path, skip: set[str]) -> list[str]:
+    """One line (path and size) per .gguf file in the cache folder itself (not its subfolders)
+    whose name is not in ``skip`` (the aliases' file names)."""
+    files = sorted(p for p in Path(folder).glob("*.gguf") if p.is_file() and p.name not in skip)
+    return [f"  {p}  {human_size(p.stat().st_size)}" for p in files]
 
 
 @app.command()
