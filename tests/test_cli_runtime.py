@@ -176,7 +176,7 @@ def test_human_size(n, text):
 
 def test_help_shows_the_sampling_defaults():
     out = cli("generate", "--help", COLUMNS="200").stdout
-    assert "0 = greedy (default 0.8)." in out
+    assert "0 = greedy (default 0.8; chat: 0 leaves out its default repetition penalty)." in out
     assert "Keep the k most likely tokens; 0 = off (default 0; chat 40)." in out
     assert "this much probability; 1 = off (default 1; chat 0.9)." in out
     assert "1 = off (default 1; chat 1.1)." in out

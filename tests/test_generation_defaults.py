@@ -127,6 +127,8 @@ def test_no_sampling_choice_keeps_clearlm_defaults(config, tmp_path) -> None:
     ollama = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
     assert params_for(tmp_path, CHAT_DEFAULTS) == ollama
     assert chat_defaults(read_generation_config(tmp_path).values) == CHAT_DEFAULTS
+    assert chat_defaults({}, {"top_k": 5}) == CHAT_DEFAULTS  # the caller's go over these
+    assert chat_defaults({}, {"temperature": 0}) == {"temperature": 0.0}  # plain greedy
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -134,6 +136,7 @@ def test_chat_defaults_are_the_files_values_when_it_sets_any(name, tmp_path) -> 
     write(tmp_path, CONFIGS[name])
     file = read_generation_config(tmp_path)
     assert chat_defaults(file.values) == file.values  # all five settings, as transformers reads
+    assert chat_defaults(file.values, {"temperature": 0}) == file.values  # its penalty stays
     want = {k: v for k, (v, _) in resolve(CHAT_DEFAULTS, file, {}).items()}
     assert SamplingParams(**chat_defaults(file.values)) == SamplingParams(**want)
 

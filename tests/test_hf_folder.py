@@ -14,7 +14,7 @@ from test_tokenizer_hf import _save, _train
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import clearlm
-from clearlm.api import CHAT_DEFAULTS, GENERATE_DEFAULTS
+from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
 
 TEXT = "Alice was beginning to get very tired"
 
@@ -150,8 +150,11 @@ def test_chat_samples_with_the_files_values(folder, tmp_path):
         got = sampling_params(m, chat, 1)[0]
         assert {k: getattr(got, k) for k in want} == want
         given = ChatBody(model="x", messages=[{"role": "user", "content": "Hi"}], top_p=0.5)
-        got = sampling_params(m, given, 1)[0]  # a field given: the others are not chat's
-        assert (got.top_p, got.repetition_penalty) == (0.5, 1.0)
+        got = sampling_params(m, given, 1)[0]  # a field given: it wins, the rest as above
+        assert {k: getattr(got, k) for k in want} == {**want, "top_p": 0.5}
+        greedy = ChatBody(model="x", messages=[{"role": "user", "content": "Hi"}], temperature=0)
+        got = sampling_params(m, greedy, 1)[0]
+        assert got.is_greedy and got.repetition_penalty == 1.0  # plain greedy, no default penalty
         completion = sampling_params(m, CompletionBody(model="x", prompt="Hi"), 1)[0]
         assert completion.repetition_penalty == 1.0  # completions keep their defaults
     proc = subprocess.run([*run, "-m", str(gguf), "--temperature", "0", "--top-k", "3"],
@@ -159,4 +162,5 @@ def test_chat_samples_with_the_files_values(folder, tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["sampling"]["temperature"] == 0 and out["sampling"]["top_k"] == 3
+    assert out["sampling"]["repetition_penalty"] == 1.0  # greedy: the model's own argmax
     assert out["token_ids"] == m.chat("Hi", max_new_tokens=2, temperature=0).tokens  # greedy

@@ -18,18 +18,13 @@ from clearlm.api_checks import (
     with_system,
 )
 from clearlm.config import ModelConfig
-from clearlm.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
+from clearlm.defaults import GENERATE_DEFAULTS, chat_defaults
 from clearlm.devices import resolve_device
 from clearlm.engine.batch_api import generate_prompts, is_batch, stream_prompts
 from clearlm.errors import ChatTemplateError, ClearLMError
 from clearlm.generation import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.interpret import InterpretMixin
-from clearlm.load_options import (
-    parse_activations,
-    parse_dtype,
-    parse_weights,
-    use_int8_activations,
-)
+from clearlm.load_options import parse_activations, parse_dtype, parse_weights, use_int8_activations
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
 from clearlm.models import resolve_model
@@ -213,12 +208,13 @@ class Model(InterpretMixin):
         """Like :meth:`generate`, for a conversation rendered with the model's chat template.
 
         Message contents are text (see :meth:`chat_prompt`, and its opt-in
-        ``parse_special_in_content``); ``system`` puts a system message first (as the CLI's
-        ``--system``). Unset settings: generation_config.json's, else ollama's (CHAT_DEFAULTS:
-        T 0.8, top_k 40, top_p 0.9, repetition_penalty 1.1; ``temperature=0`` is greedy).
+        ``parse_special_in_content``); ``system`` puts a system message first (``--system``).
+        Unset settings: clearlm.defaults.chat_defaults (generation_config.json's, else ollama's
+        T 0.8, top_k 40, top_p 0.9, repetition_penalty 1.1; ``temperature=0``: plain greedy).
         Raises ChatTemplateError when ``system`` is given and the messages start with one."""
         check_sampling_keywords(sampling, "chat")
-        params = self.sampling_params(params, CHAT_DEFAULTS, **sampling)
+        params = self.sampling_params(params, chat_defaults(self.generation_defaults, sampling),
+                                      **sampling)
         ids = self.chat_prompt(with_system(messages, system), parse_special_in_content)
         return generate(
             self.transformer, self.tokenizer, ids, params, max_new_tokens, check_stop(stop), on_text

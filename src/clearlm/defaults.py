@@ -131,14 +131,30 @@ def read_generation_config(folder: str | Path) -> FileDefaults:
     return FileDefaults(values, sources, ignored, str(path))
 
 
-def chat_defaults(file_values: dict[str, Any]) -> dict[str, Any]:
-    """The sampling settings a chat answer takes for those its caller leaves unset: the model's
-    generation_config.json values when the file sets any (``Model.generation_defaults``: all
-    five settings, as :func:`read_generation_config` fills them), else :data:`CHAT_DEFAULTS`.
-    The CLI's ``chat`` (one answer or a conversation) and the server's chat endpoint (a request
-    with no sampling field) use it; the caller's own values go over it, so ``temperature=0``
-    stays greedy."""
-    return dict(file_values) if file_values else dict(CHAT_DEFAULTS)
+def chat_defaults(
+    file_values: dict[str, Any], given: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The sampling settings a chat answer takes for those its caller leaves unset.
+
+    Args:
+        file_values: the model's generation_config.json values (``Model.generation_defaults``:
+            all five settings when the file sets any, as :func:`read_generation_config` fills
+            them; {} for a GGUF file).
+        given: the caller's settings (None: unset), which go over the result.
+
+    Returns:
+        The file's values when it sets any; else, when the caller asks for ``temperature`` 0,
+        ``{"temperature": 0.0}`` (greedy is the model's own argmax, as before: no default
+        repetition penalty, though one given still applies); else :data:`CHAT_DEFAULTS`.
+
+    ``Model.chat``, the CLI's ``chat``/``run`` (one answer or a conversation) and the server's
+    chat endpoint all take their defaults from here.
+    """
+    if file_values:
+        return dict(file_values)
+    if given and given.get("temperature") == 0:
+        return {"temperature": 0.0}
+    return dict(CHAT_DEFAULTS)
 
 
 def resolve(

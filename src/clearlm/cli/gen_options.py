@@ -21,7 +21,8 @@ Temp = Annotated[
     float | None,
     typer.Option(
         "--temperature", "--temp",
-        help="Divide logits by this before softmax; 0 = greedy (default 0.8).",
+        help="Divide logits by this before softmax; 0 = greedy (default 0.8; chat: 0 leaves "
+        "out its default repetition penalty).",
     ),
 ]  # fmt: skip
 TopK = Annotated[

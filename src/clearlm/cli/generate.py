@@ -101,7 +101,7 @@ def _run(
     if compile_decode:
         compile_step(model, quiet or max_new_tokens < 2)  # -n 0 / 1: no decode step follows
     if chat:  # the model's generation_config.json, else ollama's settings
-        fallback = chat_defaults(model.generation_defaults)
+        fallback = chat_defaults(model.generation_defaults, given)
     params = model.sampling_params(None, fallback, **given)
     if placement.parallel:  # every rank must draw the same token from the same logits
         params = replace(params, seed=shared_seed(params.seed))

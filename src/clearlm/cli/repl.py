@@ -192,7 +192,7 @@ def conversation(
     warn_past_model(m.config.context_length, ctx_size)
     if compile_decode:
         compile_step(m, quiet)
-    params = m.sampling_params(None, chat_defaults(m.generation_defaults), **given)
+    params = m.sampling_params(None, chat_defaults(m.generation_defaults, given), **given)
     run_repl(m, params, max_new_tokens, stop, system, parse_special_in_content, quiet,
              model_label(model_name), ctx_size)
 

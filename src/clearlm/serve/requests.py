@@ -5,7 +5,8 @@ Rules (documented in README.md, "Serving"):
   SamplingParams defaults (temperature 1, as OpenAI's); ranges are SamplingParams' own. A chat
   request that gives no sampling setting at all answers as ``clearlm chat`` does
   (:func:`clearlm.defaults.chat_defaults`: the file's values, else ollama's temperature 0.8,
-  top_k 40, top_p 0.9, repetition_penalty 1.1).
+  top_k 40, top_p 0.9, repetition_penalty 1.1), and so does one that sets some (the rest from
+  there; temperature 0: plain greedy), so a chat choice equals ``model.chat`` with its settings.
 - ``n`` choices are ``n`` independent sequences; with a ``seed``, choice ``i`` uses
   ``seed + i``, so choice ``i`` equals ``model.generate(..., seed=seed + i)``.
 - ``max_tokens`` (chat: or ``max_completion_tokens``) defaults to 16 for completions (as
@@ -75,10 +76,11 @@ def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
     seed = body.seed
     if seed is not None and (seed < 0 or seed + n > 2**64):
         raise APIError(400, f"seed must be in [0, 2**64 - n), got {seed}", "seed", "invalid_value")
-    chat = isinstance(body, ChatBody) and not given  # no sampling field: chat's defaults
+    chat = isinstance(body, ChatBody)  # chat's defaults, as model.chat and clearlm chat
     try:
-        base = model.sampling_params(None, chat_defaults(model.generation_defaults) if chat
-                                     else {}, **given)
+        base = model.sampling_params(
+            None, chat_defaults(model.generation_defaults, given) if chat else {}, **given
+        )
     except SamplingParamsError as e:
         name = str(e).split(" ", 1)[0]
         known = {f.name for f in fields(SamplingParams)}
