@@ -1,6 +1,7 @@
 """The ``clearlm`` command. One module per group of commands: generation (generate, chat),
 inspection (info, perplexity), model management (pull, models, rm), the explanations
-(walkthrough, explain, ui) and serving (serve). ``--help`` lists them in that order.
+(walkthrough, explain, ui), serving (serve), and ollama's spellings (run: chat; list: models).
+``--help`` lists them in that order.
 
 Every mistake ends as one line ``error: ...`` on stderr and a non-zero exit code: 2 for
 command-line usage (an unknown option, a missing argument, a value of the wrong type), else
