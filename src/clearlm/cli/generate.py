@@ -97,7 +97,8 @@ def _run(
         placement=placement,
         weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
-    warn_past_model(model.config.context_length, ctx_size)
+    if prints:
+        warn_past_model(model.config.context_length, ctx_size)
     if compile_decode:
         compile_step(model, quiet or max_new_tokens < 2)  # -n 0 / 1: no decode step follows
     if chat:  # the model's generation_config.json, else ollama's settings
