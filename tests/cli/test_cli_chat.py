@@ -41,8 +41,8 @@ def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
 def test_generate_reads_stdin_and_file_bytes_as_utf8_without_newline_translation(
     tiny, tiny_path, tmp_path
 ):
-    raw = b"hello\r\nw\xffrld -\n"  # CRLF kept, an invalid byte becomes U+FFFD
-    expected = tiny.encode("hello\r\nw\ufffdrld -\n")
+    raw = b"hello\r\nw\xffrld -\n\n"  # CRLF kept, an invalid byte becomes U+FFFD
+    expected = tiny.encode("hello\r\nw\ufffdrld -\n")  # the one last line ending dropped
     args = ("-m", str(tiny_path), "-n", "3", "--temperature", "0", "--json")
     replaced = "is not UTF-8 text (invalid byte 0xff at offset 8); its invalid bytes became U+FFFD"
     proc = cli("generate", "-", *args, stdin=raw)
@@ -105,10 +105,11 @@ def test_json_settings_are_the_modes_that_took_effect(tmp_path):
 
 
 def test_chat_message_from_stdin_with_json(tiny, tiny_path):
-    proc = cli("chat", "-", "-m", str(tiny_path), "-n", "5", "--json", stdin=b"hi there")
+    proc = cli("chat", "-", "-m", str(tiny_path), "-n", "5", "--json", "--temperature", "0",
+               stdin=b"hi there")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    ref = tiny.chat("hi there", max_new_tokens=5)  # chat is greedy by default
+    ref = tiny.chat("hi there", max_new_tokens=5, temperature=0)
     assert out["prompt_token_ids"] == tiny.chat_prompt("hi there")
     assert out["token_ids"] == ref.tokens and out["text"] == ref.text
     assert "logprobs" not in out
@@ -132,16 +133,18 @@ def test_closed_pipe_ends_quietly_with_status_0(tiny_path):
 
 def test_chat_without_message_keeps_history_through_a_pipe(tiny, tiny_path):
     lines = "hi\n/system You are terse.\nhello\n\n/reset\nyo\n/nope\n"
-    proc = cli("chat", "-m", str(tiny_path), "-n", "6", stdin=lines.encode())
+    proc = cli("chat", "-m", str(tiny_path), "-n", "6", "--temperature", "0",
+               stdin=lines.encode())
     assert proc.returncode == 0, proc.stderr
     system = {"role": "system", "content": "You are terse."}
-    a1 = tiny.chat([{"role": "user", "content": "hi"}], max_new_tokens=6).text
+    a1 = tiny.chat([{"role": "user", "content": "hi"}], max_new_tokens=6, temperature=0).text
     a2 = tiny.chat(
         [system, {"role": "user", "content": "hi"}, {"role": "assistant", "content": a1},
          {"role": "user", "content": "hello"}],
-        max_new_tokens=6,
+        max_new_tokens=6, temperature=0,
     ).text  # fmt: skip
-    a3 = tiny.chat([system, {"role": "user", "content": "yo"}], max_new_tokens=6).text
+    a3 = tiny.chat([system, {"role": "user", "content": "yo"}], max_new_tokens=6,
+                   temperature=0).text
     assert proc.stdout.decode() == f"{a1}\n{a2}\n{a3}\n"
     err = proc.stderr.decode()
     assert "conversation cleared" in err and "unknown command /nope" in err

@@ -14,7 +14,7 @@ from test_tokenizer_hf import _save, _train
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import clearlm
-from clearlm.api.model import CHAT_DEFAULTS, GENERATE_DEFAULTS
+from clearlm.sampling.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
 
 TEXT = "Alice was beginning to get very tired"
 
@@ -123,3 +123,44 @@ def test_open_checkpoint_chooses_the_format_once(folder, tmp_path):
     loaded = ckpt.load()
     assert loaded.config is ckpt.config and loaded.metadata is ckpt.metadata
     assert ckpt.size_bytes == path.stat().st_size
+
+
+def test_chat_samples_with_the_files_values(folder, tmp_path):
+    """clearlm chat (and the server's chat endpoint, given no sampling field) take a folder's
+    generation_config.json values; a GGUF file, which has none, takes ollama's defaults; an
+    option the user gives wins, and --temperature 0 is greedy."""
+    from tiny_gguf import write_tiny_llama
+
+    from clearlm.serve.requests import sampling_params
+    from clearlm.serve.schemas import ChatBody, CompletionBody
+
+    file_values = {"temperature": 1.0, "top_k": 7, "top_p": 0.8, "min_p": 0.0,
+                   "repetition_penalty": 1.0}  # do_sample, top_k, top_p; the rest transformers'
+    ollama = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0,
+              "repetition_penalty": 1.1}
+    gguf = write_tiny_llama(tmp_path / "tiny.gguf", context_length=64)
+    run = [sys.executable, "-m", "clearlm", "chat", "Hi", "-n", "2", "--json"]
+    for model, want in ((folder, file_values), (gguf, ollama)):
+        proc = subprocess.run([*run, "-m", str(model)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        sampling = json.loads(proc.stdout)["sampling"]
+        assert {k: sampling[k] for k in want} == want and sampling["seed"] is None
+        m = clearlm.load(model)
+        chat = ChatBody(model="x", messages=[{"role": "user", "content": "Hi"}])
+        got = sampling_params(m, chat, 1)[0]
+        assert {k: getattr(got, k) for k in want} == want
+        given = ChatBody(model="x", messages=[{"role": "user", "content": "Hi"}], top_p=0.5)
+        got = sampling_params(m, given, 1)[0]  # a field given: it wins, the rest as above
+        assert {k: getattr(got, k) for k in want} == {**want, "top_p": 0.5}
+        greedy = ChatBody(model="x", messages=[{"role": "user", "content": "Hi"}], temperature=0)
+        got = sampling_params(m, greedy, 1)[0]
+        assert got.is_greedy and got.repetition_penalty == 1.0  # plain greedy, no default penalty
+        completion = sampling_params(m, CompletionBody(model="x", prompt="Hi"), 1)[0]
+        assert completion.repetition_penalty == 1.0  # completions keep their defaults
+    proc = subprocess.run([*run, "-m", str(gguf), "--temperature", "0", "--top-k", "3"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["sampling"]["temperature"] == 0 and out["sampling"]["top_k"] == 3
+    assert out["sampling"]["repetition_penalty"] == 1.0  # greedy: the model's own argmax
+    assert out["token_ids"] == m.chat("Hi", max_new_tokens=2, temperature=0).tokens  # greedy

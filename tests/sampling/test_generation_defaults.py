@@ -23,6 +23,7 @@ from clearlm.sampling.defaults import (
     CHAT_DEFAULTS,
     GENERATE_DEFAULTS,
     FileDefaults,
+    chat_defaults,
     describe,
     resolve,
 )
@@ -122,7 +123,22 @@ def test_no_sampling_choice_keeps_clearlm_defaults(config, tmp_path) -> None:
         write(tmp_path, config)
     assert read_generation_config(tmp_path).values == {}
     assert params_for(tmp_path, GENERATE_DEFAULTS) == SamplingParams(temperature=0.8)
-    assert params_for(tmp_path, CHAT_DEFAULTS) == SamplingParams(temperature=0)
+    # chat: ollama's defaults (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1)
+    ollama = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1)
+    assert params_for(tmp_path, CHAT_DEFAULTS) == ollama
+    assert chat_defaults(read_generation_config(tmp_path).values) == CHAT_DEFAULTS
+    assert chat_defaults({}, {"top_k": 5}) == CHAT_DEFAULTS  # the caller's go over these
+    assert chat_defaults({}, {"temperature": 0}) == {"temperature": 0.0}  # plain greedy
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_chat_defaults_are_the_files_values_when_it_sets_any(name, tmp_path) -> None:
+    write(tmp_path, CONFIGS[name])
+    file = read_generation_config(tmp_path)
+    assert chat_defaults(file.values) == file.values  # all five settings, as transformers reads
+    assert chat_defaults(file.values, {"temperature": 0}) == file.values  # its penalty stays
+    want = {k: v for k, (v, _) in resolve(CHAT_DEFAULTS, file, {}).items()}
+    assert SamplingParams(**chat_defaults(file.values)) == SamplingParams(**want)
 
 
 def test_sources(tmp_path) -> None:
@@ -146,7 +162,9 @@ def test_sources(tmp_path) -> None:
     rows = {r[0]: r[1:] for r in describe(read_generation_config(tmp_path))}
     assert rows["temperature"] == ("0", "0", "generation_config.json (do_sample null: greedy)")
     rows = {r[0]: r[1:] for r in describe(FileDefaults())}
-    assert rows["temperature"] == ("0.8", "0", "clearlm default")
+    assert rows["temperature"] == ("0.8", "0.8", "clearlm default")
+    assert rows["top_k"] == ("0", "40", "clearlm default")
+    assert rows["repetition_penalty"] == ("1", "1.1", "clearlm default")
 
 
 def test_unsupported_settings_are_reported(tmp_path) -> None:

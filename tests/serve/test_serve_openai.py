@@ -140,7 +140,8 @@ def test_chat_top_logprobs_equal_an_independent_computation(client, tiny):
     assert [bytes(e.bytes) for e in content] == [tiny.tokenizer.token_bytes(t) for t in want.tokens]
     # the first position's alternatives: the sampling distribution of the prompt's last logits
     ids = tiny.chat_prompt(MSGS)
-    filtered = filter_logits(tiny.logits(ids)[-1], torch.tensor(ids), SamplingParams(0.7))
+    chat = SamplingParams(0.7, top_k=40, top_p=0.9, repetition_penalty=1.1)  # chat's defaults
+    filtered = filter_logits(tiny.logits(ids)[-1], torch.tensor(ids), chat)
     top = torch.topk(log_softmax(filtered), 3)
     got = content[0].top_logprobs
     assert [bytes(e.bytes) for e in got] == [tiny.tokenizer.token_bytes(i) for i in top.indices]

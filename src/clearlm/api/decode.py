@@ -19,19 +19,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from clearlm.errors import SamplingParamsError
-from clearlm.runtime.aot import AOTDecodeStep, compile_decode_aot, failed_path, spawn_build
+
+if TYPE_CHECKING:
+    from clearlm.runtime.aot import AOTDecodeStep
 
 DECODE_MODES = ("auto", "compiled", "eager")
 ENV = "CLEARLM_DECODE"
 
 
 def parse_decode(value: str | None) -> str:
-    """A decode mode: ``value``, else ``$CLEARLM_DECODE``, else "auto".
+    """A decode mode: ``value``, else ``$CLEARLM_DECODE``, else "auto" (no torch: the CLI
+    checks it before loading).
 
     Raises:
         SamplingParamsError: not one of auto, compiled, eager (naming where it came from).
@@ -67,6 +68,10 @@ def attach_decode(
     started, or a ``warning:`` that the compiled step failed and decoding stays eager. For
     "compiled" the caller calls the step's ``prepare()`` (the build or load, before the first
     token: the CLI shows a spinner meanwhile)."""
+    import torch
+
+    from clearlm.runtime.aot import compile_decode_aot, failed_path, spawn_build
+
     if mode == "eager":
         return None
     if torch.distributed.is_available() and torch.distributed.is_initialized():

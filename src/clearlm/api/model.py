@@ -37,7 +37,7 @@ from clearlm.runtime.parallel.place import check_sizes, load_placed
 from clearlm.runtime.precision import parse_matmul_precision, set_matmul_precision
 from clearlm.runtime.threads import set_threads
 from clearlm.sampling.chain import SamplingParams, softmax
-from clearlm.sampling.defaults import CHAT_DEFAULTS, GENERATE_DEFAULTS
+from clearlm.sampling.defaults import GENERATE_DEFAULTS, chat_defaults
 from clearlm.store.catalog import resolve_model
 from clearlm.text import decode_utf8
 from clearlm.tokenizer import Tokenizer, drop_vocab_arrays
@@ -215,11 +215,14 @@ class Model(InterpretMixin):
         """Like :meth:`generate`, for a conversation rendered with the model's chat template.
 
         Message contents are text (see :meth:`chat_prompt`, and its opt-in
-        ``parse_special_in_content``); ``system`` puts a system message first (as the CLI's
-        ``--system``). Unset settings default to greedy decoding (CHAT_DEFAULTS: temperature 0).
+        ``parse_special_in_content``); ``system`` puts a system message first (``--system``).
+        Unset settings: clearlm.sampling.defaults.chat_defaults (generation_config.json's, else
+        ollama's
+        T 0.8, top_k 40, top_p 0.9, repetition_penalty 1.1; ``temperature=0``: plain greedy).
         Raises ChatTemplateError when ``system`` is given and the messages start with one."""
         check_sampling_keywords(sampling, "chat")
-        params = self.sampling_params(params, CHAT_DEFAULTS, **sampling)
+        params = self.sampling_params(params, chat_defaults(self.generation_defaults, sampling),
+                                      **sampling)
         ids = self.chat_prompt(with_system(messages, system), parse_special_in_content)
         return generate(
             self.transformer, self.tokenizer, ids, params, max_new_tokens, check_stop(stop), on_text

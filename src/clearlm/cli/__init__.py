@@ -1,6 +1,7 @@
 """The ``clearlm`` command. One module per group of commands: generation (generate, chat),
 inspection (info, perplexity), model management (pull, models, rm), the explanations
-(walkthrough, explain, ui) and serving (serve). ``--help`` lists them in that order.
+(walkthrough, explain, ui), serving (serve), and ollama's spellings (run: chat; list: models).
+``--help`` lists them in that order.
 
 Every mistake ends as one line ``error: ...`` on stderr and a non-zero exit code: 2 for
 command-line usage (an unknown option, a missing argument, a value of the wrong type), else
@@ -93,3 +94,4 @@ def main() -> None:
 from clearlm.cli import compile, generate, inspect, manage  # noqa: E402,F401,I001
 from clearlm.cli import explain, ui, walkthrough  # noqa: E402,F401
 from clearlm.cli import serve  # noqa: E402,F401
+from clearlm.cli import ollama  # noqa: E402,F401  (run, list: ollama's spellings)

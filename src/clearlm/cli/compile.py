@@ -10,7 +10,8 @@ file, load options and clearlm version, kept in ``~/.cache/clearlm/aot``.
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -37,18 +38,24 @@ def compile(  # noqa: A001 (the command's name)
     The options must match the runs that will use it (--weights, --dtype, --activations,
     --matmul-precision); the thread count does not matter.
     """
-    from clearlm.runtime.aot import (
-        AOTDecodeStep,
-        failed_path,
-        release_lock,
-        take_lock,
-    )
-
     if model is not None and model_opt is not None and model != model_opt:
         raise typer.BadParameter(f"two models given: {model!r} and -m {model_opt!r}; give one")
     m = load_model(model if model is not None else model_opt, dtype, threads, quiet,
                    weights=weights, matmul_precision=matmul_precision, activations=activations,
                    decode="eager")
+    print(build_step(m, quiet))
+
+
+def build_step(m: Any, quiet: bool) -> Path:
+    """Build (or check) the compiled decode step of the loaded model ``m`` in this process,
+    waiting for a build another process holds the lock of; a spinner on stderr unless quiet.
+
+    Returns: the package's path. Raises typer.Exit(1) after one ``error:`` line when the step
+    cannot be built (remembered in ``<package>.failed``, so runs decode eagerly without trying
+    again until this command is run).
+    """
+    from clearlm.runtime.aot import AOTDecodeStep, failed_path, release_lock, take_lock
+
     errors: list[Exception] = []
     step = AOTDecodeStep(m.transformer, on_error=errors.append)
     path = step.package_path()
@@ -67,11 +74,12 @@ def compile(  # noqa: A001 (the command's name)
             if errors:
                 failed_path(path).write_text(f"{errors[0]}\n")
             elif not quiet:
-                err.print(f"[dim]built in {time.perf_counter() - t0:.0f} s[/]")
+                took = time.perf_counter() - t0
+                err.print(f"[dim]built the compiled decode step in {took:.0f} s[/]")
         finally:
             release_lock(path)
     if errors:
         err.print(f"error: {errors[0]}; generate and chat will decode eagerly", soft_wrap=True,
                   markup=False)
         raise typer.Exit(1)
-    print(path)
+    return path

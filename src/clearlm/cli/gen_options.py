@@ -9,22 +9,34 @@ from typing import Annotated
 
 import typer
 
+from clearlm.errors import ClearLMError
+
+# Each option is declared once, here, with llama.cpp's spellings beside clearlm's own
+# (--n-predict, --temp, --repeat-penalty), so generate, chat and run all take both.
 MaxNew = Annotated[
-    int, typer.Option("--max-new-tokens", "-n", min=0, help="Most tokens to generate.")
+    int,
+    typer.Option("--max-new-tokens", "-n", "--n-predict", min=0, help="Most tokens to generate."),
 ]
 # Sampling options default to None: then the model folder's generation_config.json decides,
-# and failing that the command's own default (see _run).
+# and failing that the command's own default (see _run; chat's:
+# clearlm.sampling.defaults.CHAT_DEFAULTS).
 Temp = Annotated[
     float | None,
-    typer.Option(help="Divide logits by this before softmax; 0 = greedy (default 0.8; chat 0)."),
-]
+    typer.Option(
+        "--temperature", "--temp",
+        help="Divide logits by this before softmax; 0 = greedy (default 0.8; chat: 0 leaves "
+        "out its default repetition penalty).",
+    ),
+]  # fmt: skip
 TopK = Annotated[
-    int | None, typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off (default 0).")
+    int | None,
+    typer.Option("--top-k", help="Keep the k most likely tokens; 0 = off (default 0; chat 40)."),
 ]
 TopP = Annotated[
     float | None,
     typer.Option(
-        "--top-p", help="Keep the smallest set with this much probability; 1 = off (default 1)."
+        "--top-p",
+        help="Keep the smallest set with this much probability; 1 = off (default 1; chat 0.9).",
     ),
 ]
 MinP = Annotated[
@@ -35,8 +47,11 @@ MinP = Annotated[
 ]
 RepPen = Annotated[
     float | None,
-    typer.Option("--repetition-penalty", help="CTRL penalty on seen tokens; 1 = off (default 1)."),
-]
+    typer.Option(
+        "--repetition-penalty", "--repeat-penalty",
+        help="CTRL penalty on seen tokens; 1 = off (default 1; chat 1.1).",
+    ),
+]  # fmt: skip
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed reproduces a run.")]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")]
 
@@ -69,6 +84,22 @@ PromptOpt = Annotated[
 ]
 
 
+def _no_offload(value: str | None) -> None:
+    """llama.cpp's -ngl N: clearlm keeps every layer on one device, so it is refused (exit 2)
+    with what to use instead; without this option click read -ngl as -n with the value 'gl'."""
+    if value is not None:
+        raise typer.BadParameter(
+            "clearlm has no layer offload: the whole model runs on one device; see --device "
+            "(e.g. --device cuda)", param_hint="'-ngl'",
+        )  # fmt: skip
+
+
+NoOffload = Annotated[
+    str | None,
+    typer.Option("-ngl", "--n-gpu-layers", "--gpu-layers", hidden=True, callback=_no_offload),
+]
+
+
 def _compile_backend(on: bool) -> bool:
     """--compile's check at parse time: CLEARLM_COMPILE, when set, names a known step."""
     backend = os.environ.get("CLEARLM_COMPILE", "aot")
@@ -80,11 +111,32 @@ def _compile_backend(on: bool) -> bool:
 CompileOpt = Annotated[
     bool,
     typer.Option("--compile", callback=_compile_backend,
-                 help="Decode with the ahead-of-time compiled step (clearlm.runtime.aot): "
-                 "the first run for a model builds it (minutes; kept for the next runs in "
-                 "the aot folder of ~/.cache/clearlm, or $CLEARLM_CACHE). "
+                 help="Build (or load) the compiled decode step before the first token, with "
+                 "a progress line, instead of in the background (the default decodes "
+                 "compiled once `clearlm compile` has built the step, eagerly until then). "
                  "CLEARLM_COMPILE=jit: the torch.compile step."),
 ]
+EagerOpt = Annotated[
+    bool,
+    typer.Option("--eager", help="Decode with the readable eager step only (no compiled step; "
+                 "the path of tracing and hooks). $CLEARLM_DECODE=eager makes it the default."),
+]
+
+
+def decode_mode(compile_decode: bool, eager: bool) -> str:
+    """--compile / --eager as a decode mode (clearlm.api.decode): "compiled", "eager", else
+    $CLEARLM_DECODE or "auto". Raises typer.BadParameter for both flags or a bad variable."""
+    from clearlm.api.decode import parse_decode  # (no torch)
+
+    if compile_decode and eager:
+        raise typer.BadParameter("--compile and --eager contradict each other; give one",
+                                 param_hint="'--eager'")
+    if compile_decode or eager:
+        return "compiled" if compile_decode else "eager"
+    try:
+        return parse_decode(None)
+    except ClearLMError as e:
+        raise typer.BadParameter(str(e), param_hint="CLEARLM_DECODE") from None
 
 
 def sampling_options(

@@ -13,13 +13,22 @@ import typer
 
 from clearlm.cli import placement as pl  # --device and the parallel options
 from clearlm.cli.app import Activations, DType, ModelOpt, Precision, Weights, app, err
+from clearlm.cli.context_size import (
+    CtxSize,
+    check_prompt,
+    context_limit,
+    generate_within,
+    warn_past_model,
+)  # fmt: skip
 from clearlm.cli.gen_options import (
     CompileOpt,
+    EagerOpt,
     File,
     Json,
     Logprobs,
     MaxNew,
     MinP,
+    NoOffload,
     PromptOpt,
     RepPen,
     Seed,
@@ -28,10 +37,18 @@ from clearlm.cli.gen_options import (
     TopK,
     TopP,
     check_before_load,
+    decode_mode,
     pick_prompt,
     sampling_options,
 )  # fmt: skip
-from clearlm.cli.loader import QuietOpt, ThreadsOpt, compile_seconds, compile_step, load_model
+from clearlm.cli.loader import (
+    QuietOpt,
+    ThreadsOpt,
+    compile_seconds,
+    load_model,
+    model_label,
+    set_decode,
+)  # fmt: skip
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
 from clearlm.text import clean_arg
@@ -52,20 +69,23 @@ def _run(
     chat: bool = False,
     placement: pl.Placement | None = None,
     weights: str | None = None,
-    compile_decode: bool = False,
+    decode: str = "eager",
     matmul_precision: str = "highest",
     activations: str = "float32",
+    ctx_size: int = 0,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
-    In a parallel run every rank generates alike and only rank 0 prints.
+    In a parallel run every rank generates alike and only rank 0 prints. ``ctx_size``: -c
+    (clearlm.cli.context_size). ``decode``: the decode mode (clearlm.api.decode), set after the
+    loading line where a decode step follows (-n 2 or more).
 
     Sampling values: the user's options over the model's generation_config.json over the
-    command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
+    command's defaults (GENERATE_DEFAULTS; chat: clearlm.sampling.defaults.chat_defaults).
     """
     stop = check_before_load(model_name, sampling, fallback, stop)  # before torch's import
-    from clearlm.generation.loop import check_fits, generate
     from clearlm.runtime.parallel.launch import shared_seed, shutdown
+    from clearlm.sampling.defaults import chat_defaults
 
     as_json = as_json or logprobs is not None
     given = {k: v for k, v in sampling.items() if v is not None}
@@ -75,12 +95,17 @@ def _run(
     quiet = quiet or not prints
     model = load_model(
         model_name, dtype, threads, quiet,
-        check=lambda m: check_fits(len(build_prompt(m)), m.config.context_length), chat=chat,
+        check=lambda m: check_prompt(len(build_prompt(m)), m.config.context_length, ctx_size),
+        chat=chat,
         placement=placement,
         weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
-    if compile_decode:
-        compile_step(model, quiet or max_new_tokens < 2)  # -n 0 / 1: no decode step follows
+    if prints:
+        warn_past_model(model.config.context_length, ctx_size)
+    if max_new_tokens >= 2:  # -n 0 / 1: no decode step follows
+        set_decode(model, decode, quiet)
+    if chat:  # the model's generation_config.json, else ollama's settings
+        fallback = chat_defaults(model.generation_defaults, given)
     params = model.sampling_params(None, fallback, **given)
     if placement.parallel:  # every rank must draw the same token from the same logits
         params = replace(params, seed=shared_seed(params.seed))
@@ -93,14 +118,8 @@ def _run(
             write_out(text)
 
     try:
-        result = generate(
-            model.transformer,
-            model.tokenizer,
-            ids,
-            params,
-            max_new_tokens,
-            stop or (),
-            None if as_json else echo,
+        result, n_new = generate_within(
+            model, ids, params, max_new_tokens, stop or (), None if as_json else echo, ctx_size
         )
     except KeyboardInterrupt:  # keep what was printed; say so on stderr
         write_out("\n")
@@ -111,12 +130,13 @@ def _run(
     if not prints:
         return
     if as_json:
-        out = result_json(model, ids, result, logprobs, max_new_tokens)
+        out = result_json(model, ids, result, logprobs, n_new, params, model_label(model_name))
         write_out(json.dumps(out, ensure_ascii=False) + "\n")
         return
     write_out("\n")
     if not quiet:
-        print_stats(result, model.config.context_length, compile_seconds(model))
+        limit = context_limit(model.config.context_length, ctx_size)[0]
+        print_stats(result, limit, compile_seconds(model))
 
 
 @app.command()
@@ -129,6 +149,7 @@ def generate(
     file: File = None,
     model: ModelOpt = None,
     max_new_tokens: MaxNew = 128,
+    ctx_size: CtxSize = 0,
     temperature: Temp = None,
     top_k: TopK = None,
     top_p: TopP = None,
@@ -148,10 +169,12 @@ def generate(
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
     device: pl.DeviceOpt = "cpu",
+    n_gpu_layers: NoOffload = None,
     tensor_parallel: pl.TensorParallelOpt = 1,
     pipeline_parallel: pl.PipelineParallelOpt = 1,
     dist_timeout: pl.DistTimeoutOpt = 30.0,
     compile_decode: CompileOpt = False,
+    eager: EagerOpt = False,
     matmul_precision: Precision = "highest",
     activations: Activations = "float32",
 ) -> None:
@@ -179,9 +202,10 @@ def generate(
         quiet,
         placement=pl.Placement(device, tensor_parallel, pipeline_parallel, dist_timeout),
         weights=weights,
-        compile_decode=compile_decode,
+        decode=decode_mode(compile_decode, eager),
         matmul_precision=matmul_precision,
         activations=activations,
+        ctx_size=ctx_size,
     )
 
 
@@ -206,6 +230,7 @@ def chat(
     ] = False,
     model: ModelOpt = None,
     max_new_tokens: MaxNew = 256,
+    ctx_size: CtxSize = 0,
     temperature: Temp = None,
     top_k: TopK = None,
     top_p: TopP = None,
@@ -220,16 +245,22 @@ def chat(
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
     device: pl.DeviceOpt = "cpu",
+    n_gpu_layers: NoOffload = None,
     tensor_parallel: pl.TensorParallelOpt = 1,
     pipeline_parallel: pl.PipelineParallelOpt = 1,
     dist_timeout: pl.DistTimeoutOpt = 30.0,
     compile_decode: CompileOpt = False,
+    eager: EagerOpt = False,
     matmul_precision: Precision = "highest",
     activations: Activations = "float32",
 ) -> None:
-    """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
-    a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
-    text: control tokens come only from the template."""
+    """Answer MESSAGE with the model's own chat template; with no MESSAGE, a conversation: one
+    message a line, /help for commands, Ctrl-D to leave. The messages are text: control tokens
+    come only from the template.
+
+    Sampling: a model folder's generation_config.json, else ollama's defaults (temperature 0.8,
+    top-k 40, top-p 0.9, repetition penalty 1.1); an option you give wins, and --temperature 0
+    is greedy."""
     from clearlm.sampling.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
 
     text = resolve_prompt(pick_prompt(message, prompt_opt, "MESSAGE"), file, "MESSAGE")
@@ -244,10 +275,12 @@ def chat(
             )
         if placement.parallel:
             raise typer.BadParameter("a conversation runs in one process; give a MESSAGE")
-        _conversation(
+        from clearlm.cli.repl import conversation
+
+        conversation(
             model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet,
             placement,
-            weights, matmul_precision, activations, compile_decode,
+            weights, matmul_precision, activations, decode_mode(compile_decode, eager), ctx_size,
         )  # fmt: skip
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -256,42 +289,7 @@ def chat(
     _run(
         model, dtype, lambda m: m.chat_prompt(messages, special), max_new_tokens, stops,
         sampling, CHAT_DEFAULTS, as_json, logprobs, threads, quiet, chat=True,
-        placement=placement, weights=weights, compile_decode=compile_decode,
-        matmul_precision=matmul_precision, activations=activations,
+        placement=placement, weights=weights, decode=decode_mode(compile_decode, eager),
+        matmul_precision=matmul_precision, activations=activations, ctx_size=ctx_size,
     )  # fmt: skip
 
-
-def _conversation(
-    model_name: str | None,
-    dtype: str,
-    system: str | None,
-    max_new_tokens: int,
-    stop: list[str] | None,
-    sampling: dict[str, Any],
-    parse_special_in_content: bool = False,
-    threads: int | None = None,
-    quiet: bool = False,
-    placement: pl.Placement | None = None,
-    weights: str | None = None,
-    matmul_precision: str = "highest",
-    activations: str = "float32",
-    compile_decode: bool = False,
-) -> None:
-    """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl
-    (``compile_decode``: every answer decodes through the compiled step, as generate's)."""
-    from clearlm.sampling.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
-
-    stop = check_before_load(model_name, sampling, CHAT_DEFAULTS, stop)
-    given = {k: v for k, v in sampling.items() if v is not None}
-    m = load_model(
-        model_name, dtype, threads, quiet,
-        check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
-        placement=placement,
-        weights=weights, matmul_precision=matmul_precision, activations=activations,
-    )  # fmt: skip
-    if compile_decode:
-        compile_step(m, quiet)
-    params = m.sampling_params(None, CHAT_DEFAULTS, **given)
-    from clearlm.cli.repl import run_repl  # (imports torch: after the checks above)
-
-    run_repl(m, params, max_new_tokens, stop, system, parse_special_in_content, quiet)

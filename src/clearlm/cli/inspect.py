@@ -105,7 +105,8 @@ def perplexity(
     model: ModelOpt = None,
     context: Annotated[
         int | None,
-        typer.Option(min=2, help="Window length in tokens, >= 2 (default: the model's context)."),
+        typer.Option("--context", "-c", "--ctx-size", min=2,
+                     help="Window length in tokens, >= 2 (default: the model's context)."),
     ] = None,
     stride: Annotated[
         int | None,

@@ -139,7 +139,7 @@ def load_model(
     from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.runtime.devices import resolve_device
     from clearlm.runtime.precision import cpu_has_bf16_units
-    from clearlm.runtime.threads import set_threads
+    from clearlm.runtime.threads import default_threads, set_threads
 
     torch_dtype = parse_dtype(dtype)
     where = placement.load_kwargs() if placement is not None else {}
@@ -153,21 +153,18 @@ def load_model(
         raise ChatTemplateError(
             f"{path.name} has no chat template (a base model?); use `clearlm generate`"
         )
+    if threads is not None:  # allowed (it runs), but said: more threads than cores is slower
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        warning = threads_warning(threads, cpus or 1, default_threads())
+        if warning:
+            err.print(f"[yellow]warning: {warning}[/]", soft_wrap=True)
     n_threads = set_threads(threads)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if threads is not None and threads > cpus:  # allowed (it runs), but surely a slip
-        err.print(
-            f"[yellow]warning: --threads {threads} is more than the {cpus} CPUs here; "
-            "decoding will be slower than with fewer[/]",
-            soft_wrap=True,
-        )
     # "medium" only changes float32 products; a bfloat16/float16 model's are half already
     scoped = matmul_precision != "highest" and torch_dtype == torch.float32
     if scoped and not cpu_has_bf16_units():  # allowed, said honestly
         err.print("[yellow]warning: this CPU lists no bfloat16 units (AMX, AVX512-BF16): "
                   "--matmul-precision medium may be slower than highest here[/]", soft_wrap=True)
-    alias = name or DEFAULT_MODEL
-    shown = alias if alias in ALIASES else path.name
+    shown = model_label(name) if (name or DEFAULT_MODEL) in ALIASES else path.name
     label = f"loading {shown} ({human_size(ckpt.size_bytes)})"
     start = time.perf_counter()
     try:
@@ -196,6 +193,30 @@ def load_model(
     return model
 
 
+def model_label(name: str | None) -> str:
+    """The model as banners, ``--json`` and the page name it: its alias (the default model's
+    when ``name`` is None), or the path as the user gave it, never a site-packages path."""
+    from clearlm.store.catalog import DEFAULT_MODEL
+
+    return name or DEFAULT_MODEL
+
+
+def threads_warning(threads: int, cpus: int, free: int) -> str | None:
+    """What to say about ``--threads N`` (None: nothing): more than the ``cpus`` this process
+    may use, or more than the cores ``free`` now (clearlm.runtime.threads.default_threads: the
+    usable
+    cores less those other processes keep busy), where every matrix product waits for the
+    thread whose core another process holds (decode fell from 30 to 0.5-1.7 tok/s)."""
+    if threads > cpus:
+        return (f"--threads {threads} is more than the {cpus} CPUs here; decoding will be "
+                "slower than with fewer")
+    if threads > free:
+        s = "" if free == 1 else "s"
+        return (f"--threads {threads} is more than the {free} core{s} free now (other processes "
+                f"keep the rest busy); decoding may be slower than with --threads {free}")
+    return None
+
+
 def precision_note(matmul_precision: str, scoped: bool, dtype: str) -> str:
     """The loading line's word on --matmul-precision: "" for highest, " · medium matmuls" where
     it applies (float32 compute), else that it has no effect (a bfloat16/float16 model)."""
@@ -206,19 +227,14 @@ def precision_note(matmul_precision: str, scoped: bool, dtype: str) -> str:
     return f" · --matmul-precision {matmul_precision} has no effect in {dtype}"
 
 
-def compile_step(model: Any, quiet: bool = False) -> None:
-    """Decode through the ahead-of-time compiled step (clearlm.runtime.aot), or with
-    CLEARLM_COMPILE=jit
-    through the torch.compile'd one (clearlm.runtime.compiled; imported only when asked, as it
-    pulls in
-    torch._dynamo); unless quiet, one line says whether the first step builds or loads it."""
-    import torch
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        err.print("[yellow]warning: --compile runs in one process; a tensor- or pipeline-"
-                  "parallel run decodes eagerly[/]", soft_wrap=True)
-        return
-    if os.environ.get("CLEARLM_COMPILE", "aot") == "jit":  # (checked by --compile's callback)
+def set_decode(model: Any, mode: str, quiet: bool = False) -> None:
+    """Set the loaded model's decode step for ``mode`` (clearlm.api.decode: "auto" compiled
+    when built, else built in the background while decoding eagerly; "compiled" built or
+    loaded now, before the first token, under a spinner; "eager"), saying so on stderr:
+    warnings always, other lines unless quiet. ``CLEARLM_COMPILE=jit`` with "compiled": the
+    torch.compile step instead (clearlm.runtime.compiled; imported only then, as it pulls in
+    torch._dynamo), compiled at the first decode step."""
+    if mode == "compiled" and os.environ.get("CLEARLM_COMPILE", "aot") == "jit":
         from clearlm.runtime.compiled import cache_dir, compile_decode
 
         compile_decode(model.transformer)
@@ -226,17 +242,28 @@ def compile_step(model: Any, quiet: bool = False) -> None:
             err.print(f"[dim]--compile: the first decode step compiles (seconds to minutes; "
                       f"cached in {cache_dir()})[/]", soft_wrap=True)
         return
-    from clearlm.runtime.aot import compile_decode_aot
+    from clearlm.api.decode import attach_decode
 
-    def eager(e: Exception) -> None:
-        err.print(f"[yellow]warning: {e}; decoding eagerly[/]", soft_wrap=True)
+    def notice(line: str) -> None:
+        warning = line.startswith("warning:")
+        if warning or not quiet:
+            err.print(line, style="yellow" if warning else "dim", markup=False, soft_wrap=True)
 
-    path = compile_decode_aot(model.transformer, on_error=eager).package_path()
-    if not quiet:
-        what = (f"loads the compiled step {path}" if path.exists() else
-                "builds the compiled step (1-3 minutes on 2 cores, once for this model; "
-                f"kept in {path.parent})")
-        err.print(f"[dim]--compile: the first decode step {what}[/]", soft_wrap=True)
+    step = attach_decode(model, mode, notice)
+    if mode != "compiled" or step is None:
+        return
+    if step.ready():
+        step.prepare()  # a package on disk: milliseconds
+        return
+    t0 = time.perf_counter()
+    label = "building the compiled decode step (1-3 minutes on 2 cores, once for this model)…"
+    with spinner(label, enabled=not quiet and err.is_terminal):
+        if not quiet and not err.is_terminal:
+            err.print(label, style="dim", markup=False, soft_wrap=True)
+        step.prepare()
+    if not quiet and step.loader is not None:
+        err.print(f"built the compiled decode step in {time.perf_counter() - t0:.0f} s: "
+                  f"{step.path}", style="dim", markup=False, soft_wrap=True)
 
 
 def compile_seconds(model: Any) -> float | None:

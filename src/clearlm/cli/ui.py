@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from clearlm.cli.app import DType, ModelOpt, Weights, app, err
-from clearlm.cli.loader import QuietOpt, ThreadsOpt, load_model
+from clearlm.cli.loader import QuietOpt, ThreadsOpt, load_model, model_label
 
 
 @app.command()
 def ui(
     model: ModelOpt = None,
     port: Annotated[
-        int, typer.Option(min=1, max=65535, help="Port on 127.0.0.1 to serve the page on.")
-    ] = 8000,
+        int,
+        typer.Option(min=1, max=65535, help="Port on 127.0.0.1 for the page (serve's is 8000)."),
+    ] = 8001,
     dtype: DType = "float32",
     weights: Weights = None,
     threads: ThreadsOpt = None,
@@ -40,8 +42,8 @@ def ui(
         sock.close()
         raise ClearLMError(f"cannot serve on 127.0.0.1:{port}: {e.strerror}; try --port") from None
     m = load_model(model, dtype, threads, quiet, weights=weights)
-    err.print(f"serving {m.path} on http://127.0.0.1:{port}  (Ctrl+C to stop)", soft_wrap=True)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(m), host="127.0.0.1", port=port, log_level="warning")
-    )
+    label = model_label(model)  # the alias (or the path given), not a site-packages path
+    err.print(f"serving {label} on http://127.0.0.1:{port}  (Ctrl+C to stop)", soft_wrap=True)
+    page = create_app(m, title=Path(label).name)
+    server = uvicorn.Server(uvicorn.Config(page, host="127.0.0.1", port=port, log_level="warning"))
     server.run(sockets=[sock])

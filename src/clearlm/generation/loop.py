@@ -54,20 +54,25 @@ def decode_step(model: Transformer, token: torch.Tensor, cache: KVCache) -> torc
     return model(token, cache=cache, last_only=True)[:, -1, :]
 
 
-def check_fits(n_prompt: int, context_length: int, new_tokens: int = 1) -> None:
+def check_fits(
+    n_prompt: int,
+    context_length: int,
+    new_tokens: int = 1,
+    what: str = "the model's context length",
+) -> None:
     """Raise ContextLengthError unless a prompt of n_prompt tokens is not empty and leaves room
-    for ``new_tokens`` more (1 to generate, 0 to only score the prompt) in the context."""
+    for ``new_tokens`` more (1 to generate, 0 to only score the prompt) in the context; ``what``
+    names the bound in the message (the CLI's ``-c``: "the context size (-c)")."""
     if n_prompt == 0:
         raise ContextLengthError("the prompt is empty (0 tokens); give at least one token")
     if n_prompt > context_length:
         raise ContextLengthError(
-            f"the prompt has {n_prompt} tokens but the model's context length is {context_length}; "
-            "shorten the prompt"
+            f"the prompt has {n_prompt} tokens but {what} is {context_length}; shorten the prompt"
         )
     if n_prompt + new_tokens > context_length:
         raise ContextLengthError(
-            f"the prompt has {n_prompt} tokens and fills the model's context length of "
-            f"{context_length}: no room for a new token; shorten the prompt"
+            f"the prompt has {n_prompt} tokens and fills {what} of {context_length}: no room "
+            "for a new token; shorten the prompt"
         )
 
 

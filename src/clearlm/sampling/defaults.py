@@ -29,10 +29,17 @@ from typing import Any
 
 from clearlm.sampling.params import SamplingParams
 
-# When neither the caller nor a generation_config.json sets a value: free text is sampled
-# (temperature 0.8), chat answers are greedy. The CLI uses the same ones.
+# When neither the caller nor a generation_config.json sets a value: free text is sampled at
+# temperature 0.8; chat answers sample with ollama's defaults (its Modelfile documentation:
+# temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1). Greedy chat made small models
+# repeat one sentence until max_new_tokens (SmolLM2-135M-Instruct on short questions).
 GENERATE_DEFAULTS: dict[str, Any] = {"temperature": 0.8}
-CHAT_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
+CHAT_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.9,
+    "repetition_penalty": 1.1,
+}
 
 FILE = "generation_config.json"
 USER, CLEARLM, TRANSFORMERS = "user", "clearlm default", "transformers default"
@@ -77,6 +84,32 @@ class FileDefaults:
 
 
 PER_CALL = ("logit_bias", "ignore_eos")  # settings of one call, never a model's default
+
+
+def chat_defaults(
+    file_values: dict[str, Any], given: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The sampling settings a chat answer takes for those its caller leaves unset.
+
+    Args:
+        file_values: the model's generation_config.json values (``Model.generation_defaults``:
+            all five settings when the file sets any, as :func:`read_generation_config` fills
+            them; {} for a GGUF file).
+        given: the caller's settings (None: unset), which go over the result.
+
+    Returns:
+        The file's values when it sets any; else, when the caller asks for ``temperature`` 0,
+        ``{"temperature": 0.0}`` (greedy is the model's own argmax, as before: no default
+        repetition penalty, though one given still applies); else :data:`CHAT_DEFAULTS`.
+
+    ``Model.chat``, the CLI's ``chat``/``run`` (one answer or a conversation) and the server's
+    chat endpoint all take their defaults from here.
+    """
+    if file_values:
+        return dict(file_values)
+    if given and given.get("temperature") == 0:
+        return {"temperature": 0.0}
+    return dict(CHAT_DEFAULTS)
 
 
 def resolve(

