@@ -31,7 +31,9 @@ def tokenizer_vocab(tokenizer: Tokenizer, vocab_size: int) -> Any:
         return per_size[vocab_size]
 
 
-def grammar_state(tokenizer: Tokenizer, vocab_size: int, grammar: str | None) -> GrammarState | None:
+def grammar_state(
+    tokenizer: Tokenizer, vocab_size: int, grammar: str | None
+) -> GrammarState | None:
     """A fresh grammar state for one sequence, or None when ``grammar`` is None (free text).
 
     ``grammar`` comes from :func:`clearlm.sampling.grammar.compile_response_format` or
