@@ -98,7 +98,8 @@ def test_alone_equals_batch_row_and_stream(smollm2) -> None:
     assert chunks[-1].finish_reason == alone.finish_reason == "stop"
     formats = [json_format(PERSON), None, json_format(RANGED)]
     limits = [40, 16, 40]
-    rows = smollm2.generate([ids] * 3, max_new_tokens=limits, temperature=0, response_format=formats)
+    rows = smollm2.generate([ids] * 3, max_new_tokens=limits, temperature=0,
+                            response_format=formats)  # fmt: skip
     assert rows[0].tokens == alone.tokens
     check_valid(rows[2].text, RANGED)
     free = smollm2.generate(ids, max_new_tokens=16, temperature=0)
