@@ -43,7 +43,7 @@ def test_chat_json_schema_stream_equals_plain_and_choices_validate(client):
     pieces = [c.choices[0].delta.content or "" for c in
               client.chat.completions.create(**ask, stream=True) if c.choices]  # fmt: skip
     assert "".join(pieces) == plain.message.content
-    sampled = client.chat.completions.create(**{**ask, "temperature": 0.9}, n=3, seed=7)
+    sampled = client.chat.completions.create(**{**ask, "temperature": 0.9}, n=2, seed=7)
     for choice in sampled.choices:  # each choice its own grammar state
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content), ITEM)

@@ -16,7 +16,9 @@ from clearlm.cli.app import Activations, DType, ModelOpt, Precision, Weights, ap
 from clearlm.cli.gen_options import (
     CompileOpt,
     File,
+    GrammarOpt,
     Json,
+    JsonSchemaOpt,
     Logprobs,
     MaxNew,
     MinP,
@@ -29,6 +31,7 @@ from clearlm.cli.gen_options import (
     TopP,
     check_before_load,
     pick_prompt,
+    read_grammar,
     sampling_options,
 )  # fmt: skip
 from clearlm.cli.loader import QuietOpt, ThreadsOpt, compile_seconds, compile_step, load_model
@@ -55,15 +58,18 @@ def _run(
     compile_decode: bool = False,
     matmul_precision: str = "highest",
     activations: str = "float32",
+    grammar: str | None = None,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
     In a parallel run every rank generates alike and only rank 0 prints.
 
     Sampling values: the user's options over the model's generation_config.json over the
-    command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
+    command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS). ``grammar``: structured
+    output (:func:`clearlm.cli.gen_options.read_grammar`).
     """
     stop = check_before_load(model_name, sampling, fallback, stop)  # before torch's import
+    from clearlm.generation.grammar import grammar_state
     from clearlm.generation.loop import check_fits, generate
     from clearlm.runtime.parallel.launch import shared_seed, shutdown
 
@@ -101,6 +107,7 @@ def _run(
             max_new_tokens,
             stop or (),
             None if as_json else echo,
+            grammar_state(model.tokenizer, model.config.vocab_size, grammar),
         )
     except KeyboardInterrupt:  # keep what was printed; say so on stderr
         write_out("\n")
@@ -136,6 +143,8 @@ def generate(
     repetition_penalty: RepPen = None,
     seed: Seed = None,
     stop: Stop = None,
+    json_schema: JsonSchemaOpt = None,
+    grammar: GrammarOpt = None,
     ignore_eos: Annotated[
         bool,
         typer.Option("--ignore-eos", help="Go on past the model's end token: exactly "
@@ -165,6 +174,7 @@ def generate(
         )
     sampling = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     sampling["ignore_eos"] = ignore_eos or None  # SamplingParams.ignore_eos; None: unset
+    compiled = read_grammar(json_schema, grammar)
     _run(
         model,
         dtype,
@@ -182,6 +192,7 @@ def generate(
         compile_decode=compile_decode,
         matmul_precision=matmul_precision,
         activations=activations,
+        grammar=compiled,
     )
 
 
@@ -213,6 +224,8 @@ def chat(
     repetition_penalty: RepPen = None,
     seed: Seed = None,
     stop: Stop = None,
+    json_schema: JsonSchemaOpt = None,
+    grammar: GrammarOpt = None,
     dtype: DType = "float32",
     weights: Weights = None,
     as_json: Json = False,
@@ -238,10 +251,11 @@ def chat(
     sampling = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     placement = pl.Placement(device, tensor_parallel, pipeline_parallel, dist_timeout)
     if text is None:
-        if as_json or logprobs is not None:
+        if as_json or logprobs is not None or json_schema or grammar:
             raise typer.BadParameter(
-                "--json and --logprobs need a MESSAGE (not a conversation)", param_hint="'--json'"
-            )
+                "--json, --logprobs, --json-schema and --grammar need a MESSAGE (not a "
+                "conversation)", param_hint="'--json'",
+            )  # fmt: skip
         if placement.parallel:
             raise typer.BadParameter("a conversation runs in one process; give a MESSAGE")
         _conversation(
@@ -258,6 +272,7 @@ def chat(
         sampling, CHAT_DEFAULTS, as_json, logprobs, threads, quiet, chat=True,
         placement=placement, weights=weights, compile_decode=compile_decode,
         matmul_precision=matmul_precision, activations=activations,
+        grammar=read_grammar(json_schema, grammar),
     )  # fmt: skip
 
 

@@ -25,7 +25,6 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import llguidance
-import torch
 
 from clearlm.errors import SamplingError, SamplingParamsError
 
@@ -128,10 +127,12 @@ class GrammarState:
         if self.matcher.is_error():
             raise SamplingParamsError(f"the grammar is not usable: {self.matcher.get_error()}")
 
-    def allowed(self) -> torch.Tensor:
-        """``(V,)`` bool: True for the tokens the grammar accepts next (end ids only where the
-        text so far is complete). Unpacks the engine's bitmask: ceil(V / 32) int32 words, token
-        i is bit i % 32 of word i // 32."""
+    def allowed(self) -> Any:
+        """``(V,)`` bool tensor: True for the tokens the grammar accepts next (end ids only
+        where the text so far is complete). Unpacks the engine's bitmask: ceil(V / 32) int32
+        words, token i is bit i % 32 of word i // 32."""
+        import torch  # here, so that the CLI can compile a grammar before torch's import
+
         words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
         bits = torch.arange(32, dtype=torch.int32)  # (32,)
         mask = (words[:, None] >> bits) & 1  # (W, 32): bit b of word w is token 32w + b
