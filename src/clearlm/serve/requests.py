@@ -33,11 +33,11 @@ from clearlm.errors import ClearLMError, SamplingParamsError
 from clearlm.generation.grammar import grammar_state
 from clearlm.generation.loop import check_fits
 from clearlm.sampling.chain import SamplingParams
-from clearlm.sampling.grammar import GrammarState, compile_response_format
+from clearlm.sampling.grammar import GrammarState, compile_response_format, json_schema_grammar
 from clearlm.serve.errors import APIError, from_clearlm
 from clearlm.serve.schemas import ChatBody, CompletionBody
 from clearlm.serve.settings import sampling_params
-from clearlm.serve.tools import active_tools, template_message
+from clearlm.serve.tools import active_tools, forced_call_schema, template_message
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -82,18 +82,27 @@ class Job:
 
 
 def response_grammar(model: Model, body: Any) -> Callable[[], GrammarState | None]:
-    """What makes each choice's grammar state for the body's ``response_format`` (no grammar:
-    a function returning None). Raises APIError (400) naming the field at fault
-    (``response_format.json_schema.schema`` for a schema the engine cannot use)."""
-    fmt = body.response_format
-    if fmt is None:
+    """What makes each choice's grammar state for the body's ``response_format``, or for the
+    call a chat's ``tool_choice`` forces (no grammar: a function returning None). Raises
+    APIError (400) naming the field at fault (``response_format.json_schema.schema`` for a
+    schema the engine cannot use; ``tools`` for a forced tool's ``parameters``)."""
+    fmt, forced = body.response_format, None
+    if isinstance(body, ChatBody):
+        forced = forced_call_schema(body)
+    if forced is not None and fmt is not None and fmt.type != "text":
+        raise APIError(400, "give response_format or a tool_choice that forces a call, not both",
+                       "response_format", "invalid_value")  # fmt: skip
+    if fmt is None and forced is None:
         return lambda: None
     try:
-        grammar = compile_response_format(fmt.model_dump(by_alias=True, exclude_none=True))
+        if forced is not None:
+            grammar = json_schema_grammar(forced, "tools (a forced call's parameters)")
+        else:
+            grammar = compile_response_format(fmt.model_dump(by_alias=True, exclude_none=True))
         make = partial(grammar_state, model.tokenizer, model.config.vocab_size, grammar)
         make()  # builds the vocabulary once (here, off the event loop) and checks the grammar
     except SamplingParamsError as e:  # the message starts with the field's name
-        raise from_clearlm(e, str(e).split(" ", 1)[0]) from None
+        raise from_clearlm(e, str(e).split(" ", 1)[0].removesuffix(",")) from None
     return make
 
 
