@@ -107,8 +107,10 @@ def generate_step(
     step = getattr(model, "decode_fn", None) or decode_step
     logits = prefill(model, seq, cache)  # (1, V)
     for i in range(n_new):
-        allowed = None if grammar is None else grammar.allowed()  # (V,) bool
-        token, logprob = sampler(logits, seq, allowed)  # (1,), (1,)
+        if grammar is None:  # (a sampler of two arguments, any caller's, stays usable)
+            token, logprob = sampler(logits, seq)  # (1,), (1,)
+        else:  # the grammar's (V,) bool mask: the chain's "grammar" step
+            token, logprob = sampler(logits, seq, grammar.allowed())
         yield int(token[0]), float(logprob[0])
         if i + 1 == n_new:
             break
