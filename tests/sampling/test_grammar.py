@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import torch
 
-from clearlm.errors import SamplingParamsError
+from clearlm.errors import SamplingError, SamplingParamsError
 from clearlm.generation.grammar import grammar_state
 from clearlm.inspect.sampling_explain import explain_sampling
 from clearlm.sampling.chain import SamplingParams, filter_logits, sampling_chain
@@ -155,3 +155,19 @@ def test_grammar_step_in_chain_and_explain(smollm2) -> None:
     why = explain_sampling(logits, None, params, allowed=allowed)
     step = next(s for s in why.steps if s.name == "grammar")
     assert step.active and len(step.kept) == int(allowed.sum()) and allowed[why.token]
+
+
+def test_end_token_only_where_the_grammar_accepts(smollm2) -> None:
+    """An integer: the end ids are refused before any digit, allowed after "12" (which could
+    also go on: not done), and the state refuses a token the grammar forbids."""
+    state = smollm2.grammar(json_format({"type": "integer"}))
+    eos = sorted(smollm2.tokenizer.eos_ids)
+    assert not state.allowed()[eos].any()
+    for t in smollm2.tokenizer.encode("12", add_special_tokens=False):
+        state.advance(t)
+    allowed = state.allowed()
+    assert allowed[eos].all() and not state.is_done()
+    letter = smollm2.tokenizer.encode("a", add_special_tokens=False)[0]
+    assert not allowed[letter]
+    with pytest.raises(SamplingError, match="breaks the grammar"):
+        state.advance(letter)
