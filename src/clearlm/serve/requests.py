@@ -102,7 +102,10 @@ def response_grammar(model: Model, body: Any) -> Callable[[], GrammarState | Non
         make = partial(grammar_state, model.tokenizer, model.config.vocab_size, grammar)
         make()  # builds the vocabulary once (here, off the event loop) and checks the grammar
     except SamplingParamsError as e:  # the message starts with the field's name
-        raise from_clearlm(e, str(e).split(" ", 1)[0].removesuffix(",")) from None
+        first = str(e).split(" ", 1)[0]
+        named = first.startswith(("response_format", "tools"))
+        param = first if named else "tools" if forced else "response_format"
+        raise from_clearlm(e, param) from None
     return make
 
 
