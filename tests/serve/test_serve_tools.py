@@ -133,3 +133,7 @@ def test_qwen_tool_choice_forces_a_valid_call(qwen):
             c.chat.completions.create(**ask, tool_choice={"type": "function",
                                                           "function": {"name": "nope"}})
         assert e.value.body["param"] == "tool_choice"
+        bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "foo"}}}
+        with pytest.raises(openai.BadRequestError, match="Invalid type: foo") as e:
+            c.chat.completions.create(**{**ask, "tools": [bad]}, tool_choice="required")
+        assert e.value.body["param"] == "tools"
