@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import openai
 import pytest
 from serve_helpers import serving
@@ -63,7 +64,7 @@ def test_empty_tools_and_tool_choice_none_are_accepted(tiny):
         with pytest.raises(openai.BadRequestError, match="does not render tools") as e:
             c.chat.completions.create(**ask, tools=[WEATHER])
         assert e.value.body["param"] == "tools"
-        with pytest.raises(openai.BadRequestError, match="'required' .* is not supported"):
+        with pytest.raises(openai.BadRequestError, match="does not render tools"):
             c.chat.completions.create(**ask, tools=[WEATHER], tool_choice="required")
         assert c.chat.completions.create(**ask).choices[0].message.content == plain
 
@@ -104,3 +105,35 @@ def test_qwen_renders_tools_and_its_call_comes_back_as_tool_calls(qwen):
         want = qwen.tokenizer.encode_chat(templated, tools=[WEATHER])
         assert r2.usage.prompt_tokens == len(want)
         assert "<tool_response>\n{\"celsius\": 21}\n</tool_response>" in qwen.tokenizer.decode(want)
+
+
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "Get the local time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": False}}}  # fmt: skip
+
+
+def test_qwen_tool_choice_forces_a_valid_call(qwen):
+    """tool_choice "required" and a named function: the grammar engine constrains the answer
+    to one call of a declared tool (the named one), its arguments valid against the tool's
+    parameters, even for a question no tool answers (unforced, the model writes a haiku)."""
+    with serving(create_app(qwen, model_id="q")) as url:
+        c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300)
+        chat = [{"role": "user", "content": "Write a haiku about the sea."}]
+        ask = dict(model="q", messages=chat, tools=[WEATHER, TIME], max_tokens=40, temperature=0)
+        for choice, names in (("required", {"get_weather", "get_time"}),
+                              ({"type": "function", "function": {"name": "get_time"}},
+                               {"get_time"})):  # fmt: skip
+            r = c.chat.completions.create(**ask, tool_choice=choice).choices[0]
+            (call,) = r.message.tool_calls
+            params = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+            assert call.function.name in names and r.finish_reason == "tool_calls"
+            jsonschema.validate(json.loads(call.function.arguments), params[call.function.name])
+        with pytest.raises(openai.BadRequestError, match="not one of the tools") as e:
+            c.chat.completions.create(**ask, tool_choice={"type": "function",
+                                                          "function": {"name": "nope"}})
+        assert e.value.body["param"] == "tool_choice"
+        bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "foo"}}}
+        with pytest.raises(openai.BadRequestError, match="Invalid type: foo") as e:
+            c.chat.completions.create(**{**ask, "tools": [bad]}, tool_choice="required")
+        assert e.value.body["param"] == "tools"

@@ -17,6 +17,7 @@ from clearlm.generation.loop import Chunk, GenerationResult
 from clearlm.generation.stops import check_stop
 from clearlm.model.transformer import Transformer
 from clearlm.sampling.defaults import GENERATE_DEFAULTS
+from clearlm.sampling.grammar import compile_response_format
 from clearlm.sampling.params import SamplingParams
 from clearlm.tokenizer import Tokenizer
 
@@ -99,13 +100,14 @@ def prepare(
     stop: Any,
     params: Any,
     sampling: dict[str, Any],
-) -> tuple[list[list[int]], list[Any], list[int], list[list[str]]]:
+    response_format: Any = None,
+) -> tuple[list[list[int]], list[Any], list[int], list[list[str]], list[str | None]]:
     """Encode every prompt and resolve every row's settings (the single-prompt rules per row:
     params, or keywords over generation_config.json over GENERATE_DEFAULTS).
 
     Raises PromptTypeError / ClearLMError (a bad prompt: the message starts with its index,
     ``prompt 2: token id 999 is outside the vocabulary [0, 64)``), SamplingParamsError (a bad
-    setting)."""
+    setting, or a response_format: one for all rows, or a list with one per row)."""
     n = len(prompts)
     ids = []
     for i, p in enumerate(prompts):
@@ -118,7 +120,11 @@ def prepare(
         model.sampling_params(p, GENERATE_DEFAULTS, **{k: v[i] for k, v in keys.items()})
         for i, p in enumerate(row_values(params, n, "params"))
     ]
-    return ids, rows, row_values(max_new_tokens, n, "max_new_tokens"), row_stops(stop, n)
+    grammars = [
+        compile_response_format(f) for f in row_values(response_format, n, "response_format")
+    ]
+    limits = row_values(max_new_tokens, n, "max_new_tokens")
+    return ids, rows, limits, row_stops(stop, n), grammars
 
 
 def generate_prompts(
@@ -129,6 +135,7 @@ def generate_prompts(
     params: Any,
     on_text: Any,
     sampling: dict[str, Any],
+    response_format: Any = None,
 ) -> list[GenerationResult]:
     """``model.generate([...])``: one GenerationResult per prompt, in order.
 
@@ -136,7 +143,7 @@ def generate_prompts(
     and as :func:`prepare`; ContextLengthError for an empty or too long prompt."""
     if on_text is not None:
         raise SamplingParamsError("on_text takes one prompt's text; stream a batch instead")
-    args = prepare(model, prompts, max_new_tokens, stop, params, sampling)
+    args = prepare(model, prompts, max_new_tokens, stop, params, sampling, response_format)
     return generate_batch(model.transformer, model.tokenizer, *args)
 
 
@@ -147,9 +154,10 @@ def stream_prompts(
     stop: Any,
     params: Any,
     sampling: dict[str, Any],
+    response_format: Any = None,
 ) -> Iterator[Chunk]:
     """``model.stream([...])``: every row's chunks as produced; ``Chunk.index`` says whose.
 
     Raises as :func:`prepare`, before the first chunk."""
-    args = prepare(model, prompts, max_new_tokens, stop, params, sampling)
+    args = prepare(model, prompts, max_new_tokens, stop, params, sampling, response_format)
     return stream_batch(model.transformer, model.tokenizer, *args)

@@ -28,6 +28,7 @@ from clearlm.api.options import (
 )
 from clearlm.config import ModelConfig
 from clearlm.errors import ChatTemplateError, ClearLMError
+from clearlm.generation.grammar import grammar_state
 from clearlm.generation.loop import Chunk, GenerationResult, check_fits, generate, stream_generate
 from clearlm.generation.stops import check_stop
 from clearlm.loading.checkpoint import open_checkpoint
@@ -38,6 +39,7 @@ from clearlm.runtime.precision import parse_matmul_precision, set_matmul_precisi
 from clearlm.runtime.threads import set_threads
 from clearlm.sampling.chain import SamplingParams, softmax
 from clearlm.sampling.defaults import GENERATE_DEFAULTS, chat_defaults
+from clearlm.sampling.grammar import GrammarState, compile_response_format
 from clearlm.store.catalog import resolve_model
 from clearlm.text import decode_utf8
 from clearlm.tokenizer import Tokenizer, drop_vocab_arrays
@@ -150,6 +152,7 @@ class Model(InterpretMixin):
         max_new_tokens: int = 128,
         stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
+        response_format: dict[str, Any] | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Yield :class:`~clearlm.generation.loop.Chunk` s as tokens are generated.
@@ -159,10 +162,21 @@ class Model(InterpretMixin):
         """
         check_sampling_keywords(sampling, "stream")
         if is_batch(prompt):
-            return stream_prompts(self, prompt, max_new_tokens, stop, params, sampling)
+            return stream_prompts(
+                self, prompt, max_new_tokens, stop, params, sampling, response_format
+            )
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
-        ids, stops = self.encode(prompt), check_stop(stop)
-        return stream_generate(self.transformer, self.tokenizer, ids, params, max_new_tokens, stops)
+        ids, stops, grammar = self.encode(prompt), check_stop(stop), self.grammar(response_format)
+        return stream_generate(
+            self.transformer, self.tokenizer, ids, params, max_new_tokens, stops, grammar
+        )
+
+    def grammar(self, response_format: Any) -> GrammarState | None:
+        """A fresh grammar state for OpenAI's ``response_format`` (None: free text).
+
+        Raises SamplingParamsError naming the field and the grammar engine's reason."""
+        grammar = compile_response_format(response_format)
+        return grammar_state(self.tokenizer, self.config.vocab_size, grammar)
 
     def generate(
         self,
@@ -171,6 +185,7 @@ class Model(InterpretMixin):
         stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
         on_text: Callable[[str], None] | None = None,
+        response_format: dict[str, Any] | list[dict[str, Any] | None] | None = None,
         **sampling: Any,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate a continuation of a text (or token ids) and return it whole.
@@ -187,6 +202,11 @@ class Model(InterpretMixin):
                 (temperature, top_k, top_p, min_p, repetition_penalty, seed) over the model's
                 generation_config.json over GENERATE_DEFAULTS (temperature 0.8).
             on_text: called with each new piece of text as it is produced.
+            response_format: structured output, OpenAI's shape: ``{"type": "json_object"}``
+                or ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}``
+                (the text is then JSON that validates against the schema; it ends, with
+                finish_reason "stop", when the JSON closes); None or ``{"type": "text"}``:
+                free text. For a list of prompts, one for all or a list, one per prompt.
 
         Raises:
             SamplingParamsError: invalid or unknown settings.
@@ -194,11 +214,13 @@ class Model(InterpretMixin):
         """
         check_sampling_keywords(sampling, "generate")
         if is_batch(prompt):
-            return generate_prompts(self, prompt, max_new_tokens, stop, params, on_text, sampling)
+            return generate_prompts(
+                self, prompt, max_new_tokens, stop, params, on_text, sampling, response_format
+            )
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
-        ids = self.encode(prompt)
+        ids, stops, grammar = self.encode(prompt), check_stop(stop), self.grammar(response_format)
         return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, check_stop(stop), on_text
+            self.transformer, self.tokenizer, ids, params, max_new_tokens, stops, on_text, grammar
         )
 
     def chat(
@@ -210,6 +232,7 @@ class Model(InterpretMixin):
         on_text: Callable[[str], None] | None = None,
         parse_special_in_content: bool = False,
         system: str | None = None,
+        response_format: dict[str, Any] | None = None,
         **sampling: Any,
     ) -> GenerationResult:
         """Like :meth:`generate`, for a conversation rendered with the model's chat template.
@@ -217,15 +240,17 @@ class Model(InterpretMixin):
         Message contents are text (see :meth:`chat_prompt`, and its opt-in
         ``parse_special_in_content``); ``system`` puts a system message first (``--system``).
         Unset settings: clearlm.sampling.defaults.chat_defaults (generation_config.json's, else
-        ollama's
-        T 0.8, top_k 40, top_p 0.9, repetition_penalty 1.1; ``temperature=0``: plain greedy).
+        ollama's T 0.8, top_k 40, top_p 0.9, repetition_penalty 1.1; ``temperature=0``: plain
+        greedy). ``response_format``: structured output, as in :meth:`generate`.
         Raises ChatTemplateError when ``system`` is given and the messages start with one."""
         check_sampling_keywords(sampling, "chat")
         params = self.sampling_params(params, chat_defaults(self.generation_defaults, sampling),
                                       **sampling)
+        grammar = self.grammar(response_format)
         ids = self.chat_prompt(with_system(messages, system), parse_special_in_content)
+        stops = check_stop(stop)
         return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, check_stop(stop), on_text
+            self.transformer, self.tokenizer, ids, params, max_new_tokens, stops, on_text, grammar
         )
 
 

@@ -10,7 +10,7 @@ the model's context length; an N past it is capped, with a warning.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -65,8 +65,10 @@ def generate_within(
     stop: Sequence[str],
     on_text: Callable[[str], None] | None,
     ctx_size: int = 0,
+    grammar: Any = None,
 ) -> tuple[GenerationResult, int]:
-    """Generate from prompt ``ids`` within ``-c``'s context (see the module docstring).
+    """Generate from prompt ``ids`` within ``-c``'s context (see the module docstring);
+    ``grammar``: a GrammarState for structured output, or None.
 
     Returns:
         (the result, the most tokens it was allowed: max_new_tokens, or fewer where the context
@@ -80,7 +82,8 @@ def generate_within(
     check_prompt(len(ids), model.config.context_length, ctx_size)
     limit = context_limit(model.config.context_length, ctx_size)[0]
     n_new = min(max_new_tokens, limit - len(ids))
-    result = generate(model.transformer, model.tokenizer, ids, params, n_new, stop, on_text)
+    result = generate(model.transformer, model.tokenizer, ids, params, n_new, stop, on_text,
+                      grammar)
     if n_new < max_new_tokens and result.finish_reason == "length":
         result.finish_reason = "context_length"  # the context ended it, not -n
     return result, n_new

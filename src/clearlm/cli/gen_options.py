@@ -3,6 +3,7 @@ comes from (``-p/--prompt``, the llama.cpp spelling, as well as the positional a
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -54,6 +55,16 @@ RepPen = Annotated[
 ]  # fmt: skip
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed reproduces a run.")]
 Stop = Annotated[list[str] | None, typer.Option("--stop", help="Stop at this string (repeatable).")]
+JsonSchemaOpt = Annotated[
+    Path | None,
+    typer.Option("--json-schema", help="Structured output: answer with JSON valid against the "
+                 "JSON schema in this file (ends when the JSON closes)."),
+]  # fmt: skip
+GrammarOpt = Annotated[
+    Path | None,
+    typer.Option("--grammar", help="Structured output: only text this grammar accepts; the file "
+                 "holds a llama.cpp GBNF grammar (root ::= ...) or a Lark grammar (start: ...)."),
+]  # fmt: skip
 
 
 Json = Annotated[
@@ -146,6 +157,41 @@ def sampling_options(
     """The sampling options as the keywords of SamplingParams (None: not given)."""
     return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                 repetition_penalty=repetition_penalty, seed=seed)  # fmt: skip
+
+
+def read_grammar(json_schema: Path | None, grammar: Path | None) -> str | None:
+    """The compiled grammar of ``--json-schema FILE`` or ``--grammar FILE`` (None: neither),
+    checked before the model loads (no torch import).
+
+    Raises:
+        typer.BadParameter: both options given.
+        ClearLMError: a file that cannot be read, a schema that is not JSON.
+        SamplingParamsError: a schema or grammar the grammar engine refuses (its reason).
+    """
+    from clearlm.errors import ClearLMError
+    from clearlm.sampling.grammar import compile_grammar_text, json_schema_grammar
+
+    if json_schema is not None and grammar is not None:
+        raise typer.BadParameter(
+            "give --json-schema or --grammar, not both", param_hint="'--grammar'"
+        )
+    path = json_schema or grammar
+    if path is None:
+        return None
+    option = "--json-schema" if json_schema is not None else "--grammar"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ClearLMError(f"{option}: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ClearLMError(f"{option}: {path} is not UTF-8 text") from None
+    if grammar is not None:
+        return compile_grammar_text(text, f"--grammar {path}")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClearLMError(f"--json-schema {path} is not JSON: {e}") from None
+    return json_schema_grammar(schema, f"--json-schema {path}")
 
 
 def pick_prompt(argument: str | None, option: str | None, what: str) -> str | None:

@@ -24,7 +24,9 @@ from clearlm.cli.gen_options import (
     CompileOpt,
     EagerOpt,
     File,
+    GrammarOpt,
     Json,
+    JsonSchemaOpt,
     Logprobs,
     MaxNew,
     MinP,
@@ -39,6 +41,7 @@ from clearlm.cli.gen_options import (
     check_before_load,
     decode_mode,
     pick_prompt,
+    read_grammar,
     sampling_options,
 )  # fmt: skip
 from clearlm.cli.loader import (
@@ -73,6 +76,7 @@ def _run(
     matmul_precision: str = "highest",
     activations: str = "float32",
     ctx_size: int = 0,
+    grammar: str | None = None,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
@@ -82,8 +86,10 @@ def _run(
 
     Sampling values: the user's options over the model's generation_config.json over the
     command's defaults (GENERATE_DEFAULTS; chat: clearlm.sampling.defaults.chat_defaults).
+    ``grammar``: structured output (:func:`clearlm.cli.gen_options.read_grammar`).
     """
     stop = check_before_load(model_name, sampling, fallback, stop)  # before torch's import
+    from clearlm.generation.grammar import grammar_state
     from clearlm.runtime.parallel.launch import shared_seed, shutdown
     from clearlm.sampling.defaults import chat_defaults
 
@@ -119,7 +125,8 @@ def _run(
 
     try:
         result, n_new = generate_within(
-            model, ids, params, max_new_tokens, stop or (), None if as_json else echo, ctx_size
+            model, ids, params, max_new_tokens, stop or (), None if as_json else echo, ctx_size,
+            grammar_state(model.tokenizer, model.config.vocab_size, grammar),
         )
     except KeyboardInterrupt:  # keep what was printed; say so on stderr
         write_out("\n")
@@ -157,6 +164,8 @@ def generate(
     repetition_penalty: RepPen = None,
     seed: Seed = None,
     stop: Stop = None,
+    json_schema: JsonSchemaOpt = None,
+    grammar: GrammarOpt = None,
     ignore_eos: Annotated[
         bool,
         typer.Option("--ignore-eos", help="Go on past the model's end token: exactly "
@@ -188,6 +197,7 @@ def generate(
         )
     sampling = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     sampling["ignore_eos"] = ignore_eos or None  # SamplingParams.ignore_eos; None: unset
+    compiled = read_grammar(json_schema, grammar)
     _run(
         model,
         dtype,
@@ -206,6 +216,7 @@ def generate(
         matmul_precision=matmul_precision,
         activations=activations,
         ctx_size=ctx_size,
+        grammar=compiled,
     )
 
 
@@ -238,6 +249,8 @@ def chat(
     repetition_penalty: RepPen = None,
     seed: Seed = None,
     stop: Stop = None,
+    json_schema: JsonSchemaOpt = None,
+    grammar: GrammarOpt = None,
     dtype: DType = "float32",
     weights: Weights = None,
     as_json: Json = False,
@@ -269,10 +282,11 @@ def chat(
     sampling = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     placement = pl.Placement(device, tensor_parallel, pipeline_parallel, dist_timeout)
     if text is None:
-        if as_json or logprobs is not None:
+        if as_json or logprobs is not None or json_schema or grammar:
             raise typer.BadParameter(
-                "--json and --logprobs need a MESSAGE (not a conversation)", param_hint="'--json'"
-            )
+                "--json, --logprobs, --json-schema and --grammar need a MESSAGE (not a "
+                "conversation)", param_hint="'--json'",
+            )  # fmt: skip
         if placement.parallel:
             raise typer.BadParameter("a conversation runs in one process; give a MESSAGE")
         from clearlm.cli.repl import conversation
@@ -291,5 +305,6 @@ def chat(
         sampling, CHAT_DEFAULTS, as_json, logprobs, threads, quiet, chat=True,
         placement=placement, weights=weights, decode=decode_mode(compile_decode, eager),
         matmul_precision=matmul_precision, activations=activations, ctx_size=ctx_size,
+        grammar=read_grammar(json_schema, grammar),
     )  # fmt: skip
 

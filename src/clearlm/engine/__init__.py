@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from clearlm.sampling.grammar import GrammarState
 from clearlm.sampling.params import SamplingParams
 
-FINISH_REASONS = ("eos", "length", "context_length", "abort")
+FINISH_REASONS = ("eos", "stop", "length", "context_length", "abort")
 
 
 @dataclass
@@ -34,6 +35,9 @@ class Request:
         params: sampling settings, seed included (``params.seed``).
         max_new_tokens: most tokens to generate (≥ 1).
         top_logprobs: how many most-likely alternatives to report per token (0 = none).
+        grammar: structured output: this sequence's own grammar state
+            (:func:`clearlm.generation.grammar.grammar_state`), which masks every step's
+            logits and advances with each token; None for free text.
     """
 
     request_id: str
@@ -41,6 +45,7 @@ class Request:
     params: SamplingParams
     max_new_tokens: int
     top_logprobs: int = 0
+    grammar: GrammarState | None = None
 
 
 @dataclass
@@ -53,8 +58,8 @@ class TokenEvent:
         logprob: its log-probability under the sampling distribution (float, nats).
         top_logprobs: (token id, logprob) of the ``top_logprobs`` most likely tokens.
         finish_reason: None while the request goes on; else why it ended with this token:
-            "eos" (an end id of the model), "length" (max_new_tokens), "context_length"
-            (the context window is full).
+            "eos" (an end id of the model), "stop" (the request's grammar is complete),
+            "length" (max_new_tokens), "context_length" (the context window is full).
     """
 
     request_id: str

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from clearlm.engine import Request
 from clearlm.engine.scheduler import build_engine
 from clearlm.errors import ContextLengthError
+from clearlm.generation.grammar import grammar_state
 from clearlm.generation.loop import Chunk, GenerationResult, check_fits, check_max_new_tokens
 from clearlm.generation.text_stream import TextStream
 from clearlm.model.transformer import Transformer
@@ -31,11 +32,14 @@ def stream_batch(
     params: Sequence[SamplingParams],
     max_new_tokens: Sequence[int],
     stops: Sequence[Sequence[str]],
+    grammars: Sequence[str | None] | None = None,
 ) -> Iterator[Chunk]:
     """Yield every row's chunks as they are produced; ``Chunk.index`` says whose.
 
     Each row's chunks are those :func:`clearlm.generation.loop.stream_generate` yields for it alone
     (the last one carries its finish_reason); rows interleave, one token per row per step.
+    ``grammars``: structured output, a compiled grammar or None per row
+    (:func:`clearlm.sampling.grammar.compile_response_format`); each row gets its own state.
 
     Raises (at the call, before generating):
         ContextLengthError: a prompt is empty or leaves no room for a new token (the message
@@ -50,7 +54,7 @@ def stream_batch(
             check_fits(len(p), ctx, min(max_new_tokens[i], 1))  # 0 tokens: a full context fits
         except ContextLengthError as e:  # say which prompt of the batch
             raise ContextLengthError(f"prompt {i}: {e}") from None
-    return run_rows(model, tokenizer, prompts, params, max_new_tokens, stops)
+    return run_rows(model, tokenizer, prompts, params, max_new_tokens, stops, grammars)
 
 
 def run_rows(
@@ -60,6 +64,7 @@ def run_rows(
     params: Sequence[SamplingParams],
     max_new_tokens: Sequence[int],
     stops: Sequence[Sequence[str]],
+    grammars: Sequence[str | None] | None = None,
 ) -> Iterator[Chunk]:
     """The generator behind :func:`stream_batch` (arguments already checked)."""
     ctx = model.config.context_length
@@ -79,8 +84,11 @@ def run_rows(
         max_seq_len=size,
         prefill_chunk=sum(len(prompts[i]) for i in live),  # every prompt whole, at once
     )
+    V = model.config.vocab_size
     for i in live:
-        engine.add(Request(str(i), list(prompts[i]), params[i], max_new_tokens[i]))
+        grammar = grammar_state(tokenizer, V, grammars[i]) if grammars else None
+        request = Request(str(i), list(prompts[i]), params[i], max_new_tokens[i], grammar=grammar)
+        engine.add(request)
     while engine.has_work():
         for event in engine.step():
             i = int(event.request_id)
@@ -91,7 +99,7 @@ def run_rows(
                 yield Chunk(out, event.token, event.logprob, reason, index=i)
                 continue
             yield Chunk(out, event.token, event.logprob, index=i)
-            if event.finish_reason is not None:  # length / context_length: flush the text
+            if event.finish_reason is not None:  # length / context_length / grammar: flush
                 yield Chunk(texts[i].finish(), None, None, event.finish_reason, index=i)
 
 
@@ -102,6 +110,7 @@ def generate_batch(
     params: Sequence[SamplingParams],
     max_new_tokens: Sequence[int],
     stops: Sequence[Sequence[str]],
+    grammars: Sequence[str | None] | None = None,
 ) -> list[GenerationResult]:
     """Run :func:`stream_batch` to the end: one GenerationResult per prompt, in order.
 
@@ -114,7 +123,8 @@ def generate_batch(
     logprobs: list[list[float]] = [[] for _ in range(B)]
     reasons, firsts, ends = ["length"] * B, [0.0] * B, [0.0] * B
     t0 = time.perf_counter()
-    for chunk in stream_batch(model, tokenizer, prompts, params, max_new_tokens, stops):
+    chunks = stream_batch(model, tokenizer, prompts, params, max_new_tokens, stops, grammars)
+    for chunk in chunks:
         i, now = chunk.index, time.perf_counter()
         if chunk.token is not None:
             if not tokens[i]:

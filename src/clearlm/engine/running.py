@@ -59,30 +59,35 @@ class Running:
         """Pick the next token from logits (1, V) and say whether the request ends with it.
 
         Finish reasons, in this order (single-sequence generation's): "eos" (an end id, unless
-        the request's params say ``ignore_eos``),
+        the request's params say ``ignore_eos``), "stop" (the request's grammar is complete),
         "length" (max_new_tokens reached), "context_length" (the slot is full: prompt +
         generated tokens fill max_seq_len, so the token cannot be fed).
         """
-        history = self.history()
-        token, logprob = self.sampler(logits, history)  # (1,), (1,)
+        history, grammar = self.history(), self.request.grammar
+        allowed = None if grammar is None else grammar.allowed()  # (V,) bool: this row's mask
+        token, logprob = self.sampler(logits, history, allowed)  # (1,), (1,)
         tok = int(token[0])
-        top = self.top_logprobs(logits, history)
+        top = self.top_logprobs(logits, history, allowed)
         self.generated.append(tok)
         n, req = len(self.generated), self.request
         filled = len(req.prompt) + n
         eos = () if req.params.ignore_eos else eos_ids  # ignore_eos: an end id is a token
-        reason = finish_reason(tok, eos, n, req.max_new_tokens, filled, max_seq_len)
+        done = False
+        if grammar is not None and tok not in eos:
+            grammar.advance(tok)
+            done = grammar.is_done()
+        reason = finish_reason(tok, eos, n, req.max_new_tokens, filled, max_seq_len, done)
         return TokenEvent(self.request.request_id, tok, float(logprob[0]), top, reason)
 
     def top_logprobs(
-        self, logits: torch.Tensor, history: torch.Tensor | None
+        self, logits: torch.Tensor, history: torch.Tensor | None, allowed: torch.Tensor | None
     ) -> list[tuple[int, float]]:
         """The request's ``top_logprobs`` alternatives (:func:`top_alternatives`)."""
         k = self.request.top_logprobs
         if k == 0:
             return []
         generated = None if history is None else history[:, len(self.request.prompt) :]  # (1, n)
-        filtered = filter_logits(logits, history, self.request.params, generated)  # (1, V)
+        filtered = filter_logits(logits, history, self.request.params, generated, allowed)
         return top_alternatives(logits[0], filtered[0], k)
 
 

@@ -101,7 +101,8 @@ class SerialEngine:
             logits = prefill(self.model, run.seq, run.cache)
         req = run.request
         gen = run.seq[:, run.seq.shape[1] - len(run.generated) :]  # (1, G)
-        filtered = filter_logits(logits, run.seq, req.params, gen)  # (1, V) float32
+        allowed = None if req.grammar is None else req.grammar.allowed()  # (V,) bool
+        filtered = filter_logits(logits, run.seq, req.params, gen, allowed)  # (1, V) float32
         token, logprob = pick(filtered, req.params, run.generator)  # (1,), (1,)
         top: list[tuple[int, float]] = []
         if req.top_logprobs:
@@ -111,8 +112,12 @@ class SerialEngine:
         run.seq = torch.cat([run.seq, token.view(1, 1)], dim=1)  # (1, P + G + 1)
         n, p = len(run.generated), len(req.prompt)
         eos = () if req.params.ignore_eos else self.eos_ids  # ignore_eos: an end id is a token
+        done = False
+        if req.grammar is not None and tok not in eos:
+            req.grammar.advance(tok)
+            done = req.grammar.is_done()
         # the slot holds prompt + n_new tokens (n_new: capped by the context length)
-        reason = finish_reason(tok, eos, n, req.max_new_tokens, p + n, p + run.n_new)
+        reason = finish_reason(tok, eos, n, req.max_new_tokens, p + n, p + run.n_new, done)
         if reason is not None:
             self.running = None
         return [TokenEvent(req.request_id, tok, float(logprob[0]), top, reason)]

@@ -22,6 +22,7 @@ from clearlm.generation.text_stream import TextStream
 from clearlm.model.kv_cache import KVCache
 from clearlm.model.transformer import Transformer
 from clearlm.sampling.chain import Sampler, SamplingParams, make_sampler
+from clearlm.sampling.grammar import GrammarState
 from clearlm.sampling.params import check_logit_bias, is_int
 from clearlm.tokenizer import Tokenizer
 
@@ -84,11 +85,17 @@ def check_max_new_tokens(max_new_tokens: Any) -> None:
 
 
 def generate_step(
-    model: Transformer, prompt: Sequence[int], sampler: Sampler, max_new_tokens: int
+    model: Transformer,
+    prompt: Sequence[int],
+    sampler: Sampler,
+    max_new_tokens: int,
+    grammar: GrammarState | None = None,
 ) -> Iterator[tuple[int, float]]:
     """Yield (token id, logprob) one step at a time, up to max_new_tokens or the context length.
 
-    The caller decides when to stop earlier (EOS, stop strings) by not asking for more.
+    The caller decides when to stop earlier (EOS, stop strings, a complete grammar) by not
+    asking for more. ``grammar`` (structured output) masks each step's logits to the tokens it
+    accepts; the caller advances it with each token it takes (:func:`stream_generate` does).
     Raises ContextLengthError if the prompt is empty or leaves no room for a new token (with
     max_new_tokens 0: if it is longer than the context),
     SamplingParamsError if max_new_tokens is not an integer ≥ 0.
@@ -105,7 +112,10 @@ def generate_step(
     step = getattr(model, "decode_fn", None) or decode_step
     logits = prefill(model, seq, cache)  # (1, V)
     for i in range(n_new):
-        token, logprob = sampler(logits, seq)  # (1,), (1,)
+        if grammar is None:  # (a sampler of two arguments, any caller's, stays usable)
+            token, logprob = sampler(logits, seq)  # (1,), (1,)
+        else:  # the grammar's (V,) bool mask: the chain's "grammar" step
+            token, logprob = sampler(logits, seq, grammar.allowed())
         yield int(token[0]), float(logprob[0])
         if i + 1 == n_new:
             break
@@ -122,7 +132,8 @@ class Chunk:
             string is held back).
         token: the token id this step produced (None on the final flush chunk).
         finish_reason: None while generating; on the last chunk one of "eos" (the model's
-            end token), "stop" (a stop string), "length" (max_new_tokens), "context_length"
+            end token), "stop" (a stop string, or the grammar of structured output is
+            complete), "length" (max_new_tokens), "context_length"
             (prompt + generated tokens filled the context window).
         index: which prompt of a batch it belongs to (0 for a single prompt).
     """
@@ -171,12 +182,15 @@ def stream_generate(
     params: SamplingParams,
     max_new_tokens: int,
     stop: Sequence[str] = (),
+    grammar: GrammarState | None = None,
 ) -> Iterator[Chunk]:
     """Generate text and yield it as it is produced; the last chunk carries finish_reason.
 
     Stop strings are matched on the decoded text, so one that spans several tokens is found;
     it is not included in the output. Text that might be the beginning of a stop string is held
-    back until it is clear that it is not.
+    back until it is clear that it is not. ``grammar`` (structured output,
+    :func:`clearlm.generation.grammar.grammar_state`) allows only the tokens it accepts and
+    ends the text with "stop" once it is complete.
 
     Raises:
         ContextLengthError: the prompt leaves no room for a new token. SamplingParamsError: a
@@ -186,9 +200,13 @@ def stream_generate(
     text = TextStream(tokenizer, stop, ignore_eos=params.ignore_eos)
     n = 0
     sampler = make_sampler(params)
-    for token, logprob in generate_step(model, prompt, sampler, max_new_tokens):
+    for token, logprob in generate_step(model, prompt, sampler, max_new_tokens, grammar):
         n += 1
         out, reason = text.add(token)
+        if grammar is not None and reason is None:
+            grammar.advance(token)
+            if grammar.is_done():
+                out, reason = out + text.finish(), "stop"
         if reason is not None:
             yield Chunk(out, token, logprob, reason)
             return
@@ -207,11 +225,13 @@ def generate(
     max_new_tokens: int,
     stop: Sequence[str] = (),
     on_text: Callable[[str], None] | None = None,
+    grammar: GrammarState | None = None,
 ) -> GenerationResult:
     """Run stream_generate to the end and collect the result (optionally echoing text).
 
     Raises ClearLMError when on_text is neither None nor callable, SamplingParamsError for a
-    stop that is not a non-empty string (both before generating)."""
+    stop that is not a non-empty string (both before generating). ``grammar``: structured
+    output, as in :func:`stream_generate`."""
     if on_text is not None:
         check_callable(on_text, "on_text")
     stop = check_stop(stop)  # SamplingParamsError for a non-str or empty stop
@@ -219,7 +239,7 @@ def generate(
     reason = "length"
     t0 = time.perf_counter()
     t_first = None
-    for chunk in stream_generate(model, tokenizer, prompt, params, max_new_tokens, stop):
+    for chunk in stream_generate(model, tokenizer, prompt, params, max_new_tokens, stop, grammar):
         if chunk.token is not None:
             if t_first is None:
                 t_first = time.perf_counter()

@@ -52,17 +52,21 @@ def finish_reason(
     max_new_tokens: int,
     n_filled: int,
     capacity: int,
+    grammar_done: bool = False,
 ) -> str | None:
     """Why a sequence ends after its latest token, or None while it goes on: the one rule that
     single-sequence generation and both engines (continuous batching, serial) follow.
 
-    In this order: "eos" (``token`` is one of the model's end ids), "length" (``n_generated``
+    In this order: "eos" (``token`` is one of the model's end ids), "stop" (``grammar_done``:
+    structured output's grammar can take no further token), "length" (``n_generated``
     reached ``max_new_tokens``), "context_length" (prompt + generated tokens, ``n_filled``, fill
     the ``capacity`` of the context or of the sequence's KV-cache slot, so no further token can
     be fed). Stop strings are matched on text, by the caller (TextStream), and give "stop".
     """
     if token is not None and token in eos_ids:
         return "eos"
+    if grammar_done:
+        return "stop"
     if n_generated >= max_new_tokens:
         return "length"
     if n_filled >= capacity:

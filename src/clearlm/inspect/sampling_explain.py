@@ -25,8 +25,8 @@ class SamplingStep:
     """One step of the sampling chain and the distribution it leaves behind.
 
     Attributes:
-        name: "logits" (the distribution before any step), "repetition_penalty", "temperature",
-            "top_k", "top_p" or "min_p".
+        name: "logits" (the distribution before any step), or a chain step's name
+            ("logit_bias", "grammar", "repetition_penalty", "temperature", "top_k", ...).
         setting: the step's setting as ``SamplingParams`` holds it; None for "logits".
         active: False when the setting means "off" (or, for the penalty, there is no history),
             so the step returned its input unchanged.
@@ -129,6 +129,7 @@ def explain_sampling(
     params: SamplingParams,
     top: int = 10,
     generator: torch.Generator | None = None,
+    allowed: Tensor | None = None,
 ) -> SamplingExplanation:
     """Run :func:`make_sampler`'s chain on one row of logits step by step, and say what each did.
 
@@ -149,6 +150,8 @@ def explain_sampling(
         top: how many of the most likely tokens to list after each step (>= 1).
         generator: a generator on the logits' device to draw with; default a fresh one seeded
             with ``params.seed`` (random when None).
+        allowed: ``(V,)`` bool, the tokens a grammar accepts here (structured output,
+            :meth:`clearlm.sampling.grammar.GrammarState.allowed`): adds the "grammar" step.
 
     Raises:
         ValueError: logits are not 1-D. SamplingParamsError: ``top`` < 1.
@@ -159,7 +162,7 @@ def explain_sampling(
         raise SamplingParamsError(f"top must be an integer >= 1, got {top!r}")
     x = logits.to(torch.float32)  # (V,), as filter_logits casts
     steps = [_step("logits", None, False, x, x, top)]
-    for s in sampling_chain(params, previous_tokens):
+    for s in sampling_chain(params, previous_tokens, None, allowed):
         before = x
         if s.active:
             x = s.fn(x)

@@ -172,3 +172,14 @@ def logit_bias(logits: Tensor, bias: Mapping[int, float]) -> Tensor:
     ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)  # (n,)
     values = torch.tensor(list(bias.values()), dtype=torch.float32, device=logits.device)  # (n,)
     return logits.index_add(-1, ids, values.expand(*logits.shape[:-1], -1))  # (..., V)
+
+
+def grammar_mask(logits: Tensor, allowed: Tensor) -> Tensor:
+    """Structured output: ``-inf`` for every token a grammar forbids at this position.
+
+    ``logits`` ``(..., V)`` float, ``allowed`` ``(V,)`` or ``(..., V)`` bool (from
+    :meth:`clearlm.sampling.grammar.GrammarState.allowed`, computed on the CPU) -> ``(..., V)``
+    float32. A forbidden token can then not survive any later step, whatever its bias.
+    """
+    logits = logits.to(torch.float32)
+    return logits.masked_fill(~allowed.to(logits.device), -math.inf)  # (..., V)

@@ -72,7 +72,8 @@ class Session:
         for rid, k in self.rids.items():
             i = self.prompt_of[k]
             reqs.append(Request(rid, list(job.prompts[i]), job.params[k % n],
-                                job.max_new_tokens[i], job.top_logprobs))  # fmt: skip
+                                job.max_new_tokens[i], job.top_logprobs,
+                                grammar=job.new_grammar()))  # fmt: skip
         loop = asyncio.get_running_loop()
         try:
             await asyncio.to_thread(self.runner.add, reqs, self.sink, loop)

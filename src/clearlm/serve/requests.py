@@ -14,21 +14,30 @@ Rules (documented in README.md, "Serving"; the sampling settings: :mod:`clearlm.
 - Chat contents are text: special-token text typed in a message stays text (the injection
   rule of :meth:`clearlm.api.model.Model.chat_prompt`); a "developer" message is a system message.
   Tools: :mod:`clearlm.serve.tools`.
+- ``response_format`` (both endpoints): ``text``, ``json_object`` or ``json_schema``; each
+  choice gets its own grammar state (:func:`clearlm.generation.grammar.grammar_state`), so
+  every choice's text is JSON valid against the schema, ending ("stop") when the JSON closes.
+  A schema the grammar engine cannot use is a 400 naming ``response_format.json_schema.schema``
+  and the engine's reason.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from clearlm.api.model import Model
-from clearlm.errors import ClearLMError
+from clearlm.errors import ClearLMError, SamplingParamsError
+from clearlm.generation.grammar import grammar_state
 from clearlm.generation.loop import check_fits
 from clearlm.sampling.chain import SamplingParams
+from clearlm.sampling.grammar import GrammarState, compile_response_format, json_schema_grammar
 from clearlm.serve.errors import APIError, from_clearlm
 from clearlm.serve.schemas import ChatBody, CompletionBody
 from clearlm.serve.settings import sampling_params
-from clearlm.serve.tools import active_tools, template_message
+from clearlm.serve.tools import active_tools, forced_call_schema, template_message
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -69,6 +78,35 @@ class Job:
     score_prompts: bool = False  # echo + logprobs: the prompts' own logprobs are returned
     scored: list[Any] = field(default_factory=list)  # per prompt, filled by the app
     tools: list[dict[str, Any]] | None = None  # chat: the tools rendered (serve/tools.py)
+    new_grammar: Callable[[], GrammarState | None] = lambda: None  # a fresh state per choice
+
+
+def response_grammar(model: Model, body: Any) -> Callable[[], GrammarState | None]:
+    """What makes each choice's grammar state for the body's ``response_format``, or for the
+    call a chat's ``tool_choice`` forces (no grammar: a function returning None). Raises
+    APIError (400) naming the field at fault (``response_format.json_schema.schema`` for a
+    schema the engine cannot use; ``tools`` for a forced tool's ``parameters``)."""
+    fmt, forced = body.response_format, None
+    if isinstance(body, ChatBody):
+        forced = forced_call_schema(body)
+    if forced is not None and fmt is not None and fmt.type != "text":
+        raise APIError(400, "give response_format or a tool_choice that forces a call, not both",
+                       "response_format", "invalid_value")  # fmt: skip
+    if fmt is None and forced is None:
+        return lambda: None
+    try:
+        if forced is not None:
+            grammar = json_schema_grammar(forced, "tools (a forced call's parameters)")
+        else:
+            grammar = compile_response_format(fmt.model_dump(by_alias=True, exclude_none=True))
+        make = partial(grammar_state, model.tokenizer, model.config.vocab_size, grammar)
+        make()  # builds the vocabulary once (here, off the event loop) and checks the grammar
+    except SamplingParamsError as e:  # the message starts with the field's name
+        first = str(e).split(" ", 1)[0]
+        named = first.startswith(("response_format", "tools"))
+        param = first if named else "tools" if forced else "response_format"
+        raise from_clearlm(e, param) from None
+    return make
 
 
 def check_prompt(model: Model, prompt: list[int], max_tokens: int | None, limits: Limits,
@@ -117,6 +155,7 @@ def _common(model: Model, body: Any, max_tokens: int | None, limits: Limits,
         raise APIError(400, "a stop string must not be empty", "stop", "invalid_value")
     return dict(
         params=sampling_params(model, body, n),
+        new_grammar=response_grammar(model, body),
         stop=stop,
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),

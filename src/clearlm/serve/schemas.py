@@ -38,6 +38,23 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Strict):
+    """``response_format.json_schema``: OpenAI's named schema; ``schema`` is checked by the
+    grammar engine (clearlm.sampling.grammar), not here."""
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # accepted: the output is always constrained to the schema
+
+
+class ResponseFormat(Strict):
+    """Structured output: ``{"type": "text" | "json_object" | "json_schema", ...}``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class Sampling(Strict):
     """The fields both endpoints share. Unset (None) settings take the model's defaults."""
 
@@ -58,6 +75,7 @@ class Sampling(Strict):
     user: str | None = None  # accepted and ignored, as an end-user id for the caller's logs
     logit_bias: dict[str, float] | None = None  # token id (as JSON keys are text) -> bias
     ignore_eos: bool | None = None  # llama-server's and vLLM's: end tokens do not end a choice
+    response_format: ResponseFormat | None = None  # structured output (serve/requests.py)
 
 
 class CompletionBody(Sampling):

@@ -4,7 +4,9 @@
   transformers' ``apply_chat_template(tools=...)``); a template that never reads ``tools`` is
   refused (400, ``tools``) rather than silently leaving them out. ``tools: []`` and
   ``tool_choice: "none"`` render no tools at all. ``tool_choice: "required"`` or a named
-  function would need constrained decoding: refused (400, ``unsupported``).
+  function constrains the answer with the grammar engine (clearlm.sampling.grammar) to one
+  JSON object ``{"name": ..., "arguments": {...}}`` calling a declared tool (the named one),
+  its arguments valid against the tool's ``parameters`` schema; it comes back as a call.
 - The answer's calls are parsed from its text: each ``<tool_call>{"name": ..., "arguments":
   {...}}</tool_call>`` (the format the template describes to the model); failing those, a whole
   answer that is one such JSON object (bare or in a ```json fence, as small models write it)
@@ -38,19 +40,53 @@ def supports_tools(tokenizer: Tokenizer) -> bool:
 
 
 def active_tools(body: ChatBody, tokenizer: Tokenizer) -> list[dict[str, Any]] | None:
-    """The tools to render (None: none). Raises APIError (400) for a tool_choice that forces a
-    call, or tools the model's template cannot render."""
+    """The tools to render (None: none). Raises APIError (400) for tools the model's template
+    cannot render."""
     choice = body.tool_choice
-    if choice is not None and choice not in ("auto", "none"):
-        shown = choice if isinstance(choice, str) else "a named function"
-        raise APIError(400, f"tool_choice {shown!r} (forcing a call) is not supported; use "
-                       "'auto' or 'none'", "tool_choice", "unsupported")  # fmt: skip
     if not body.tools or choice == "none":
         return None
     if not supports_tools(tokenizer):
         raise APIError(400, "this model's chat template does not render tools; send no tools "
                        "(or tool_choice: 'none')", "tools", "unsupported")  # fmt: skip
     return [t.model_dump(exclude_none=True) for t in body.tools]
+
+
+def forced_call_schema(body: ChatBody) -> dict[str, Any] | None:
+    """The JSON schema of the one call a ``tool_choice`` of ``"required"`` or
+    ``{"type": "function", "function": {"name": ...}}`` forces (None: no call is forced): an
+    object with the tool's ``name`` (a constant) and ``arguments`` valid against its
+    ``parameters`` (any object when it has none); ``anyOf`` over the tools for "required".
+
+    Raises APIError (400, ``tool_choice``): no tools to call, a name that is not among them, or
+    a tool_choice of another shape."""
+    choice = body.tool_choice
+    if choice is None or choice in ("auto", "none"):
+        return None
+    tools = body.tools or []
+    if isinstance(choice, str):  # "required" (the schema allows no other string)
+        chosen = tools
+    else:
+        function = choice.get("function") if choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise APIError(400, 'tool_choice must be "none", "auto", "required" or {"type": '
+                           '"function", "function": {"name": ...}}', "tool_choice",
+                           "invalid_value")  # fmt: skip
+        chosen = [t for t in tools if t.function.name == name]
+        if tools and not chosen:
+            raise APIError(400, f"tool_choice names {name!r}, which is not one of the tools",
+                           "tool_choice", "invalid_value")  # fmt: skip
+    if not chosen:
+        raise APIError(400, "tool_choice forces a call, but the request has no tools; send "
+                       "tools", "tool_choice", "invalid_value")  # fmt: skip
+    calls = [
+        {"type": "object",
+         "properties": {"name": {"const": t.function.name},
+                        "arguments": t.function.parameters or {"type": "object"}},
+         "required": ["name", "arguments"], "additionalProperties": False}
+        for t in chosen
+    ]  # fmt: skip
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
 def arguments(text: str) -> Any:

@@ -1,0 +1,55 @@
+"""``clearlm chat --json-schema FILE`` on the real default model: the text validates (jsonschema)
+and equals the Python API's with the same settings (``--grammar``'s text goes the same way; the
+API test, tests/sampling/test_grammar.py, runs a GBNF grammar); a schema or grammar the engine
+refuses is one line and a non-zero exit before the model loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jsonschema
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"enum": ["yes", "no"]},
+        "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+    },
+    "required": ["answer", "confidence"],
+    "additionalProperties": False,
+}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clearlm", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_chat_json_schema_equals_the_api(smollm2, smollm2_path, tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(SCHEMA))
+    proc = cli("chat", "Is the sky blue?", "-m", str(smollm2_path), "--weights", "float32",
+               "--json-schema", str(path), "--json", "-q")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    jsonschema.validate(json.loads(out["text"]), SCHEMA)
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}
+    api = smollm2.chat("Is the sky blue?", response_format=fmt)  # chat: greedy by default
+    assert out["text"] == api.text and out["finish_reason"] == api.finish_reason == "stop"
+
+
+def test_bad_schema_grammar_and_both_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"type": "foo"}')
+    proc = cli("chat", "hi", "--json-schema", str(bad))
+    assert proc.returncode != 0 and proc.stderr.strip().count("\n") == 0
+    assert "--json-schema" in proc.stderr and "Invalid type: foo" in proc.stderr
+    gbnf = tmp_path / "g.gbnf"
+    gbnf.write_text("root ::= (((")
+    proc = cli("generate", "hi", "--grammar", str(gbnf))
+    assert proc.returncode != 0 and "--grammar" in proc.stderr and "GBNF" in proc.stderr
+    proc = cli("generate", "hi", "--grammar", str(gbnf), "--json-schema", str(bad))
+    assert proc.returncode == 2 and "not both" in proc.stderr
