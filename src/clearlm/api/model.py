@@ -24,9 +24,10 @@ from clearlm.api.options import (
     parse_weights,
     use_int8_activations,
 )
+from clearlm.api.speculative import make_drafter, refuse_batch, run_generate, run_stream
 from clearlm.config import ModelConfig
 from clearlm.errors import ChatTemplateError, ClearLMError
-from clearlm.generation.loop import Chunk, GenerationResult, check_fits, generate, stream_generate
+from clearlm.generation.loop import Chunk, GenerationResult, check_fits
 from clearlm.generation.stops import check_stop
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
@@ -148,6 +149,9 @@ class Model(InterpretMixin):
         max_new_tokens: int = 128,
         stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
+        draft: Model | None = None,
+        prompt_lookup: bool = False,
+        num_draft: int | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Yield :class:`~clearlm.generation.loop.Chunk` s as tokens are generated.
@@ -156,11 +160,13 @@ class Model(InterpretMixin):
         come (``chunk.index``: which prompt). Raises SamplingParamsError, ContextLengthError.
         """
         check_sampling_keywords(sampling, "stream")
+        drafter = make_drafter(self, draft, prompt_lookup, num_draft)
         if is_batch(prompt):
+            refuse_batch(drafter)
             return stream_prompts(self, prompt, max_new_tokens, stop, params, sampling)
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         ids, stops = self.encode(prompt), check_stop(stop)
-        return stream_generate(self.transformer, self.tokenizer, ids, params, max_new_tokens, stops)
+        return run_stream(self, ids, params, max_new_tokens, stops, drafter)
 
     def generate(
         self,
@@ -169,6 +175,9 @@ class Model(InterpretMixin):
         stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
         on_text: Callable[[str], None] | None = None,
+        draft: Model | None = None,
+        prompt_lookup: bool = False,
+        num_draft: int | None = None,
         **sampling: Any,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate a continuation of a text (or token ids) and return it whole.
@@ -185,19 +194,25 @@ class Model(InterpretMixin):
                 (temperature, top_k, top_p, min_p, repetition_penalty, seed) over the model's
                 generation_config.json over GENERATE_DEFAULTS (temperature 0.8).
             on_text: called with each new piece of text as it is produced.
+            draft, prompt_lookup, num_draft: speculative decoding (one prompt): a smaller
+                loaded Model with the same tokenizer drafts ``num_draft`` tokens (default 5),
+                or ``prompt_lookup=True`` copies them from the text so far (default 10); the
+                model checks them in one pass. Greedy output is plain greedy's; sampled output
+                has plain sampling's distribution (clearlm.generation.speculative). The
+                result's ``speculative`` holds the acceptance counts.
 
         Raises:
             SamplingParamsError: invalid or unknown settings.
             ContextLengthError: the prompt is empty or too long.
         """
         check_sampling_keywords(sampling, "generate")
+        drafter = make_drafter(self, draft, prompt_lookup, num_draft)
         if is_batch(prompt):
+            refuse_batch(drafter)
             return generate_prompts(self, prompt, max_new_tokens, stop, params, on_text, sampling)
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         ids = self.encode(prompt)
-        return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, check_stop(stop), on_text
-        )
+        return run_generate(self, ids, params, max_new_tokens, check_stop(stop), on_text, drafter)
 
     def chat(
         self,
@@ -208,20 +223,23 @@ class Model(InterpretMixin):
         on_text: Callable[[str], None] | None = None,
         parse_special_in_content: bool = False,
         system: str | None = None,
+        draft: Model | None = None,
+        prompt_lookup: bool = False,
+        num_draft: int | None = None,
         **sampling: Any,
     ) -> GenerationResult:
         """Like :meth:`generate`, for a conversation rendered with the model's chat template.
 
         Message contents are text (see :meth:`chat_prompt`, and its opt-in
         ``parse_special_in_content``); ``system`` puts a system message first (as the CLI's
-        ``--system``). Unset settings default to greedy decoding (CHAT_DEFAULTS: temperature 0).
+        ``--system``). Unset settings default to greedy decoding (CHAT_DEFAULTS: temperature 0);
+        ``draft`` / ``prompt_lookup`` / ``num_draft`` as in :meth:`generate`.
         Raises ChatTemplateError when ``system`` is given and the messages start with one."""
         check_sampling_keywords(sampling, "chat")
+        drafter = make_drafter(self, draft, prompt_lookup, num_draft)
         params = self.sampling_params(params, CHAT_DEFAULTS, **sampling)
         ids = self.chat_prompt(with_system(messages, system), parse_special_in_content)
-        return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, check_stop(stop), on_text
-        )
+        return run_generate(self, ids, params, max_new_tokens, check_stop(stop), on_text, drafter)
 
 
 def load(
