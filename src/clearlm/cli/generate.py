@@ -34,6 +34,13 @@ from clearlm.cli.gen_options import (
 from clearlm.cli.loader import QuietOpt, ThreadsOpt, compile_seconds, compile_step, load_model
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
+from clearlm.cli.speculative import (
+    DraftOpt,
+    NumDraftOpt,
+    PromptLookupOpt,
+    check_speculative,
+    load_drafter,
+)
 from clearlm.text import clean_arg
 
 
@@ -55,22 +62,27 @@ def _run(
     compile_decode: bool = False,
     matmul_precision: str = "highest",
     activations: str = "float32",
+    speculative: dict[str, Any] | None = None,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
-    In a parallel run every rank generates alike and only rank 0 prints.
+    In a parallel run every rank generates alike and only rank 0 prints. ``speculative``:
+    the --draft / --prompt-lookup / --num-draft values (clearlm.cli.speculative).
 
     Sampling values: the user's options over the model's generation_config.json over the
     command's defaults (the API's GENERATE_DEFAULTS / CHAT_DEFAULTS).
     """
     stop = check_before_load(model_name, sampling, fallback, stop)  # before torch's import
-    from clearlm.generation.loop import check_fits, generate
+    placement = placement or pl.Placement()
+    spec = speculative or dict(draft=None, prompt_lookup=False, num_draft=None)
+    check_speculative(**spec, parallel=placement.parallel)
+    from clearlm.api.speculative import run_generate
+    from clearlm.generation.loop import check_fits
     from clearlm.runtime.parallel.launch import shared_seed, shutdown
 
     as_json = as_json or logprobs is not None
     given = {k: v for k, v in sampling.items() if v is not None}
     # The prompt is built on the header first: no chat template or too long fails before weights
-    placement = placement or pl.Placement()
     prints = placement.prints
     quiet = quiet or not prints
     model = load_model(
@@ -79,6 +91,9 @@ def _run(
         placement=placement,
         weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
+    options = dict(dtype=dtype, threads=threads, weights=weights,
+                   matmul_precision=matmul_precision, activations=activations)  # fmt: skip
+    drafter = load_drafter(model, **spec, quiet=quiet, **options)
     if compile_decode:
         compile_step(model, quiet or max_new_tokens < 2)  # -n 0 / 1: no decode step follows
     params = model.sampling_params(None, fallback, **given)
@@ -93,15 +108,8 @@ def _run(
             write_out(text)
 
     try:
-        result = generate(
-            model.transformer,
-            model.tokenizer,
-            ids,
-            params,
-            max_new_tokens,
-            stop or (),
-            None if as_json else echo,
-        )
+        on_text = None if as_json else echo
+        result = run_generate(model, ids, params, max_new_tokens, stop or (), on_text, drafter)
     except KeyboardInterrupt:  # keep what was printed; say so on stderr
         write_out("\n")
         n = len("".join(shown))  # characters shown
@@ -149,6 +157,9 @@ def generate(
     compile_decode: CompileOpt = False,
     matmul_precision: Precision = "highest",
     activations: Activations = "float32",
+    draft: DraftOpt = None,
+    prompt_lookup: PromptLookupOpt = False,
+    num_draft: NumDraftOpt = None,
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.sampling.defaults import GENERATE_DEFAULTS  # no torch: usage errors answer at once
@@ -176,6 +187,7 @@ def generate(
         compile_decode=compile_decode,
         matmul_precision=matmul_precision,
         activations=activations,
+        speculative=dict(draft=draft, prompt_lookup=prompt_lookup, num_draft=num_draft),
     )
 
 
@@ -220,6 +232,9 @@ def chat(
     compile_decode: CompileOpt = False,
     matmul_precision: Precision = "highest",
     activations: Activations = "float32",
+    draft: DraftOpt = None,
+    prompt_lookup: PromptLookupOpt = False,
+    num_draft: NumDraftOpt = None,
 ) -> None:
     """Answer MESSAGE with the model's own chat template (greedy by default); with no MESSAGE,
     a conversation: one message a line, /help for commands, Ctrl-D to leave. The messages are
@@ -231,6 +246,7 @@ def chat(
     stops, special = [clean_arg(x) for x in stop or ()], parse_special_in_content
     sampling = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     placement = pl.Placement(device, tensor_parallel, pipeline_parallel, dist_timeout)
+    spec = dict(draft=draft, prompt_lookup=prompt_lookup, num_draft=num_draft)
     if text is None:
         if as_json or logprobs is not None:
             raise typer.BadParameter(
@@ -241,7 +257,7 @@ def chat(
         _conversation(
             model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet,
             placement,
-            weights, matmul_precision, activations, compile_decode,
+            weights, matmul_precision, activations, compile_decode, spec,
         )  # fmt: skip
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -251,7 +267,7 @@ def chat(
         model, dtype, lambda m: m.chat_prompt(messages, special), max_new_tokens, stops,
         sampling, CHAT_DEFAULTS, as_json, logprobs, threads, quiet, chat=True,
         placement=placement, weights=weights, compile_decode=compile_decode,
-        matmul_precision=matmul_precision, activations=activations,
+        matmul_precision=matmul_precision, activations=activations, speculative=spec,
     )  # fmt: skip
 
 
@@ -270,12 +286,16 @@ def _conversation(
     matmul_precision: str = "highest",
     activations: str = "float32",
     compile_decode: bool = False,
+    spec: dict[str, Any] | None = None,
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of clearlm.cli.repl
-    (``compile_decode``: every answer decodes through the compiled step, as generate's)."""
+    (``compile_decode``: every answer decodes through the compiled step, as generate's;
+    ``spec``: the speculative options, as _run's)."""
     from clearlm.sampling.defaults import CHAT_DEFAULTS  # no torch: usage errors answer at once
 
     stop = check_before_load(model_name, sampling, CHAT_DEFAULTS, stop)
+    spec = spec or dict(draft=None, prompt_lookup=False, num_draft=None)
+    check_speculative(**spec)
     given = {k: v for k, v in sampling.items() if v is not None}
     m = load_model(
         model_name, dtype, threads, quiet,
@@ -283,9 +303,11 @@ def _conversation(
         placement=placement,
         weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
+    drafter = load_drafter(m, **spec, quiet=quiet, dtype=dtype, threads=threads, weights=weights,
+                           matmul_precision=matmul_precision, activations=activations)
     if compile_decode:
         compile_step(m, quiet)
     params = m.sampling_params(None, CHAT_DEFAULTS, **given)
     from clearlm.cli.repl import run_repl  # (imports torch: after the checks above)
 
-    run_repl(m, params, max_new_tokens, stop, system, parse_special_in_content, quiet)
+    run_repl(m, params, max_new_tokens, stop, system, parse_special_in_content, quiet, drafter)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from clearlm.api.speculative import run_generate
 from clearlm.cli.app import err
 from clearlm.cli.loader import compile_seconds
 from clearlm.cli.output import print_stats, write_out
 from clearlm.errors import ClearLMError
-from clearlm.generation.loop import generate
 
 if TYPE_CHECKING:
     from clearlm.api.model import Model
@@ -79,6 +79,7 @@ def _answer(
     stop: Sequence[str],
     parse_special_in_content: bool = False,
     quiet: bool = False,
+    drafter: Any = None,
 ) -> None:
     """Stream one answer to the last user message and keep it; on Ctrl-C or an error the
     unanswered message is dropped so the conversation stays well formed. With ``--compile``,
@@ -86,9 +87,7 @@ def _answer(
     compiled_before = compile_seconds(model)
     try:
         ids = model.chat_prompt(conv.messages(), parse_special_in_content)
-        result = generate(
-            model.transformer, model.tokenizer, ids, params, max_new_tokens, stop, write_out
-        )
+        result = run_generate(model, ids, params, max_new_tokens, stop, write_out, drafter)
     except KeyboardInterrupt:
         conv.turns.pop()
         write_out("\n")
@@ -113,10 +112,12 @@ def run_repl(
     system: str | None,
     parse_special_in_content: bool = False,
     quiet: bool = False,
+    drafter: Any = None,
 ) -> None:
     """Read messages until end of input or /bye, answering each with the whole history
     (message text stays text unless ``parse_special_in_content``, see Model.chat_prompt);
-    ``quiet`` leaves out the banner and each answer's stats line."""
+    ``quiet`` leaves out the banner and each answer's stats line; ``drafter``: speculative
+    decoding for every answer (clearlm.cli.speculative)."""
     interactive = sys.stdin.isatty()
     conv = Conversation(system)
     if interactive:
@@ -142,7 +143,8 @@ def run_repl(
             continue
         conv.turns.append({"role": "user", "content": line})
         try:
-            _answer(model, conv, params, max_new_tokens, stop, parse_special_in_content, quiet)
+            _answer(model, conv, params, max_new_tokens, stop, parse_special_in_content, quiet,
+                    drafter)
         except KeyboardInterrupt:  # Ctrl-C just outside the generation: keep turns paired
             if conv.turns and conv.turns[-1]["role"] == "user":
                 conv.turns.pop()
