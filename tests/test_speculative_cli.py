@@ -126,3 +126,27 @@ def test_server_with_prompt_lookup_answers_as_without(tiny_path):
                                           temperature=0)  # fmt: skip
             texts.append(r.choices[0].text)
     assert texts[0] == texts[1] and texts[0]
+
+
+def test_smollm2_drafting_for_itself_keeps_every_draft(smollm2):
+    """The draft path on a real model: q = p, so every draft is kept and the rollback of the
+    draft's own cache is exercised by the bonus tokens; the tokens are plain greedy's."""
+    plain = smollm2.chat("Write a haiku about the sea.", max_new_tokens=40)
+    spec = smollm2.chat("Write a haiku about the sea.", max_new_tokens=40, draft=smollm2,
+                        num_draft=4)  # fmt: skip
+    assert spec.tokens == plain.tokens
+    s = spec.speculative
+    assert s.accepted == s.drafted > 0 and s.steps <= -(-(len(spec.tokens) - 1) // 5) + 1
+
+
+@pytest.mark.large
+def test_qwen15_greedy_with_the_05b_draft_equals_plain():
+    """The pairing the option is for: Qwen2.5-Coder-0.5B drafting for the 1.5B (same
+    tokenizer), greedy on a code prompt, the same tokens as plain decoding."""
+    target = clearlm.load("qwen2.5-coder-1.5b-instruct")
+    draft = clearlm.load("qwen2.5-coder-0.5b-instruct")
+    prompt = "Write a Python function that returns the n-th Fibonacci number, iteratively."
+    plain = target.chat(prompt, max_new_tokens=96)
+    spec = target.chat(prompt, max_new_tokens=96, draft=draft)
+    assert spec.tokens == plain.tokens
+    assert spec.speculative.acceptance_rate > 0.5
