@@ -35,7 +35,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    return write_tiny_llama(tmp_path_factory.mktemp("specli") / "t.gguf", context_length=64)
+    return write_tiny_llama(tmp_path_factory.mktemp("specli") / "t.gguf", context_length=256)
 
 
 def test_smollm2_greedy_with_prompt_lookup_equals_plain(smollm2):
@@ -66,6 +66,8 @@ def test_cli_refuses_bad_combinations_in_one_line(tiny_path):
     assert both.returncode == 2 and "not both" in both.stderr
     alone = cli("generate", "hi", "-m", str(tiny_path), "--num-draft", "3")
     assert alone.returncode == 2 and "--num-draft needs" in alone.stderr
+    compiled = cli("chat", "hi", "-m", str(tiny_path), "--prompt-lookup", "--compile")
+    assert compiled.returncode == 2 and "leave one out" in compiled.stderr
     missing = cli("generate", "hi", "-m", str(tiny_path), "--draft", "/nonexistent.gguf")
     assert missing.returncode == 3 and "draft model file not found" in missing.stderr
 
@@ -88,6 +90,18 @@ def test_cli_draft_model_equals_plain(tiny_path):
     assert spec.stdout == plain.stdout
 
 
+def test_chat_conversation_with_prompt_lookup_answers_as_without(tiny_path):
+    def converse(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "clearlm", "chat", "-m", str(tiny_path), "-n", "12", "-q",
+             *extra], input="hello\nhello again\n", capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    plain, spec = converse(), converse("--prompt-lookup", "--num-draft", "4")
+    assert plain.returncode == spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout and len(plain.stdout) > 2
+
+
 def test_engine_tokens_equal_the_serial_engines(tiny_path):
     tiny = clearlm.load(tiny_path)
     greedy, sampled = SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=3)
@@ -95,7 +109,7 @@ def test_engine_tokens_equal_the_serial_engines(tiny_path):
     spec = SpeculativeEngine(tiny.transformer, [], DraftModel(tiny.transformer, 4))
     for engine in (plain, spec):
         engine.add(Request("a", [5, 6, 7], greedy, 12, top_logprobs=3))
-        engine.add(Request("b", list(range(10, 60)), greedy, 30))  # 50 tokens: room for 14
+        engine.add(Request("b", list(range(10, 252)), greedy, 30))  # 242 tokens: room for 14
         engine.add(Request("c", [8, 9], sampled, 5))
     out = {}
     for name, engine in (("plain", plain), ("spec", spec)):

@@ -75,7 +75,7 @@ def _run(
     stop = check_before_load(model_name, sampling, fallback, stop)  # before torch's import
     placement = placement or pl.Placement()
     spec = speculative or dict(draft=None, prompt_lookup=False, num_draft=None)
-    check_speculative(**spec, parallel=placement.parallel)
+    check_speculative(**spec, parallel=placement.parallel, compiled=compile_decode)
     from clearlm.api.speculative import run_generate
     from clearlm.generation.loop import check_fits
     from clearlm.runtime.parallel.launch import shared_seed, shutdown
@@ -295,7 +295,7 @@ def _conversation(
 
     stop = check_before_load(model_name, sampling, CHAT_DEFAULTS, stop)
     spec = spec or dict(draft=None, prompt_lookup=False, num_draft=None)
-    check_speculative(**spec)
+    check_speculative(**spec, compiled=compile_decode)
     given = {k: v for k, v in sampling.items() if v is not None}
     m = load_model(
         model_name, dtype, threads, quiet,

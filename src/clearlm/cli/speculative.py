@@ -43,11 +43,13 @@ NumDraftOpt = Annotated[
 
 
 def check_speculative(
-    draft: str | None, prompt_lookup: bool, num_draft: int | None, parallel: bool = False
+    draft: str | None, prompt_lookup: bool, num_draft: int | None, parallel: bool = False,
+    compiled: bool = False,
 ) -> None:
     """Refuse a bad combination before anything loads (usage errors, exit 2): --draft with
-    --prompt-lookup, --num-draft alone, either in a parallel run; and a draft that is not
-    there (ModelNotFoundError, exit 3)."""
+    --prompt-lookup, --num-draft alone, either in a parallel run or with --compile (the
+    verify passes run eagerly: the compiled one-token step would go unused); and a draft that
+    is not there (ModelNotFoundError, exit 3)."""
     if draft is not None and prompt_lookup:
         raise typer.BadParameter("give --draft MODEL or --prompt-lookup, not both",
                                  param_hint="'--draft'")  # fmt: skip
@@ -57,6 +59,9 @@ def check_speculative(
     if parallel and (draft is not None or prompt_lookup):
         raise typer.BadParameter("speculative decoding runs in one process; leave out "
                                  "--tensor-parallel / --pipeline-parallel", param_hint="'--draft'")
+    if compiled and (draft is not None or prompt_lookup):
+        raise typer.BadParameter("--compile compiles the one-token step, which speculative "
+                                 "decoding does not use; leave one out", param_hint="'--compile'")
     if draft is not None:
         from clearlm.errors import ModelNotFoundError
         from clearlm.store.catalog import resolve_model
