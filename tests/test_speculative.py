@@ -198,6 +198,9 @@ def test_stream_and_chat_take_the_same_options(pair):
     chunks = list(target.stream("hello", max_new_tokens=12, temperature=0, draft=draft))
     plain = target.generate("hello", max_new_tokens=12, temperature=0)
     assert [c.token for c in chunks if c.token is not None] == plain.tokens
+    lookup = PromptLookup(num_draft=3, max_ngram=2, min_ngram=2)  # its own n-gram lengths
+    own = target.generate("hello", max_new_tokens=12, temperature=0, prompt_lookup=lookup)
+    assert own.tokens == plain.tokens
     chat = target.chat("hi", max_new_tokens=12, prompt_lookup=True)
     assert chat.tokens == target.chat("hi", max_new_tokens=12).tokens
     assert chat.speculative is not None and plain.speculative is None
@@ -258,7 +261,8 @@ def test_bad_options_are_refused(pair, tmp_path):
         (dict(draft=draft, prompt_lookup=True), "not both"),
         (dict(num_draft=3), "num_draft needs"),
         (dict(draft="qwen"), "draft must be a loaded Model"),
-        (dict(prompt_lookup="yes"), "prompt_lookup must be True or False"),
+        (dict(prompt_lookup="yes"), "prompt_lookup must be True, False or a PromptLookup"),
+        (dict(prompt_lookup=PromptLookup(), num_draft=3), "sets its own num_draft"),
         (dict(prompt_lookup=True, num_draft=0), "num_draft must be an integer ≥ 1"),
     ]
     for kw, msg in cases:

@@ -27,6 +27,7 @@ from clearlm.api.options import (
 from clearlm.api.speculative import make_drafter, refuse_batch, run_generate, run_stream
 from clearlm.config import ModelConfig
 from clearlm.errors import ChatTemplateError, ClearLMError
+from clearlm.generation.drafters import PromptLookup
 from clearlm.generation.loop import Chunk, GenerationResult, check_fits
 from clearlm.generation.stops import check_stop
 from clearlm.loading.checkpoint import open_checkpoint
@@ -150,7 +151,7 @@ class Model(InterpretMixin):
         stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
         draft: Model | None = None,
-        prompt_lookup: bool = False,
+        prompt_lookup: bool | PromptLookup = False,
         num_draft: int | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
@@ -176,7 +177,7 @@ class Model(InterpretMixin):
         params: SamplingParams | None = None,
         on_text: Callable[[str], None] | None = None,
         draft: Model | None = None,
-        prompt_lookup: bool = False,
+        prompt_lookup: bool | PromptLookup = False,
         num_draft: int | None = None,
         **sampling: Any,
     ) -> GenerationResult | list[GenerationResult]:
@@ -224,7 +225,7 @@ class Model(InterpretMixin):
         parse_special_in_content: bool = False,
         system: str | None = None,
         draft: Model | None = None,
-        prompt_lookup: bool = False,
+        prompt_lookup: bool | PromptLookup = False,
         num_draft: int | None = None,
         **sampling: Any,
     ) -> GenerationResult:

@@ -27,23 +27,33 @@ PROMPT_LOOKUP_K = 10
 
 
 def make_drafter(
-    target: Any, draft: Any = None, prompt_lookup: bool = False, num_draft: int | None = None
+    target: Any,
+    draft: Any = None,
+    prompt_lookup: bool | PromptLookup = False,
+    num_draft: int | None = None,
 ) -> Drafter | None:
     """The drafter the options ask for, or None (plain decoding).
 
     Args:
         target: the Model that generates (its tokenizer and vocabulary size).
         draft: a loaded Model (``clearlm.load(...)``) with the same tokenizer, or None.
-        prompt_lookup: draft by n-gram lookup in the prompt and the text so far.
+        prompt_lookup: draft by n-gram lookup in the prompt and the text so far; True, or a
+            :class:`~clearlm.generation.drafters.PromptLookup` with its own n-gram lengths.
         num_draft: most tokens drafted per step (default 5 with a draft model, 10 with lookup).
 
     Raises:
         SamplingParamsError: both draft and prompt_lookup, num_draft without either, a draft
             that is not a Model, on another device, or with another tokenizer.
     """
+    if isinstance(prompt_lookup, PromptLookup):
+        if draft is not None or num_draft is not None:
+            raise SamplingParamsError("a PromptLookup drafter sets its own num_draft; give it "
+                                      "alone, without draft= or num_draft=")
+        return prompt_lookup
     if not isinstance(prompt_lookup, bool):
         raise SamplingParamsError(
-            f"prompt_lookup must be True or False, got {type_name(prompt_lookup)} {prompt_lookup!r}"
+            f"prompt_lookup must be True, False or a PromptLookup, got {type_name(prompt_lookup)} "
+            f"{prompt_lookup!r}"
         )
     if draft is not None and prompt_lookup:
         raise SamplingParamsError("give draft= or prompt_lookup=True, not both")

@@ -30,6 +30,7 @@ import torch
 
 from clearlm.generation.drafters import Draw, Filter, SpeculativeStats
 from clearlm.generation.loop import (
+    Chunk,
     GenerationResult,
     check_fits,
     check_max_new_tokens,
@@ -262,7 +263,7 @@ def speculative_stream(
     max_new_tokens: int,
     drafter: Drafter,
     stop: Sequence[str] = (),
-) -> Iterator:
-    """:func:`clearlm.generation.loop.stream_generate` with speculative steps (Chunks)."""
+) -> Iterator[Chunk]:
+    """:func:`clearlm.generation.loop.stream_generate` with speculative steps."""
     steps = speculative_generate_step(model, prompt, params, max_new_tokens, drafter)
     return stream_generate(model, tokenizer, prompt, params, max_new_tokens, stop, steps)
