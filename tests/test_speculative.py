@@ -204,6 +204,9 @@ def test_stream_and_chat_take_the_same_options(pair):
     chat = target.chat("hi", max_new_tokens=12, prompt_lookup=True)
     assert chat.tokens == target.chat("hi", max_new_tokens=12).tokens
     assert chat.speculative is not None and plain.speculative is None
+    runs = [target.generate("hello hel", max_new_tokens=16, temperature=0.9, seed=5, draft=draft)
+            for _ in range(2)]  # fmt: skip
+    assert runs[0].tokens == runs[1].tokens  # a seed reproduces a sampled speculative run
 
 
 # --- sampled: plain sampling's distribution ------------------------------------------------
