@@ -64,6 +64,8 @@ def test_cli_refuses_bad_combinations_in_one_line(tiny_path):
     both = cli("generate", "hi", "-m", str(tiny_path), "--draft", str(tiny_path),
                "--prompt-lookup")  # fmt: skip
     assert both.returncode == 2 and "not both" in both.stderr
+    served = cli("serve", str(tiny_path), "--draft", str(tiny_path), "--prompt-lookup")
+    assert served.returncode == 2 and "not both" in served.stderr  # before binding a port
     alone = cli("generate", "hi", "-m", str(tiny_path), "--num-draft", "3")
     assert alone.returncode == 2 and "--num-draft needs" in alone.stderr
     compiled = cli("chat", "hi", "-m", str(tiny_path), "--prompt-lookup", "--compile")
