@@ -3,7 +3,7 @@
 ``model.py`` is :class:`Model` and :func:`load`, ``options.py`` parses the load options
 (weights, dtype, activations), ``checks.py`` the generate/chat arguments, ``interpret.py``
 Model's interpretability methods (trace, logit lens, attention), ``batch.py`` the
-list-of-prompts path onto the engine.
+list-of-prompts path onto the engine, ``speculative.py`` the draft= / prompt_lookup= options.
 
 May import every package below it (runtime, engine, inspect, loading, generation, sampling,
 model, tokenizer, store, ...); only the front doors (serve, ui, cli) import it. ``Model`` and

@@ -26,10 +26,12 @@ from clearlm.api.options import (
     parse_weights,
     use_int8_activations,
 )
+from clearlm.api.speculative import make_drafter, refuse_batch, run_generate, run_stream
 from clearlm.config import ModelConfig
 from clearlm.errors import ChatTemplateError, ClearLMError
+from clearlm.generation.drafters import PromptLookup
 from clearlm.generation.grammar import grammar_state
-from clearlm.generation.loop import Chunk, GenerationResult, check_fits, generate, stream_generate
+from clearlm.generation.loop import Chunk, GenerationResult, check_fits
 from clearlm.generation.stops import check_stop
 from clearlm.loading.checkpoint import open_checkpoint
 from clearlm.model.transformer import Transformer
@@ -153,6 +155,9 @@ class Model(InterpretMixin):
         stop: str | Sequence[str] | None = None,
         params: SamplingParams | None = None,
         response_format: dict[str, Any] | None = None,
+        draft: Model | None = None,
+        prompt_lookup: bool | PromptLookup = False,
+        num_draft: int | None = None,
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Yield :class:`~clearlm.generation.loop.Chunk` s as tokens are generated.
@@ -161,15 +166,15 @@ class Model(InterpretMixin):
         come (``chunk.index``: which prompt). Raises SamplingParamsError, ContextLengthError.
         """
         check_sampling_keywords(sampling, "stream")
+        drafter = make_drafter(self, draft, prompt_lookup, num_draft)
         if is_batch(prompt):
+            refuse_batch(drafter)
             return stream_prompts(
                 self, prompt, max_new_tokens, stop, params, sampling, response_format
             )
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         ids, stops, grammar = self.encode(prompt), check_stop(stop), self.grammar(response_format)
-        return stream_generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, stops, grammar
-        )
+        return run_stream(self, ids, params, max_new_tokens, stops, drafter, grammar)
 
     def grammar(self, response_format: Any) -> GrammarState | None:
         """A fresh grammar state for OpenAI's ``response_format`` (None: free text).
@@ -186,6 +191,9 @@ class Model(InterpretMixin):
         params: SamplingParams | None = None,
         on_text: Callable[[str], None] | None = None,
         response_format: dict[str, Any] | list[dict[str, Any] | None] | None = None,
+        draft: Model | None = None,
+        prompt_lookup: bool | PromptLookup = False,
+        num_draft: int | None = None,
         **sampling: Any,
     ) -> GenerationResult | list[GenerationResult]:
         """Generate a continuation of a text (or token ids) and return it whole.
@@ -207,21 +215,27 @@ class Model(InterpretMixin):
                 (the text is then JSON that validates against the schema; it ends, with
                 finish_reason "stop", when the JSON closes); None or ``{"type": "text"}``:
                 free text. For a list of prompts, one for all or a list, one per prompt.
+            draft, prompt_lookup, num_draft: speculative decoding (one prompt): a smaller
+                loaded Model with the same tokenizer drafts ``num_draft`` tokens (default 5),
+                or ``prompt_lookup=True`` copies them from the text so far (default 10); the
+                model checks them in one pass. Greedy output is plain greedy's; sampled output
+                has plain sampling's distribution (clearlm.generation.speculative). The
+                result's ``speculative`` holds the acceptance counts.
 
         Raises:
             SamplingParamsError: invalid or unknown settings.
             ContextLengthError: the prompt is empty or too long.
         """
         check_sampling_keywords(sampling, "generate")
+        drafter = make_drafter(self, draft, prompt_lookup, num_draft)
         if is_batch(prompt):
+            refuse_batch(drafter)
             return generate_prompts(
                 self, prompt, max_new_tokens, stop, params, on_text, sampling, response_format
             )
         params = self.sampling_params(params, GENERATE_DEFAULTS, **sampling)
         ids, stops, grammar = self.encode(prompt), check_stop(stop), self.grammar(response_format)
-        return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, stops, on_text, grammar
-        )
+        return run_generate(self, ids, params, max_new_tokens, stops, on_text, drafter, grammar)
 
     def chat(
         self,
@@ -233,6 +247,9 @@ class Model(InterpretMixin):
         parse_special_in_content: bool = False,
         system: str | None = None,
         response_format: dict[str, Any] | None = None,
+        draft: Model | None = None,
+        prompt_lookup: bool | PromptLookup = False,
+        num_draft: int | None = None,
         **sampling: Any,
     ) -> GenerationResult:
         """Like :meth:`generate`, for a conversation rendered with the model's chat template.
@@ -241,17 +258,17 @@ class Model(InterpretMixin):
         ``parse_special_in_content``); ``system`` puts a system message first (``--system``).
         Unset settings: clearlm.sampling.defaults.chat_defaults (generation_config.json's, else
         ollama's T 0.8, top_k 40, top_p 0.9, repetition_penalty 1.1; ``temperature=0``: plain
-        greedy). ``response_format``: structured output, as in :meth:`generate`.
+        greedy). ``response_format``: structured output, and ``draft`` / ``prompt_lookup`` /
+        ``num_draft``, as in :meth:`generate`.
         Raises ChatTemplateError when ``system`` is given and the messages start with one."""
         check_sampling_keywords(sampling, "chat")
+        drafter = make_drafter(self, draft, prompt_lookup, num_draft)
         params = self.sampling_params(params, chat_defaults(self.generation_defaults, sampling),
                                       **sampling)
         grammar = self.grammar(response_format)
         ids = self.chat_prompt(with_system(messages, system), parse_special_in_content)
         stops = check_stop(stop)
-        return generate(
-            self.transformer, self.tokenizer, ids, params, max_new_tokens, stops, on_text, grammar
-        )
+        return run_generate(self, ids, params, max_new_tokens, stops, on_text, drafter, grammar)
 
 
 def load(

@@ -66,9 +66,11 @@ def generate_within(
     on_text: Callable[[str], None] | None,
     ctx_size: int = 0,
     grammar: Any = None,
+    drafter: Any = None,
 ) -> tuple[GenerationResult, int]:
     """Generate from prompt ``ids`` within ``-c``'s context (see the module docstring);
-    ``grammar``: a GrammarState for structured output, or None.
+    ``grammar``: a GrammarState for structured output, ``drafter``: speculative decoding
+    (clearlm.api.speculative.run_generate), or None.
 
     Returns:
         (the result, the most tokens it was allowed: max_new_tokens, or fewer where the context
@@ -77,13 +79,12 @@ def generate_within(
     Raises:
         ContextLengthError: the prompt is empty or leaves no room in the context.
     """
-    from clearlm.generation.loop import generate
+    from clearlm.api.speculative import run_generate
 
     check_prompt(len(ids), model.config.context_length, ctx_size)
     limit = context_limit(model.config.context_length, ctx_size)[0]
     n_new = min(max_new_tokens, limit - len(ids))
-    result = generate(model.transformer, model.tokenizer, ids, params, n_new, stop, on_text,
-                      grammar)
+    result = run_generate(model, ids, params, n_new, stop, on_text, drafter, grammar)
     if n_new < max_new_tokens and result.finish_reason == "length":
         result.finish_reason = "context_length"  # the context ended it, not -n
     return result, n_new

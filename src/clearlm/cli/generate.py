@@ -54,6 +54,13 @@ from clearlm.cli.loader import (
 )  # fmt: skip
 from clearlm.cli.output import print_stats, result_json, write_out
 from clearlm.cli.prompt_input import resolve_prompt
+from clearlm.cli.speculative import (
+    DraftOpt,
+    NumDraftOpt,
+    PromptLookupOpt,
+    check_speculative,
+    load_drafter,
+)
 from clearlm.text import clean_arg
 
 
@@ -77,12 +84,14 @@ def _run(
     activations: str = "float32",
     ctx_size: int = 0,
     grammar: str | None = None,
+    speculative: dict[str, Any] | None = None,
 ) -> None:
     """Load, build the prompt, stream the text (or print one JSON object at the end); stats
     (and any interruption) go to stderr. A closed stdout pipe ends quietly with status 0.
     In a parallel run every rank generates alike and only rank 0 prints. ``ctx_size``: -c
     (clearlm.cli.context_size). ``decode``: the decode mode (clearlm.api.decode), set after the
-    loading line where a decode step follows (-n 2 or more).
+    loading line where a decode step follows (-n 2 or more). ``speculative``: the --draft /
+    --prompt-lookup / --num-draft values (clearlm.cli.speculative).
 
     Sampling values: the user's options over the model's generation_config.json over the
     command's defaults (GENERATE_DEFAULTS; chat: clearlm.sampling.defaults.chat_defaults).
@@ -90,13 +99,16 @@ def _run(
     """
     stop = check_before_load(model_name, sampling, fallback, stop)  # before torch's import
     from clearlm.generation.grammar import grammar_state
+
+    placement = placement or pl.Placement()
+    spec = speculative or dict(draft=None, prompt_lookup=False, num_draft=None)
+    check_speculative(**spec, parallel=placement.parallel, compiled=decode == "compiled")
     from clearlm.runtime.parallel.launch import shared_seed, shutdown
     from clearlm.sampling.defaults import chat_defaults
 
     as_json = as_json or logprobs is not None
     given = {k: v for k, v in sampling.items() if v is not None}
     # The prompt is built on the header first: no chat template or too long fails before weights
-    placement = placement or pl.Placement()
     prints = placement.prints
     quiet = quiet or not prints
     model = load_model(
@@ -108,8 +120,11 @@ def _run(
     )  # fmt: skip
     if prints:
         warn_past_model(model.config.context_length, ctx_size)
-    if max_new_tokens >= 2:  # -n 0 / 1: no decode step follows
-        set_decode(model, decode, quiet)
+    options = dict(dtype=dtype, threads=threads, weights=weights,
+                   matmul_precision=matmul_precision, activations=activations)  # fmt: skip
+    drafter = load_drafter(model, **spec, quiet=quiet, **options)
+    if max_new_tokens >= 2 and drafter is None:  # -n 0 / 1: no decode step follows
+        set_decode(model, decode, quiet)  # (speculative runs verify in k-token passes)
     if chat:  # the model's generation_config.json, else ollama's settings
         fallback = chat_defaults(model.generation_defaults, given)
     params = model.sampling_params(None, fallback, **given)
@@ -126,7 +141,7 @@ def _run(
     try:
         result, n_new = generate_within(
             model, ids, params, max_new_tokens, stop or (), None if as_json else echo, ctx_size,
-            grammar_state(model.tokenizer, model.config.vocab_size, grammar),
+            grammar_state(model.tokenizer, model.config.vocab_size, grammar), drafter,
         )
     except KeyboardInterrupt:  # keep what was printed; say so on stderr
         write_out("\n")
@@ -186,6 +201,9 @@ def generate(
     eager: EagerOpt = False,
     matmul_precision: Precision = "highest",
     activations: Activations = "float32",
+    draft: DraftOpt = None,
+    prompt_lookup: PromptLookupOpt = False,
+    num_draft: NumDraftOpt = None,
 ) -> None:
     """Continue PROMPT (or standard input with '-', or -f FILE), streaming the text."""
     from clearlm.sampling.defaults import GENERATE_DEFAULTS  # no torch: usage errors answer at once
@@ -217,6 +235,7 @@ def generate(
         activations=activations,
         ctx_size=ctx_size,
         grammar=compiled,
+        speculative=dict(draft=draft, prompt_lookup=prompt_lookup, num_draft=num_draft),
     )
 
 
@@ -266,6 +285,9 @@ def chat(
     eager: EagerOpt = False,
     matmul_precision: Precision = "highest",
     activations: Activations = "float32",
+    draft: DraftOpt = None,
+    prompt_lookup: PromptLookupOpt = False,
+    num_draft: NumDraftOpt = None,
 ) -> None:
     """Answer MESSAGE with the model's own chat template; with no MESSAGE, a conversation: one
     message a line, /help for commands, Ctrl-D to leave. The messages are text: control tokens
@@ -281,6 +303,7 @@ def chat(
     stops, special = [clean_arg(x) for x in stop or ()], parse_special_in_content
     sampling = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed)
     placement = pl.Placement(device, tensor_parallel, pipeline_parallel, dist_timeout)
+    spec = dict(draft=draft, prompt_lookup=prompt_lookup, num_draft=num_draft)
     if text is None:
         if as_json or logprobs is not None or json_schema or grammar:
             raise typer.BadParameter(
@@ -295,6 +318,7 @@ def chat(
             model, dtype, system, max_new_tokens, stops, sampling, special, threads, quiet,
             placement,
             weights, matmul_precision, activations, decode_mode(compile_decode, eager), ctx_size,
+            spec,
         )  # fmt: skip
         return
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -305,6 +329,6 @@ def chat(
         sampling, CHAT_DEFAULTS, as_json, logprobs, threads, quiet, chat=True,
         placement=placement, weights=weights, decode=decode_mode(compile_decode, eager),
         matmul_precision=matmul_precision, activations=activations, ctx_size=ctx_size,
-        grammar=read_grammar(json_schema, grammar),
+        grammar=read_grammar(json_schema, grammar), speculative=spec,
     )  # fmt: skip
 

@@ -55,6 +55,11 @@ def print_stats(
         steps, seconds = len(result.tokens) - 2, result.decode_s - compile_s
         rate = f"{steps / seconds:.1f} tok/s" if steps > 0 and seconds > 0 else "-"
         decode = f"compile {compile_s:.1f} s (first step) · decode {rate} after it"
+    s = result.speculative
+    if s is not None:  # kept / drafted, and tokens per pass of the model
+        per_pass = (len(result.tokens) - 1) / s.steps if s.steps else 0.0
+        decode += (f" · drafts kept {s.accepted}/{s.drafted} ({s.acceptance_rate:.0%}), "
+                   f"{per_pass:.1f} tokens/pass")  # fmt: skip
     err.print(
         f"[dim]prompt {result.prompt_tokens} tokens · generated {len(result.tokens)} tokens · "
         f"prefill {result.prefill_tokens_per_s:.1f} tok/s · {decode} · "
@@ -162,6 +167,10 @@ def result_json(
             "decode_tokens_per_s": result.decode_tokens_per_s,
         },
     }
+    if result.speculative is not None:
+        s = result.speculative
+        out["speculative"] = {"steps": s.steps, "drafted": s.drafted, "accepted": s.accepted,
+                              "acceptance_rate": s.acceptance_rate}  # fmt: skip
     if n_top is not None:
         out["logprobs"] = token_logprobs(model, prompt, result.tokens, n_top, max_new_tokens)
     return out

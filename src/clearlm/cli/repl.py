@@ -82,6 +82,7 @@ def _answer(
     parse_special_in_content: bool = False,
     quiet: bool = False,
     ctx_size: int = 0,
+    drafter: Any = None,
 ) -> None:
     """Stream one answer to the last user message and keep it; on Ctrl-C or an error (a
     conversation past the context: -c or the model's) the unanswered message is dropped so the
@@ -91,7 +92,7 @@ def _answer(
     try:
         ids = model.chat_prompt(conv.messages(), parse_special_in_content)
         result, _ = generate_within(
-            model, ids, params, max_new_tokens, stop, write_out, ctx_size
+            model, ids, params, max_new_tokens, stop, write_out, ctx_size, None, drafter
         )
     except KeyboardInterrupt:
         conv.turns.pop()
@@ -119,11 +120,13 @@ def run_repl(
     quiet: bool = False,
     label: str | None = None,
     ctx_size: int = 0,
+    drafter: Any = None,
 ) -> None:
     """Read messages until end of input or /bye, answering each with the whole history
     (message text stays text unless ``parse_special_in_content``, see Model.chat_prompt);
     ``quiet`` leaves out the banner and each answer's stats line. ``label``: the model as the
-    banner names it (its alias; default the file's path); ``ctx_size``: -c."""
+    banner names it (its alias; default the file's path); ``ctx_size``: -c; ``drafter``:
+    speculative decoding for every answer (clearlm.cli.speculative)."""
     interactive = sys.stdin.isatty()
     conv = Conversation(system)
     if interactive:
@@ -151,7 +154,7 @@ def run_repl(
         conv.turns.append({"role": "user", "content": line})
         try:
             _answer(model, conv, params, max_new_tokens, stop, parse_special_in_content, quiet,
-                    ctx_size)
+                    ctx_size, drafter)
         except KeyboardInterrupt:  # Ctrl-C just outside the generation: keep turns paired
             if conv.turns and conv.turns[-1]["role"] == "user":
                 conv.turns.pop()
@@ -174,14 +177,19 @@ def conversation(
     activations: str = "float32",
     decode: str = "eager",
     ctx_size: int = 0,
+    spec: dict[str, Any] | None = None,
 ) -> None:
     """Load once (chat template checked first), then the read-answer loop of :func:`run_repl`
-    (``decode``: the decode mode of every answer, as generate's: clearlm.api.decode).
-    Sampling: the user's options over clearlm.sampling.defaults.chat_defaults for the model."""
+    (``decode``: the decode mode of every answer, as generate's: clearlm.api.decode; ``spec``:
+    the speculative options, as generate's). Sampling: the user's options over
+    clearlm.sampling.defaults.chat_defaults for the model."""
     from clearlm.cli.gen_options import check_before_load
+    from clearlm.cli.speculative import check_speculative, load_drafter
     from clearlm.sampling.defaults import CHAT_DEFAULTS, chat_defaults  # (no torch)
 
     stop = check_before_load(model_name, sampling, CHAT_DEFAULTS, stop)
+    spec = spec or dict(draft=None, prompt_lookup=False, num_draft=None)
+    check_speculative(**spec, compiled=decode == "compiled")
     given = {k: v for k, v in sampling.items() if v is not None}
     m = load_model(
         model_name, dtype, threads, quiet,
@@ -190,10 +198,13 @@ def conversation(
         weights=weights, matmul_precision=matmul_precision, activations=activations,
     )  # fmt: skip
     warn_past_model(m.config.context_length, ctx_size)
-    set_decode(m, decode, quiet)
+    drafter = load_drafter(m, **spec, quiet=quiet, dtype=dtype, threads=threads, weights=weights,
+                           matmul_precision=matmul_precision, activations=activations)
+    if drafter is None:  # (speculative answers verify in k-token passes)
+        set_decode(m, decode, quiet)
     params = m.sampling_params(None, chat_defaults(m.generation_defaults, given), **given)
     run_repl(m, params, max_new_tokens, stop, system, parse_special_in_content, quiet,
-             model_label(model_name), ctx_size)
+             model_label(model_name), ctx_size, drafter)
 
 
 def describe_sampling(params: SamplingParams) -> str:

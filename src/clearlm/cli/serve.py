@@ -15,6 +15,13 @@ import typer
 
 from clearlm.cli.app import Activations, DType, ModelOpt, Precision, app, err
 from clearlm.cli.loader import QuietOpt, ThreadsOpt, load_model
+from clearlm.cli.speculative import (
+    DraftOpt,
+    NumDraftOpt,
+    PromptLookupOpt,
+    check_speculative,
+    load_drafter,
+)
 
 API_KEY_ENV = "CLEARLM_API_KEY"
 
@@ -78,9 +85,13 @@ def serve(
     quiet: QuietOpt = False,
     matmul_precision: Precision = "highest",
     activations: Activations = "float32",
+    draft: DraftOpt = None,
+    prompt_lookup: PromptLookupOpt = False,
+    num_draft: NumDraftOpt = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible API: /v1/completions, /v1/chat/completions,
-    /v1/models and /health, on http://127.0.0.1:8000 unless told otherwise."""
+    /v1/models and /health, on http://127.0.0.1:8000 unless told otherwise. With --draft or
+    --prompt-lookup, requests are decoded speculatively, one at a time."""
     import logging
     import signal
     import socket
@@ -97,6 +108,7 @@ def serve(
     if model_arg is not None and model is not None:
         raise typer.BadParameter("give the model once: as MODEL or as --model")
     chosen = model_arg or model
+    check_speculative(draft, prompt_lookup, num_draft)
     if api_key == "":  # `--api-key "$KEY"` with KEY unset would serve with no key at all
         raise typer.BadParameter("the key is empty; give one, or leave --api-key out to serve "
                                  "without a key", param_hint="'--api-key'")
@@ -119,9 +131,19 @@ def serve(
                    activations=activations)
     model_id = name or Path(chosen or DEFAULT_MODEL).name  # an alias, or the file's name
     from clearlm.engine.scheduler import build_engine
+    from clearlm.engine.speculative import SpeculativeEngine
 
-    engine = build_engine(m.transformer, m.tokenizer.eos_ids, max_batch, max_seq_len)
-    if engine.max_seq_len < max_seq_len:  # the engine caps it: say so, not silently
+    drafter = load_drafter(m, draft, prompt_lookup, num_draft, quiet, dtype=dtype,
+                           threads=threads, matmul_precision=matmul_precision,
+                           activations=activations)  # fmt: skip
+    if drafter is not None:  # speculation checks one sequence per pass: no batching
+        engine = SpeculativeEngine(m.transformer, m.tokenizer.eos_ids, drafter)
+        if not quiet:
+            err.print("[dim]speculative decoding: requests are served one at a time "
+                      "(--max-batch and --max-seq-len are not used)[/]", soft_wrap=True)
+    else:
+        engine = build_engine(m.transformer, m.tokenizer.eos_ids, max_batch, max_seq_len)
+    if drafter is None and engine.max_seq_len < max_seq_len:  # capped by the engine: say so
         err.print(f"[yellow]warning: --max-seq-len {max_seq_len} is past the model's context "
                   f"length; each sequence holds {engine.max_seq_len} tokens[/]", soft_wrap=True)
     app_ = create_app(

@@ -10,7 +10,9 @@ Each request carries its own sampling parameters and seed, so a request's tokens
 the same prompt run alone with the same seed (its sampler owns its own ``torch.Generator``).
 
 ``scheduler.py`` is the continuous-batching engine, ``running.py`` its running rows,
-``serial.py`` the one-at-a-time engine, ``batch.py`` a list of prompts run to the end. May
+``serial.py`` the one-at-a-time engine, ``speculative.py`` the one-at-a-time engine with
+speculative decoding (``clearlm serve --draft``), ``batch.py`` a list of prompts run to the
+end. May
 import generation, model, sampling, tokenizer and errors; the API and the server import it.
 """
 

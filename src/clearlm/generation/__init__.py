@@ -3,8 +3,9 @@
 ``loop.py`` is the loop itself (prefill, decode_step, generate), ``stops.py`` checks stop
 strings and callbacks, ``text_stream.py`` turns the growing list of token ids into text pieces
 as they become whole characters, ``perplexity.py`` scores a text with the same forward
-passes, and ``grammar.py`` gives a tokenizer's vocabulary to the grammar engine of structured
-output (clearlm.sampling.grammar).
+passes, ``grammar.py`` gives a tokenizer's vocabulary to the grammar engine of structured
+output (clearlm.sampling.grammar), and ``speculative.py`` (with its drafters in
+``drafters.py``) checks several drafted tokens per forward pass.
 
 May import the readable path below it: ``clearlm.model`` (the Transformer and its KV cache),
 ``clearlm.sampling``, ``clearlm.tokenizer``, ``clearlm.errors``, ``clearlm.config``,

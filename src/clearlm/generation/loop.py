@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from clearlm.errors import ContextLengthError, SamplingParamsError
+from clearlm.generation.drafters import SpeculativeStats
 from clearlm.generation.stops import check_callable, check_stop, finish_reason
 from clearlm.generation.text_stream import TextStream
 from clearlm.model.kv_cache import KVCache
@@ -150,7 +151,8 @@ class GenerationResult:
     """A finished generation: text, token ids, why it stopped and how fast it ran.
 
     Times are seconds: prefill_s covers the prompt's forward pass (and the first sample),
-    decode_s the remaining steps.
+    decode_s the remaining steps. ``speculative``: the drafted and kept counts of a
+    speculative run (clearlm.generation.speculative), else None.
     """
 
     text: str
@@ -160,6 +162,7 @@ class GenerationResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     logprobs: list[float] = field(default_factory=list)
+    speculative: SpeculativeStats | None = None
 
     def __str__(self) -> str:
         """The generated text, so ``print(model.chat(...))`` prints the answer."""
@@ -183,8 +186,13 @@ def stream_generate(
     max_new_tokens: int,
     stop: Sequence[str] = (),
     grammar: GrammarState | None = None,
+    steps: Iterator[tuple[int, float]] | None = None,
 ) -> Iterator[Chunk]:
     """Generate text and yield it as it is produced; the last chunk carries finish_reason.
+
+    ``steps`` is where the (token, logprob) pairs come from: by default
+    :func:`generate_step` with ``make_sampler(params)``; speculative decoding passes its own
+    (clearlm.generation.speculative), which yields the same tokens one at a time.
 
     Stop strings are matched on the decoded text, so one that spans several tokens is found;
     it is not included in the output. Text that might be the beginning of a stop string is held
@@ -199,8 +207,9 @@ def stream_generate(
     check_logit_bias(params.logit_bias, model.config.vocab_size)
     text = TextStream(tokenizer, stop, ignore_eos=params.ignore_eos)
     n = 0
-    sampler = make_sampler(params)
-    for token, logprob in generate_step(model, prompt, sampler, max_new_tokens, grammar):
+    if steps is None:
+        steps = generate_step(model, prompt, make_sampler(params), max_new_tokens, grammar)
+    for token, logprob in steps:
         n += 1
         out, reason = text.add(token)
         if grammar is not None and reason is None:
@@ -226,8 +235,10 @@ def generate(
     stop: Sequence[str] = (),
     on_text: Callable[[str], None] | None = None,
     grammar: GrammarState | None = None,
+    steps: Iterator[tuple[int, float]] | None = None,
 ) -> GenerationResult:
-    """Run stream_generate to the end and collect the result (optionally echoing text).
+    """Run stream_generate to the end and collect the result (optionally echoing text);
+    ``steps`` as in stream_generate.
 
     Raises ClearLMError when on_text is neither None nor callable, SamplingParamsError for a
     stop that is not a non-empty string (both before generating). ``grammar``: structured
@@ -239,7 +250,8 @@ def generate(
     reason = "length"
     t0 = time.perf_counter()
     t_first = None
-    for chunk in stream_generate(model, tokenizer, prompt, params, max_new_tokens, stop, grammar):
+    for chunk in stream_generate(model, tokenizer, prompt, params, max_new_tokens, stop, grammar,
+                                 steps):
         if chunk.token is not None:
             if t_first is None:
                 t_first = time.perf_counter()

@@ -83,6 +83,22 @@ class KVCache:
         """Mark a slot empty so a new sequence can take it (its old keys are simply overwritten)."""
         self.lengths[slot] = 0
 
+    def truncate(self, length: int, slot: int = 0) -> None:
+        """Roll ``slot`` back to its first ``length`` positions (tokens): what speculative
+        decoding does with the drafted tokens the target rejected
+        (clearlm.generation.speculative). Their keys stay in the buffer but nobody reads them:
+        a query at position t sees keys s ≤ t only, and the next pass writes positions
+        ``length`` onwards before it reads them.
+
+        Raises:
+            ContextLengthError: ``length`` is negative or past the cache's S_max.
+        """
+        if not 0 <= length <= self.max_seq_len:
+            raise ContextLengthError(
+                f"cannot roll the KV cache back to {length} positions; it holds {self.max_seq_len}"
+            )
+        self.lengths[slot] = length
+
     def rows(self, first: int, positions: torch.Tensor, n_keys: int | None = None) -> CacheRows:
         """The slots [first, first + B) as the rows of one forward pass (see :class:`CacheRows`).
 
