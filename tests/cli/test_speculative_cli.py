@@ -39,8 +39,8 @@ def tiny_path(tmp_path_factory):
 
 
 def test_smollm2_greedy_with_prompt_lookup_equals_plain(smollm2):
-    plain = smollm2.chat(EDIT, max_new_tokens=64)
-    spec = smollm2.chat(EDIT, max_new_tokens=64, prompt_lookup=True)
+    plain = smollm2.chat(EDIT, max_new_tokens=64, temperature=0)
+    spec = smollm2.chat(EDIT, max_new_tokens=64, temperature=0, prompt_lookup=True)
     assert spec.tokens == plain.tokens and spec.text == plain.text
     assert spec.speculative.accepted > 10  # the answer copies the paragraph: drafts are kept
     assert spec.speculative.steps < len(spec.tokens) - 1
@@ -48,15 +48,16 @@ def test_smollm2_greedy_with_prompt_lookup_equals_plain(smollm2):
 
 def test_cli_prompt_lookup_prints_the_plain_text_and_its_counts():
     """The default model with compact weights (the CLI's default load)."""
-    plain = cli("chat", EDIT, "-n", "40", "--json")
-    spec = cli("chat", EDIT, "-n", "40", "--json", "--prompt-lookup", "--num-draft", "6")
+    plain = cli("chat", EDIT, "-n", "40", "--temperature", "0", "--json")
+    spec = cli("chat", EDIT, "-n", "40", "--temperature", "0", "--json", "--prompt-lookup",
+               "--num-draft", "6")
     assert plain.returncode == spec.returncode == 0, spec.stderr
     a, b = json.loads(plain.stdout), json.loads(spec.stdout)
     assert b["token_ids"] == a["token_ids"] and "speculative" not in a
     s = b["speculative"]
     assert 0 < s["accepted"] <= s["drafted"]
     assert s["acceptance_rate"] == s["accepted"] / s["drafted"]
-    shown = cli("chat", EDIT, "-n", "20", "--prompt-lookup")
+    shown = cli("chat", EDIT, "-n", "20", "--temperature", "0", "--prompt-lookup")
     assert "drafts kept" in shown.stderr and "tokens/pass" in shown.stderr
 
 
@@ -96,6 +97,7 @@ def test_chat_conversation_with_prompt_lookup_answers_as_without(tiny_path):
     def converse(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "clearlm", "chat", "-m", str(tiny_path), "-n", "12", "-q",
+             "--temperature", "0",
              *extra], input="hello\nhello again\n", capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 
@@ -147,8 +149,9 @@ def test_server_with_prompt_lookup_answers_as_without(tiny_path):
 def test_smollm2_drafting_for_itself_keeps_every_draft(smollm2):
     """The draft path on a real model: q = p, so every draft is kept and the rollback of the
     draft's own cache is exercised by the bonus tokens; the tokens are plain greedy's."""
-    plain = smollm2.chat("Write a haiku about the sea.", max_new_tokens=40)
-    spec = smollm2.chat("Write a haiku about the sea.", max_new_tokens=40, draft=smollm2,
+    plain = smollm2.chat("Write a haiku about the sea.", max_new_tokens=40, temperature=0)
+    spec = smollm2.chat("Write a haiku about the sea.", max_new_tokens=40, temperature=0,
+                        draft=smollm2,
                         num_draft=4)  # fmt: skip
     assert spec.tokens == plain.tokens
     s = spec.speculative
@@ -162,7 +165,7 @@ def test_qwen15_greedy_with_the_05b_draft_equals_plain():
     target = clearlm.load("qwen2.5-coder-1.5b-instruct")
     draft = clearlm.load("qwen2.5-coder-0.5b-instruct")
     prompt = "Write a Python function that returns the n-th Fibonacci number, iteratively."
-    plain = target.chat(prompt, max_new_tokens=96)
-    spec = target.chat(prompt, max_new_tokens=96, draft=draft)
+    plain = target.chat(prompt, max_new_tokens=96, temperature=0)
+    spec = target.chat(prompt, max_new_tokens=96, temperature=0, draft=draft)
     assert spec.tokens == plain.tokens
     assert spec.speculative.acceptance_rate > 0.5
