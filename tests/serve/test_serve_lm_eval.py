@@ -28,9 +28,8 @@ def hf_tokenizer_folder(model: clearlm.Model, folder: Path) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     eos = model.tokenizer.decode([model.tokenizer.eos_id])
-    PreTrainedTokenizerFast(tokenizer_object=model.tokenizer.backend, eos_token=eos).save_pretrained(
-        folder
-    )
+    hf = PreTrainedTokenizerFast(tokenizer_object=model.tokenizer.backend, eos_token=eos)
+    hf.save_pretrained(folder)
     return folder
 
 
