@@ -73,3 +73,6 @@ def test_schemathesis_finds_no_server_error(url, tmp_path):
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]
     assert "passed" in out and "0 operations" not in out, out[-3000:]
+    good = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 0}
+    r = httpx.post(f"{url}/v1/completions", json=good, timeout=30)  # and it is still serving
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
