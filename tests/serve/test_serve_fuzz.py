@@ -57,6 +57,10 @@ def test_openapi_describes_the_bodies(url):
     assert schemas["ChatBody"]["additionalProperties"] is False  # unknown fields are refused
     assert schemas["CompletionBody"]["properties"]["model"] == {"type": "string", "enum": [MODEL]}
     assert set(chat["responses"]) == {"200", "400", "404"}
+    temperature = schemas["ChatBody"]["properties"]["temperature"]["anyOf"]
+    assert {"type": "number", "minimum": 0} in temperature  # the ranges the server checks
+    message = schemas["Message"]  # content null only beside an assistant's tool calls
+    assert message["required"] == ["role"] and message["else"]["required"] == ["content"]
     assert schemas["Error"]["properties"]["error"]["required"] == ["message", "type", "param",
                                                                    "code"]  # fmt: skip
 

@@ -164,7 +164,9 @@ def create_app(
 
     def openapi() -> dict[str, Any]:  # built on first request, then kept (FastAPI's own habit)
         if app.openapi_schema is None:
-            app.openapi_schema = openapi_schema(app, bool(api_key), None if any_model else name)
+            served = None if any_model else name
+            vocab = model.config.vocab_size
+            app.openapi_schema = openapi_schema(app, bool(api_key), served, vocab, limits)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
