@@ -88,6 +88,14 @@ CASES = [  # (path, body, param, code, a piece of the message)
     ("completions", with_(GOOD, top_p=1.5), "top_p", "invalid_value", "top_p must be in (0, 1]"),
     ("completions", with_(GOOD, presence_penalty=3), "presence_penalty", "invalid_value",
      "[-2, 2]"),
+    # found by schemathesis (test_serve_fuzz.py): 5e-324 overflowed mid-generation, a 500 that
+    # failed every request in the batch; the server's range keeps float32 logits in float64
+    ("completions", with_(GOOD, repetition_penalty=5e-324), "repetition_penalty",
+     "invalid_value", "repetition_penalty must be in [1e-100, 1e100] (1 means off), got 5e-324"),
+    ("chat/completions", with_(CHAT, repetition_penalty=1e300), "repetition_penalty",
+     "invalid_value", "repetition_penalty must be in [1e-100, 1e100]"),
+    ("completions", with_(GOOD, repetition_penalty=0), "repetition_penalty", "invalid_value",
+     "got 0"),
     ("completions", with_(GOOD, seed=-2), "seed", "invalid_value",
      "seed must be -1 (random) or in [0, 2**63), got -2"),
     ("completions", with_(GOOD, seed=2**63), "seed", "invalid_value",

@@ -2,8 +2,9 @@
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (``stream: true`` gives server-sent events ending with
-``data: [DONE]``). The app only parses, checks and shapes; generation is the engine's, driven by
-one :class:`~clearlm.serve.runner.Runner` thread. The engine is an argument: the
+``data: [DONE]``), ``GET /openapi.json`` (the API's OpenAPI description:
+:mod:`clearlm.serve.openapi`). The app only parses, checks and shapes; generation is the
+engine's, driven by one :class:`~clearlm.serve.runner.Runner` thread. The engine is an argument: the
 continuous-batching :class:`~clearlm.engine.scheduler.BatchEngine` by default, or any object with
 the :class:`~clearlm.engine.Engine` methods (the one-at-a-time
 :class:`~clearlm.engine.serial.SerialEngine` serves as the unbatched reference in tests).
@@ -40,6 +41,7 @@ from clearlm.engine.scheduler import build_engine
 from clearlm.serve.errors import APIError
 from clearlm.serve.handler import Session
 from clearlm.serve.logprobs import score_prompt
+from clearlm.serve.openapi import openapi_schema
 from clearlm.serve.requests import Limits, chat_job, completion_job
 from clearlm.serve.runner import Runner
 from clearlm.serve.schemas import ChatBody, CompletionBody, error_code, parse
@@ -158,8 +160,16 @@ def create_app(
         yield
         runner.stop()  # what is still running is cancelled; the engine thread ends
 
-    app = FastAPI(title="clearlm", docs_url=None, redoc_url=None, openapi_url=None,
-                  lifespan=lifespan)  # fmt: skip
+    app = FastAPI(title="clearlm", docs_url=None, redoc_url=None, lifespan=lifespan)
+
+    def openapi() -> dict[str, Any]:  # built on first request, then kept (FastAPI's own habit)
+        if app.openapi_schema is None:
+            served = None if any_model else name
+            vocab = model.config.vocab_size
+            app.openapi_schema = openapi_schema(app, bool(api_key), served, vocab, limits)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.state.runner = runner
     if api_key:
         app.add_middleware(BearerAuth, key=api_key)

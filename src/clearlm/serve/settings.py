@@ -10,6 +10,10 @@
   ``model.generate(..., seed=seed + j)``. A seed is in [0, 2**63) (a signed 64-bit int, as
   OpenAI's clients send it); -1 means random (llama.cpp's clients' convention).
 - ``logit_bias`` keys are token ids written as JSON strings; biases in [-100, 100].
+- ``repetition_penalty`` is in [1e-100, 1e100] (SamplingParams takes any value in (0, inf)):
+  float32 logits (|z| <= 3.4e38) multiplied or divided by it stay far inside float64's range
+  (1.8e308), so no request can overflow mid-generation, where the error would fail the whole
+  batch with a 500 instead of refusing that one request (5e-324 did).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from clearlm.serve.schemas import ChatBody
 
 SETTINGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
             "presence_penalty", "frequency_penalty")  # fmt: skip
+PENALTY_RANGE = (1e-100, 1e100)  # repetition_penalty the server runs (see above)
 MAX_SEED = 2**63  # seeds are int64 for OpenAI's clients; with n <= max_n, seed + i stays < 2**64
 
 
@@ -58,6 +63,11 @@ def sampling_params(model: Model, body: Any, n: int) -> list[SamplingParams]:
         raise APIError(400, f"seed must be -1 (random) or in [0, 2**63), got {seed}", "seed",
                        "invalid_value")  # fmt: skip
     seed = None if seed == -1 else seed  # llama.cpp's clients send -1 for "random"
+    low, high = PENALTY_RANGE
+    penalty = body.repetition_penalty
+    if penalty is not None and not low <= penalty <= high:
+        raise APIError(400, f"repetition_penalty must be in [1e-100, 1e100] (1 means off), got "
+                       f"{penalty}", "repetition_penalty", "invalid_value")  # fmt: skip
     try:
         chat = isinstance(body, ChatBody)  # chat's defaults, as model.chat and clearlm chat
         fallback = chat_defaults(model.generation_defaults, given) if chat else {}
