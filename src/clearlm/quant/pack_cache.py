@@ -57,7 +57,8 @@ _DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.float16: "F16", torch.floa
 _HERE = Path(__file__).resolve().parent
 # the code that decides what is packed and how: layouts, row un-permutation, which tensors
 # (the families' tables and flags), how they are grouped
-_KEY_CODE = (_HERE / "pack.py", _HERE / "from_file.py", _HERE / "tiles.py", _HERE / "fields.py",
+_KEY_CODE = (_HERE / "pack.py", _HERE / "raw.py", _HERE / "from_file.py", _HERE / "tiles.py",
+             _HERE / "fields.py",
              Path(__file__).resolve(),
              *sorted((_HERE.parent / "loading").glob("*.py")),
              *sorted((_HERE.parent / "families").glob("*.py")))

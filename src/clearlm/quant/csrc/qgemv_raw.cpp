@@ -1,0 +1,249 @@
+// Products and dequantization for GGUF blocks kept as the file stores them (quant/raw.py):
+// Q2_K, Q3_K, Q5_K, IQ4_XS (256 values a block) and IQ4_NL (32). A weight is
+//   codes (N, nb * REST) uint8: each block's bytes but its float16 d / dmin, in the block's order;
+//   scale = d, min = dmin (or empty) (N, nb) float16;
+// or the same blocks in row tiles of T rows (codes (N/T, nb, T * REST), scales (N/T, nb, T),
+// quant/tiles.py). `bits` = 100 + the GGML type id names the format.
+//
+// Each block's weights are rebuilt into a small float buffer with the float32 operations
+// gguf.quants.dequantize does (ggml-common.h's layouts; gguf-py's quants.py): d * sub-scale and
+// dmin * sub-min are exact products, the product with the code is exact too, so the weight is
+// either exact or (with a min) rounded once by one fused multiply-add, as the reference rounds
+// d*q - m once: the same float32 values bit for bit. The product then sums x * w in 16 float32
+// lanes (two partial sums per block, added into the row's running lanes), the same order for a
+// row whatever M, the rows computed with it and the layout are.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+enum : int { Q2K = 110, Q3K = 111, Q5K = 113, IQ4NL = 120, IQ4XS = 123 };
+
+// values per block and bytes of a block's codes (its bytes but d / dmin)
+constexpr int qk_of(int f) { return f == IQ4NL ? 32 : 256; }
+constexpr int rest_of(int f) {
+  return f == Q2K ? 80 : f == Q3K ? 108 : f == Q5K ? 172 : f == IQ4NL ? 16 : 134;
+}
+
+// IQ4_NL / IQ4_XS's non-linear 4-bit codebook (ggml-common.h kvalues_iq4nl)
+constexpr float kIQ4[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                            1,    13,   25,  38,  53,  69,  89,  113};
+
+inline float half_to_f(at::Half v) {
+#if defined(__F16C__)
+  return _cvtsh_ss(v.x);
+#else
+  return static_cast<float>(v);
+#endif
+}
+
+// The weights of one block into w[qk_of(F)]: c its codes, d and dmin its scales as float32.
+template <int F>
+inline void dequant_block(const uint8_t* c, float d, float dmin, float* w) {
+  if constexpr (F == Q5K) {  // scales[12] qh[32] qs[128]: 8 sub-blocks of 32
+    const uint8_t *sc = c, *qh = c + 12, *qs = c + 44;
+    for (int j = 0; j < 8; ++j) {
+      // 6-bit scale and min of sub-block j (gguf's Q4_K.get_scale_min)
+      const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 2) & 0x30);
+      const int m = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 2) & 0x30);
+      const float dl = d * static_cast<float>(s), ml = dmin * static_cast<float>(m);
+      const uint8_t* q = qs + 32 * (j / 2);
+      const int shift = 4 * (j & 1);
+      for (int l = 0; l < 32; ++l) {
+        const int v = ((q[l] >> shift) & 0x0F) | (((qh[l] >> j) & 1) << 4);
+        w[32 * j + l] = std::fmaf(dl, static_cast<float>(v), -ml);
+      }
+    }
+  } else if constexpr (F == Q2K) {  // scales[16] qs[64]: 16 sub-blocks of 16
+    const uint8_t *sc = c, *qs = c + 16;
+    for (int i = 0; i < 16; ++i) {
+      const float dl = d * static_cast<float>(sc[i] & 0x0F);
+      const float ml = dmin * static_cast<float>(sc[i] >> 4);
+      // value v = 16 i + l: byte 32 (v / 128) + v % 32, bits 2 ((v % 128) / 32)
+      const uint8_t* q = qs + 32 * (i / 8) + 16 * (i % 2);
+      const int shift = 2 * ((i % 8) / 2);
+      for (int l = 0; l < 16; ++l) {
+        w[16 * i + l] = std::fmaf(dl, static_cast<float>((q[l] >> shift) & 3), -ml);
+      }
+    }
+  } else if constexpr (F == Q3K) {  // hmask[32] qs[64] scales[12]: 16 sub-blocks of 16
+    const uint8_t *hm = c, *qs = c + 32, *sc = c + 96;
+    for (int i = 0; i < 16; ++i) {
+      const int lo = i < 8 ? sc[i] & 0x0F : sc[i - 8] >> 4;
+      const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+      const float dl = d * static_cast<float>((lo | (hi << 4)) - 32);
+      const uint8_t* q = qs + 32 * (i / 8) + 16 * (i % 2);
+      const uint8_t* h = hm + 16 * (i % 2);
+      const int shift = 2 * ((i % 8) / 2), bit = i / 2;
+      for (int l = 0; l < 16; ++l) {  // the offset 4 applies where the hmask bit is 0
+        const int v = ((q[l] >> shift) & 3) - (((h[l] >> bit) & 1) ? 0 : 4);
+        w[16 * i + l] = dl * static_cast<float>(v);
+      }
+    }
+  } else if constexpr (F == IQ4NL) {  // qs[16]: code l in byte l's low nibble, l + 16 high
+    for (int l = 0; l < 16; ++l) {
+      w[l] = d * kIQ4[c[l] & 0x0F];
+      w[l + 16] = d * kIQ4[c[l] >> 4];
+    }
+  } else {  // IQ4_XS: scales_h (uint16) scales_l[4] qs[128]: 8 sub-blocks of 32
+    const int sh = c[0] | (c[1] << 8);
+    for (int j = 0; j < 8; ++j) {
+      const int ls = ((c[2 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((sh >> (2 * j)) & 3) << 4);
+      const float dl = d * static_cast<float>(ls - 32);
+      const uint8_t* q = c + 6 + 16 * j;
+      for (int l = 0; l < 16; ++l) {
+        w[32 * j + l] = dl * kIQ4[q[l] & 0x0F];
+        w[32 * j + 16 + l] = dl * kIQ4[q[l] >> 4];
+      }
+    }
+  }
+}
+
+// acc[0..15] += the block's x . w in 16 lanes: lane l sums x[16 j + l] * w[16 j + l] over even
+// j and odd j separately (two chains), then both into acc.
+template <int QK>
+inline void dot_block(const float* x, const float* w, float* acc) {
+#if defined(__AVX512F__)
+  __m512 t0 = _mm512_mul_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(w));
+  __m512 t1 = _mm512_mul_ps(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(w + 16));
+  for (int j = 2; j < QK / 16; j += 2) {
+    t0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16 * j), _mm512_loadu_ps(w + 16 * j), t0);
+    t1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16 * j + 16), _mm512_loadu_ps(w + 16 * j + 16), t1);
+  }
+  _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc), _mm512_add_ps(t0, t1)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (int h = 0; h < 16; h += 8) {  // lanes 0-7, then 8-15: the same sums as 16 lanes
+    __m256 t0 = _mm256_mul_ps(_mm256_loadu_ps(x + h), _mm256_loadu_ps(w + h));
+    __m256 t1 = _mm256_mul_ps(_mm256_loadu_ps(x + 16 + h), _mm256_loadu_ps(w + 16 + h));
+    for (int j = 2; j < QK / 16; j += 2) {
+      t0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16 * j + h), _mm256_loadu_ps(w + 16 * j + h), t0);
+      t1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16 * j + 16 + h),
+                           _mm256_loadu_ps(w + 16 * j + 16 + h), t1);
+    }
+    _mm256_storeu_ps(acc + h, _mm256_add_ps(_mm256_loadu_ps(acc + h), _mm256_add_ps(t0, t1)));
+  }
+#else
+  for (int l = 0; l < 16; ++l) {
+    float t0 = x[l] * w[l], t1 = x[16 + l] * w[16 + l];
+    for (int j = 2; j < QK / 16; j += 2) {
+      t0 = std::fmaf(x[16 * j + l], w[16 * j + l], t0);
+      t1 = std::fmaf(x[16 * j + 16 + l], w[16 * j + 16 + l], t1);
+    }
+    acc[l] += t0 + t1;
+  }
+#endif
+}
+
+// The 16 lanes' sum, pairwise in a fixed order.
+inline float reduce16(const float* a) {
+  float s[8];
+  for (int i = 0; i < 8; ++i) s[i] = a[i] + a[i + 8];
+  for (int i = 0; i < 4; ++i) s[i] += s[i + 4];
+  return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
+// Where row n's block b lies: codes at code_at(n) + b * cbs, d / dmin at scale_at(n) + b * sbs.
+struct Layout {
+  int64_t T, rest, nb;
+  int64_t code_at(int64_t n) const { return (n - n % T) * nb * rest + n % T * rest; }
+  int64_t scale_at(int64_t n) const { return (n - n % T) * nb + n % T; }
+  int64_t cbs() const { return T * rest; }
+  int64_t sbs() const { return T; }
+};
+
+template <int F>
+void qmm_raw_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+                  const torch::Tensor& mn, int64_t T, torch::Tensor& y) {
+  constexpr int QK = qk_of(F);
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
+  const Layout L{T, rest_of(F), K / QK};
+  const float* xp = x.data_ptr<float>();
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const at::Half* sp = scale.data_ptr<at::Half>();
+  const at::Half* mp = mn.numel() ? mn.data_ptr<at::Half>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const int64_t G = T == 1 ? 4 : T;  // rows computed together: a tile, or 4 row-major rows
+  at::parallel_for(0, (N + G - 1) / G, 4, [&](int64_t g0, int64_t g1) {
+    alignas(64) float w[QK];
+    std::vector<float> acc(G * M * 16);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t n0 = g * G, rows = n0 + G <= N ? G : N - n0;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t b = 0; b < L.nb; ++b) {  // block b of every row of the group: one stream
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t n = n0 + r, s = L.scale_at(n) + b * L.sbs();
+          dequant_block<F>(cp + L.code_at(n) + b * L.cbs(), half_to_f(sp[s]),
+                           mp ? half_to_f(mp[s]) : 0.0f, w);
+          for (int64_t m = 0; m < M; ++m) {
+            dot_block<QK>(xp + m * K + b * QK, w, acc.data() + (r * M + m) * 16);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t m = 0; m < M; ++m) yp[m * N + n0 + r] = reduce16(acc.data() + (r * M + m) * 16);
+      }
+    }
+  });
+}
+
+template <int F>
+void dequant_raw_impl(const torch::Tensor& codes, const torch::Tensor& scale,
+                      const torch::Tensor& mn, int64_t T, int64_t r0, torch::Tensor& out) {
+  constexpr int QK = qk_of(F);
+  const int64_t K = out.size(1);
+  const Layout L{T, rest_of(F), K / QK};
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const at::Half* sp = scale.data_ptr<at::Half>();
+  const at::Half* mp = mn.numel() ? mn.data_ptr<at::Half>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, out.size(0), 16, [&](int64_t a, int64_t e) {
+    for (int64_t i = a; i < e; ++i) {
+      const int64_t n = r0 + i;
+      for (int64_t b = 0; b < L.nb; ++b) {
+        const int64_t s = L.scale_at(n) + b * L.sbs();
+        dequant_block<F>(cp + L.code_at(n) + b * L.cbs(), half_to_f(sp[s]),
+                         mp ? half_to_f(mp[s]) : 0.0f, op + i * K + b * QK);
+      }
+    }
+  });
+}
+
+#define RAW_DISPATCH(bits, FN, ...)                               \
+  switch (bits) {                                                 \
+    case Q2K: FN<Q2K>(__VA_ARGS__); break;                        \
+    case Q3K: FN<Q3K>(__VA_ARGS__); break;                        \
+    case Q5K: FN<Q5K>(__VA_ARGS__); break;                        \
+    case IQ4NL: FN<IQ4NL>(__VA_ARGS__); break;                    \
+    case IQ4XS: FN<IQ4XS>(__VA_ARGS__); break;                    \
+    default: TORCH_CHECK(false, "unknown raw block format ", bits); \
+  }
+
+}  // namespace
+
+// Whether `bits` names a raw block format, and its values per block and code bytes per block
+// (0 where it does not).
+bool qgemv_is_raw(int64_t bits) {
+  return bits == Q2K || bits == Q3K || bits == Q5K || bits == IQ4NL || bits == IQ4XS;
+}
+int64_t qgemv_raw_block(int64_t bits) { return qgemv_is_raw(bits) ? qk_of(bits) : 0; }
+int64_t qgemv_raw_rest(int64_t bits) {
+  return qgemv_is_raw(bits) ? rest_of(static_cast<int>(bits)) : 0;
+}
+
+// y (M, N) = x (M, K) float32 contiguous @ dequant(W).T.
+void qmm_raw_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+                 const torch::Tensor& mn, int64_t bits, int64_t T, torch::Tensor& y) {
+  RAW_DISPATCH(bits, qmm_raw_impl, x, codes, scale, mn, T, y);
+}
+
+// out (R, K) = rows [r0, r0 + R) of dequant(W).
+void dequant_raw_run(const torch::Tensor& codes, const torch::Tensor& scale,
+                     const torch::Tensor& mn, int64_t bits, int64_t T, int64_t r0,
+                     torch::Tensor& out) {
+  RAW_DISPATCH(bits, dequant_raw_impl, codes, scale, mn, T, r0, out);
+}
