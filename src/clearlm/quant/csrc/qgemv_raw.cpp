@@ -42,6 +42,118 @@ inline float half_to_f(at::Half v) {
 #endif
 }
 
+// 16 int32 lanes of codes and the few operations the formats need on them, for AVX-512 (one
+// register), AVX2 (two) or plain C++; each ends in 16 float32 weights stored to w, computed with
+// the same single float32 operation per weight on every build (exact products; one fused
+// multiply-add where a min is subtracted, as the reference rounds d*q - m once).
+#if defined(__AVX512F__)
+struct I16 {
+  __m512i v;
+};
+inline I16 load_u8(const uint8_t* p) {  // 16 bytes, zero-extended
+  return {_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+}
+inline I16 srl(I16 a, int s) { return {_mm512_srl_epi32(a.v, _mm_cvtsi32_si128(s))}; }
+inline I16 sll(I16 a, int s) { return {_mm512_sll_epi32(a.v, _mm_cvtsi32_si128(s))}; }
+inline I16 band(I16 a, int m) { return {_mm512_and_si512(a.v, _mm512_set1_epi32(m))}; }
+inline I16 bor(I16 a, I16 b) { return {_mm512_or_si512(a.v, b.v)}; }
+inline I16 subc(I16 a, int c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
+inline void store_fma(float* w, I16 q, float dl, float nml) {  // dl * q + nml, one rounding
+  _mm512_storeu_ps(w, _mm512_fmadd_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q.v),
+                                      _mm512_set1_ps(nml)));
+}
+inline void store_mul(float* w, I16 q, float dl) {  // dl * q (exact)
+  _mm512_storeu_ps(w, _mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q.v)));
+}
+inline void store_lut(float* w, I16 q, float dl) {  // dl * kIQ4[q] (exact), q in 0 .. 15
+  _mm512_storeu_ps(w, _mm512_mul_ps(_mm512_set1_ps(dl),
+                                    _mm512_permutexvar_ps(q.v, _mm512_loadu_ps(kIQ4))));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+struct I16 {
+  __m256i lo, hi;  // lanes 0-7, 8-15
+};
+inline I16 load_u8(const uint8_t* p) {
+  return {_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline I16 srl(I16 a, int s) {
+  const __m128i c = _mm_cvtsi32_si128(s);
+  return {_mm256_srl_epi32(a.lo, c), _mm256_srl_epi32(a.hi, c)};
+}
+inline I16 sll(I16 a, int s) {
+  const __m128i c = _mm_cvtsi32_si128(s);
+  return {_mm256_sll_epi32(a.lo, c), _mm256_sll_epi32(a.hi, c)};
+}
+inline I16 band(I16 a, int m) {
+  const __m256i v = _mm256_set1_epi32(m);
+  return {_mm256_and_si256(a.lo, v), _mm256_and_si256(a.hi, v)};
+}
+inline I16 bor(I16 a, I16 b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
+inline I16 subc(I16 a, int c) {
+  const __m256i v = _mm256_set1_epi32(c);
+  return {_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)};
+}
+inline void store_fma(float* w, I16 q, float dl, float nml) {
+  const __m256 d = _mm256_set1_ps(dl), m = _mm256_set1_ps(nml);
+  _mm256_storeu_ps(w, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q.lo), m));
+  _mm256_storeu_ps(w + 8, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q.hi), m));
+}
+inline void store_mul(float* w, I16 q, float dl) {
+  const __m256 d = _mm256_set1_ps(dl);
+  _mm256_storeu_ps(w, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q.lo)));
+  _mm256_storeu_ps(w + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q.hi)));
+}
+inline __m256 lut8(__m256i q) {  // kIQ4[q]: two 8-entry lookups, the upper one where q > 7
+  const __m256 a = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kIQ4), q);
+  const __m256 b = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kIQ4 + 8), q);
+  return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_cmpgt_epi32(q, _mm256_set1_epi32(7))));
+}
+inline void store_lut(float* w, I16 q, float dl) {
+  const __m256 d = _mm256_set1_ps(dl);
+  _mm256_storeu_ps(w, _mm256_mul_ps(d, lut8(q.lo)));
+  _mm256_storeu_ps(w + 8, _mm256_mul_ps(d, lut8(q.hi)));
+}
+#else
+struct I16 {
+  int32_t v[16];
+};
+inline I16 load_u8(const uint8_t* p) {
+  I16 r;
+  for (int l = 0; l < 16; ++l) r.v[l] = p[l];
+  return r;
+}
+inline I16 srl(I16 a, int s) {
+  for (int32_t& x : a.v) x = static_cast<int32_t>(static_cast<uint32_t>(x) >> s);
+  return a;
+}
+inline I16 sll(I16 a, int s) {
+  for (int32_t& x : a.v) x = static_cast<int32_t>(static_cast<uint32_t>(x) << s);
+  return a;
+}
+inline I16 band(I16 a, int m) {
+  for (int32_t& x : a.v) x &= m;
+  return a;
+}
+inline I16 bor(I16 a, I16 b) {
+  for (int l = 0; l < 16; ++l) a.v[l] |= b.v[l];
+  return a;
+}
+inline I16 subc(I16 a, int c) {
+  for (int32_t& x : a.v) x -= c;
+  return a;
+}
+inline void store_fma(float* w, I16 q, float dl, float nml) {
+  for (int l = 0; l < 16; ++l) w[l] = std::fmaf(dl, static_cast<float>(q.v[l]), nml);
+}
+inline void store_mul(float* w, I16 q, float dl) {
+  for (int l = 0; l < 16; ++l) w[l] = dl * static_cast<float>(q.v[l]);
+}
+inline void store_lut(float* w, I16 q, float dl) {
+  for (int l = 0; l < 16; ++l) w[l] = dl * kIQ4[q.v[l]];
+}
+#endif
+
 // The weights of one block into w[qk_of(F)]: c its codes, d and dmin its scales as float32.
 template <int F>
 inline void dequant_block(const uint8_t* c, float d, float dmin, float* w) {
@@ -52,11 +164,12 @@ inline void dequant_block(const uint8_t* c, float d, float dmin, float* w) {
       const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 2) & 0x30);
       const int m = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 2) & 0x30);
       const float dl = d * static_cast<float>(s), ml = dmin * static_cast<float>(m);
+      // code l: nibble (j odd: high) of qs byte 32 (j / 2) + l, fifth bit: bit j of qh byte l
       const uint8_t* q = qs + 32 * (j / 2);
-      const int shift = 4 * (j & 1);
-      for (int l = 0; l < 32; ++l) {
-        const int v = ((q[l] >> shift) & 0x0F) | (((qh[l] >> j) & 1) << 4);
-        w[32 * j + l] = std::fmaf(dl, static_cast<float>(v), -ml);
+      for (int h = 0; h < 32; h += 16) {
+        const I16 lo = band(srl(load_u8(q + h), 4 * (j & 1)), 0x0F);
+        const I16 hi = sll(band(srl(load_u8(qh + h), j), 1), 4);
+        store_fma(w + 32 * j + h, bor(lo, hi), dl, -ml);
       }
     }
   } else if constexpr (F == Q2K) {  // scales[16] qs[64]: 16 sub-blocks of 16
@@ -65,11 +178,8 @@ inline void dequant_block(const uint8_t* c, float d, float dmin, float* w) {
       const float dl = d * static_cast<float>(sc[i] & 0x0F);
       const float ml = dmin * static_cast<float>(sc[i] >> 4);
       // value v = 16 i + l: byte 32 (v / 128) + v % 32, bits 2 ((v % 128) / 32)
-      const uint8_t* q = qs + 32 * (i / 8) + 16 * (i % 2);
-      const int shift = 2 * ((i % 8) / 2);
-      for (int l = 0; l < 16; ++l) {
-        w[16 * i + l] = std::fmaf(dl, static_cast<float>((q[l] >> shift) & 3), -ml);
-      }
+      const I16 q = load_u8(qs + 32 * (i / 8) + 16 * (i % 2));
+      store_fma(w + 16 * i, band(srl(q, 2 * ((i % 8) / 2)), 3), dl, -ml);
     }
   } else if constexpr (F == Q3K) {  // hmask[32] qs[64] scales[12]: 16 sub-blocks of 16
     const uint8_t *hm = c, *qs = c + 32, *sc = c + 96;
@@ -77,29 +187,23 @@ inline void dequant_block(const uint8_t* c, float d, float dmin, float* w) {
       const int lo = i < 8 ? sc[i] & 0x0F : sc[i - 8] >> 4;
       const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
       const float dl = d * static_cast<float>((lo | (hi << 4)) - 32);
-      const uint8_t* q = qs + 32 * (i / 8) + 16 * (i % 2);
-      const uint8_t* h = hm + 16 * (i % 2);
-      const int shift = 2 * ((i % 8) / 2), bit = i / 2;
-      for (int l = 0; l < 16; ++l) {  // the offset 4 applies where the hmask bit is 0
-        const int v = ((q[l] >> shift) & 3) - (((h[l] >> bit) & 1) ? 0 : 4);
-        w[16 * i + l] = dl * static_cast<float>(v);
-      }
+      // 2 low bits as Q2_K's; the offset 4 applies where hmask byte v % 32's bit v / 32 is 0:
+      // q = ql - 4 + 4 h = (ql | h << 2) - 4
+      const I16 ql = band(srl(load_u8(qs + 32 * (i / 8) + 16 * (i % 2)), 2 * ((i % 8) / 2)), 3);
+      const I16 h = band(srl(load_u8(hm + 16 * (i % 2)), i / 2), 1);
+      store_mul(w + 16 * i, subc(bor(ql, sll(h, 2)), 4), dl);
     }
   } else if constexpr (F == IQ4NL) {  // qs[16]: code l in byte l's low nibble, l + 16 high
-    for (int l = 0; l < 16; ++l) {
-      w[l] = d * kIQ4[c[l] & 0x0F];
-      w[l + 16] = d * kIQ4[c[l] >> 4];
-    }
+    store_lut(w, band(load_u8(c), 0x0F), d);
+    store_lut(w + 16, srl(load_u8(c), 4), d);
   } else {  // IQ4_XS: scales_h (uint16) scales_l[4] qs[128]: 8 sub-blocks of 32
     const int sh = c[0] | (c[1] << 8);
     for (int j = 0; j < 8; ++j) {
       const int ls = ((c[2 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((sh >> (2 * j)) & 3) << 4);
       const float dl = d * static_cast<float>(ls - 32);
       const uint8_t* q = c + 6 + 16 * j;
-      for (int l = 0; l < 16; ++l) {
-        w[32 * j + l] = dl * kIQ4[q[l] & 0x0F];
-        w[32 * j + 16 + l] = dl * kIQ4[q[l] >> 4];
-      }
+      store_lut(w + 32 * j, band(load_u8(q), 0x0F), dl);
+      store_lut(w + 32 * j + 16, srl(load_u8(q), 4), dl);
     }
   }
 }
