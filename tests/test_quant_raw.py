@@ -189,3 +189,29 @@ def test_rows_not_whole_blocks_one_clear_error(tmp_path, qtype: Q) -> None:
                    f"values, not a whole number of its {block}-value blocks (llama.cpp refuses "
                    "such a file too); the file was written wrong: convert the model again")
     assert "reshape" not in msg and "download" not in msg
+
+
+def test_cli_info_and_warning_name_each_format(tmp_path) -> None:
+    """`clearlm info` lists every GGUF type with how a load holds it; a load that holds BF16
+    matrices as float32 says so in one `warning:` line (before the loading line)."""
+    from test_cli import cli
+
+    path = write_tiny_llama(tmp_path / "mixed.gguf", matrix_type=Q.Q5_K, d_model=256, d_ff=256,
+                            tensor_types={"ffn_up": Q.BF16, "attn_v": Q.IQ4_NL}, seed=1)
+    info = cli("info", str(path))
+    assert info.returncode == 0, info.stderr
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in info.stdout.splitlines() if line.count("│") == 6}
+    # (tensors, file MiB, memory MiB, held as): BF16 ffn_up 256 x 256 twice, 2 -> 4 bytes
+    assert rows["BF16"] == ["2", "0.2", "0.5", "float32, no compact form"]
+    # the tied embedding and 2 layers of 7 matrices, less the 2 ffn_up and the 2 attn_v
+    assert rows["Q5_K"][0] == "11" and rows["Q5_K"][3] == "compact: the file's blocks"
+    assert rows["Q5_K"][1] == rows["Q5_K"][2]  # the file's bytes
+    assert rows["IQ4_NL"][0] == "2" and rows["IQ4_NL"][3] == "compact: the file's blocks"
+    assert rows["F32"][3] == "float32, as stored"
+    gen = cli("generate", "-m", str(path), "hi", "-n", "1", "--temperature", "0")
+    assert gen.returncode == 0, gen.stderr
+    lines = gen.stderr.splitlines()
+    assert lines[0] == ("warning: 2 BF16 tensors have no compact form and are held as float32: "
+                        "524 kB instead of the file's 262 kB (+262 kB)")
+    assert lines[1].startswith("loading mixed.gguf") and "compact weights" in lines[1]

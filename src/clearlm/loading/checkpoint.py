@@ -28,8 +28,9 @@ from clearlm.config import ModelConfig
 from clearlm.defaults import FileDefaults, read_generation_config
 from clearlm.loading import peek
 from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_metadata, tensor_infos
-from clearlm.loading.gguf_compact import CompactPlan, FormatUse, compact_plan, load_compact
+from clearlm.loading.gguf_compact import CompactPlan, compact_plan, load_compact
 from clearlm.loading.gguf_file import GGUFFile
+from clearlm.loading.held import FormatUse
 from clearlm.loading.hf import inspect_hf, load_hf_model
 from clearlm.loading.load import (
     LoadedModel,

@@ -27,7 +27,6 @@ summation order of the products differs from ``weights="float32"``.
 
 from __future__ import annotations
 
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -39,6 +38,7 @@ from clearlm.config import ModelConfig
 from clearlm.families import gguf_arch
 from clearlm.loading.gguf import dequantize_tensor, our_name, to_torch
 from clearlm.loading.gguf_file import GGUFFile
+from clearlm.loading.held import NO_PACKER, FormatUse, warn_float_held
 from clearlm.loading.load import check_shapes, skeleton
 from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
@@ -51,18 +51,6 @@ from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, Packed
 
 TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
-
-
-@dataclass
-class FormatUse:
-    """How a load holds the tensors of one GGUF type: how many, their bytes in the file and in
-    memory, and how (``packed``; ``float32`` where the type has no compact form; ``float32,
-    as its module needs`` for a packable type a family converts; ``float32, as stored``)."""
-
-    held_as: str
-    count: int = 0
-    file_bytes: int = 0
-    held_bytes: int = 0
 
 
 @dataclass
@@ -93,7 +81,6 @@ class CompactPlan:
         return [(q, u) for (q, how), u in self.formats.items() if how == NO_PACKER]
 
 
-NO_PACKER = "float32, no compact form"
 
 
 def compact_plan(
@@ -137,19 +124,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def warn_float_held(plan: CompactPlan) -> None:
-    """One ``clearlm:`` warning per GGUF type held as float for want of a compact form (the
-    CLI prints it as a ``warning:`` line): the count and the memory above the file's bytes."""
-    for qtype, use in plan.without_packer():
-        extra = use.held_bytes - use.file_bytes
-        warnings.warn(
-            f"clearlm: {use.count} {qtype} tensor{'s' if use.count != 1 else ''} "
-            f"{'have' if use.count != 1 else 'has'} no compact form and "
-            f"{'are' if use.count != 1 else 'is'} held as float32: {use.held_bytes / 1e6:.1f} MB "
-            f"instead of the file's {use.file_bytes / 1e6:.1f} MB (+{extra / 1e6:.1f} MB)",
-            stacklevel=3)
-
-
 def load_compact(
     file: GGUFFile, config: ModelConfig, dtype: torch.dtype = torch.float32, source: str = ""
 ) -> tuple[Transformer, CompactPlan]:
@@ -162,7 +136,7 @@ def load_compact(
     arch = gguf_arch(config.architecture, source)
     model = skeleton(config)
     plan = compact_plan(file, config, model, dtype, source)
-    warn_float_held(plan)
+    warn_float_held(plan.without_packer())
     jobs = pack_jobs(file, plan, arch, config, source)
     tensors = [[t for t, _, _ in members] for members in jobs]
     tiles = [[plan.tiles[t.name] for t in job] for job in tensors]
