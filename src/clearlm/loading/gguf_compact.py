@@ -36,9 +36,9 @@ from torch import nn
 
 from clearlm.config import ModelConfig
 from clearlm.families import gguf_arch
-from clearlm.loading.gguf import dequantize_tensor, our_name, to_torch
+from clearlm.loading.gguf import SUPPORTED_TENSOR_TYPES, dequantize_tensor, our_name, to_torch
 from clearlm.loading.gguf_file import GGUFFile
-from clearlm.loading.held import NO_PACKER, FormatUse, warn_float_held
+from clearlm.loading.held import NO_PACKER, NOT_READ, FormatUse, warn_float_held
 from clearlm.loading.load import check_shapes, skeleton
 from clearlm.loading.transforms import unpermute_qk, unshift_norm
 from clearlm.model.transformer import Transformer
@@ -112,7 +112,8 @@ def compact_plan(
             plan.float_bytes += held
             how = (f"{dtype_name(dtype)}, as stored" if t.tensor_type in FLOAT_AS_STORED
                    else f"{dtype_name(dtype)}, as its module needs" if t.tensor_type in SUPPORTED
-                   else NO_PACKER)
+                   else NO_PACKER if t.tensor_type in SUPPORTED_TENSOR_TYPES
+                   else NOT_READ)  # the load refuses the file, naming the type
         plan.note(t.tensor_type.name, how, t.n_bytes, held)
     return plan
 
@@ -136,7 +137,6 @@ def load_compact(
     arch = gguf_arch(config.architecture, source)
     model = skeleton(config)
     plan = compact_plan(file, config, model, dtype, source)
-    warn_float_held(plan.without_packer())
     jobs = pack_jobs(file, plan, arch, config, source)
     tensors = [[t for t, _, _ in members] for members in jobs]
     tiles = [[plan.tiles[t.name] for t in job] for job in tensors]
@@ -179,6 +179,7 @@ def load_compact(
     fuse_projections(model)  # Q/K/V and gate/up as one kernel call each where formats agree
     if plan.packed:
         load_kernels()  # built here on first use (a minute, said on stderr), not in the prefill
+    warn_float_held(plan.without_packer())  # once the file is known good: no line before an error
     return model.eval(), plan
 
 

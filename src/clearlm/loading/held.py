@@ -7,6 +7,7 @@ import warnings
 from dataclasses import dataclass
 
 NO_PACKER = "float32, no compact form"
+NOT_READ = "not read: clearlm has no dequantizer for it"
 
 
 @dataclass
