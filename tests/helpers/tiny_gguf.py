@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValue, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValue, GGUFWriter
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -39,6 +39,27 @@ def permute_for_llama_cpp(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's converter layout: each head's rows [half0 | half1] → interleaved pairs."""
     out = w.shape[0]
     return w.reshape(n_heads, 2, out // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# where a block's float16 scales lie (ggml-common.h): random bytes there could be NaN or inf
+F16_FIELDS = {GGMLQuantizationType.Q2_K: (80, 82), GGMLQuantizationType.Q3_K: (108,),
+              GGMLQuantizationType.Q4_K: (0, 2), GGMLQuantizationType.Q5_K: (0, 2),
+              GGMLQuantizationType.Q6_K: (208,), GGMLQuantizationType.IQ4_NL: (0,),
+              GGMLQuantizationType.IQ4_XS: (0,)}
+
+
+def random_raw(rng: np.random.Generator, shape: tuple[int, ...],
+               kind: GGMLQuantizationType, scale: float = 1e-4) -> np.ndarray:
+    """Random blocks of ``kind`` for a float tensor of ``shape`` (rows, values): every byte
+    random but the float16 scales (F16_FIELDS), which are finite, |N(0, scale)|. Any byte
+    pattern is a valid block, so this covers codes gguf's quantizer never writes."""
+    raw = rng.integers(0, 256, size=quant_shape_to_byte_shape(shape, kind), dtype=np.uint8)
+    size = GGML_QUANT_SIZES[kind][1]
+    blocks = raw.reshape(-1, size)  # (n_blocks, type_size), a view
+    for off in F16_FIELDS.get(kind, (0,)):
+        d = np.abs(rng.standard_normal(blocks.shape[0]) * scale).astype(np.float16)
+        blocks[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw
 
 
 def write_tiny_llama(
@@ -107,8 +128,7 @@ def write_tiny_llama(
             try:
                 raw = quantize(a, kind)
             except NotImplementedError:  # gguf cannot quantize every type: random bytes will do
-                shape = quant_shape_to_byte_shape(a.shape, kind)
-                raw = rng.integers(0, 256, size=shape, dtype=np.uint8)
+                raw = random_raw(rng, a.shape, kind)
             tensors.append((name, raw, kind))
         else:
             tensors.append((name, a, None))

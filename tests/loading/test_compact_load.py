@@ -8,6 +8,8 @@ give the same greedy text on the parity prompts; only float32 summation order di
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
@@ -43,7 +45,8 @@ def assert_same_model(got: torch.nn.Module, want: torch.nn.Module) -> None:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, equal_nan=True, msg=name)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.IQ4_NL],
+                         ids=lambda q: q.name)
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_compact_load_equals_the_swap(tmp_path, monkeypatch, qtype: Q, tied: bool) -> None:
     path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=qtype, tied=tied, seed=5)
@@ -62,14 +65,27 @@ def test_compact_load_equals_the_swap(tmp_path, monkeypatch, qtype: Q, tied: boo
 
 
 def test_types_not_packed_are_dequantized_as_float32(tmp_path) -> None:
-    """Q2_K matrices (not packed; random blocks) and F32 files load as the float32 path does."""
-    for qtype in (Q.Q2_K, Q.F32):
+    """BF16 matrices (no compact form) and F32 files load as the float32 path does; the BF16
+    ones with one warning naming the type, the count and the memory above the file's."""
+    for qtype in (Q.BF16, Q.F32):
         path = write_tiny_llama(
             tmp_path / f"{qtype.name}.gguf", matrix_type=qtype, d_model=256, d_ff=256, seed=2
         )
-        got = clearlm.load(path, threads=1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = clearlm.load(path, threads=1)
+        said = [str(w.message) for w in caught if str(w.message).startswith("clearlm: ")]
         assert got.weights == "float32"
         assert_same_model(got.transformer, load_gguf_model(path).model)
+        if qtype == Q.F32:  # float in the file too: nothing to say
+            assert said == []
+            continue
+        # the embedding (262 x 256) and 2 layers of 5 matrices of 256 x 256 and K, V of
+        # 128 x 256 (2 KV heads of 64): 2 bytes a value in the file, 4 in memory
+        n = 262 * 256 + 2 * (5 * 256 * 256 + 2 * 128 * 256)
+        assert n == 853_504  # 3.41 MB as float32, 1.71 MB as BF16
+        assert said == ["clearlm: 15 BF16 tensors have no compact form and are held as float32: "
+                        "3.4 MB instead of the file's 1.7 MB (+1.7 MB)"]
 
 
 def test_weights_values(tmp_path) -> None:

@@ -35,7 +35,8 @@ def random_blocks(qtype: Q, n: int, k: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(n * k // block, size), dtype=np.uint8)
-    f16_fields = {Q.Q6_K: [208], Q.Q4_K: [0, 2], Q.Q4_1: [0, 2], Q.Q5_1: [0, 2]}.get(qtype, [0])
+    f16_fields = {Q.Q6_K: [208], Q.Q4_K: [0, 2], Q.Q4_1: [0, 2], Q.Q5_1: [0, 2], Q.Q5_K: [0, 2],
+                  Q.Q2_K: [80, 82], Q.Q3_K: [108]}.get(qtype, [0])
     for off in f16_fields:
         d = (rng.standard_normal(raw.shape[0]) * 0.01).astype(np.float16)
         raw[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
@@ -83,8 +84,8 @@ def test_pack_real_gguf_tensors_exact(path: Path, smollm2_path: Path) -> None:
 
 
 def test_unsupported_type_raises() -> None:
-    with pytest.raises(UnsupportedQuantError, match="Q2_K"):
-        pack_blocks(np.zeros((1, 84), np.uint8), Q.Q2_K, (1, 256))
+    with pytest.raises(UnsupportedQuantError, match="IQ2_XXS"):
+        pack_blocks(np.zeros((1, 66), np.uint8), Q.IQ2_XXS, (1, 256))
     with pytest.raises(UnsupportedQuantError, match="multiple"):
         pack_blocks(np.zeros((1, 34), np.uint8), Q.Q8_0, (1, 40))
 

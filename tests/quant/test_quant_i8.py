@@ -21,7 +21,7 @@ from clearlm.quant import ops
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear, set_int8_activations
 from clearlm.quant.ops import int8_available
-from clearlm.quant.pack import SUPPORTED, pack_blocks
+from clearlm.quant.pack import REPACKED, pack_blocks
 
 needs_int8 = pytest.mark.skipif(not int8_available(),
                                 reason="no int8 kernel built (AVX-512 VNNI or AVX2)")
@@ -33,8 +33,8 @@ def layer_and_weight(qtype: Q, n: int, k: int, seed: int = 5):
     return QuantLinear(pack_blocks(raw, qtype, (n, k))), w
 
 
-@needs_int8
-@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+@needs_int8  # the formats kept as the file's blocks (Q5_K, ...) stay exact: test_quant_raw.py
+@pytest.mark.parametrize("qtype", REPACKED, ids=lambda q: q.name)
 @pytest.mark.parametrize("m", [1, 3])
 def test_int8_activations_within_rounding_bound(qtype: Q, m: int) -> None:
     n, k = 72, 512

@@ -55,6 +55,16 @@ def info(
     else:
         why = "no block-quantized matrix clearlm packs: every tensor float"
     out.print(f"weights {mode}: {held / 2**20:,.1f} MiB in memory · {why}", soft_wrap=True)
+    if hasattr(ckpt, "weight_formats"):  # a GGUF: its types and how a load holds each
+        wf = Table(title="Weights by GGUF type", title_justify="left")
+        for col in ("type", "tensors", "file MiB", "memory MiB", "held as"):
+            wf.add_column(col, justify="left" if col in ("type", "held as") else "right")
+        for qtype, use in ckpt.weight_formats(weights or "compact"):
+            wf.add_row(qtype, str(use.count), f"{use.file_bytes / 2**20:,.1f}",
+                       f"{use.held_bytes / 2**20:,.1f}", held_as(qtype, use.held_as))
+        out.print(wf)
+        if any(use.held_as == "packed" for _, use in ckpt.weight_formats(weights or "compact")):
+            out.print(products_line(), soft_wrap=True)
 
     hp = Table(title="Hyper-parameters by seed stage", title_justify="left")
     for col in ("stage", "name", "value"):
@@ -97,6 +107,32 @@ def info(
     out.print(gd)
     if gen.ignored:
         out.print(f"{gen.path} also sets {', '.join(gen.ignored)}: clearlm does not apply these")
+
+
+def held_as(qtype: str, how: str) -> str:
+    """The "held as" column: for a packed type, what its products read (the file's blocks or
+    repacked codes and scales), else the loader's own words."""
+    if how != "packed":
+        return how
+    from gguf import GGMLQuantizationType
+
+    from clearlm.quant.raw import RAW_TYPES
+
+    return "compact: " + ("the file's blocks" if GGMLQuantizationType[qtype] in RAW_TYPES
+                          else "codes + scales")
+
+
+def products_line() -> str:
+    """Which code multiplies compact weights here, without building the kernel."""
+    import os
+
+    from clearlm.quant.kernels import NAME, build_dir
+
+    if os.environ.get("CLEARLM_NO_KERNELS") == "1":
+        return "compact products: pure torch (CLEARLM_NO_KERNELS=1), dequantizing bands of rows"
+    built = (build_dir() / f"{NAME}.so").is_file()
+    return ("compact products: the C++ kernel" + ("" if built else " (built at the first load, "
+            "about a minute; pure torch where it cannot be)"))
 
 
 @app.command()

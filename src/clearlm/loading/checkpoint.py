@@ -26,10 +26,11 @@ import torch
 
 from clearlm.config import ModelConfig
 from clearlm.loading import peek
-from clearlm.loading.compact.load import compact_plan, load_compact
+from clearlm.loading.compact.load import CompactPlan, compact_plan, load_compact
 from clearlm.loading.generation_config import read_generation_config
 from clearlm.loading.gguf import load_tensors, open_gguf, read_config, read_metadata, tensor_infos
 from clearlm.loading.gguf_file import GGUFFile
+from clearlm.loading.held import FormatUse
 from clearlm.loading.hf import inspect_hf, load_hf_model
 from clearlm.loading.load import (
     LoadedModel,
@@ -93,9 +94,28 @@ class GGUFCheckpoint:
         matrices kept packed). Raises UnsupportedModelError for an unknown tensor name."""
         if weights != "compact":
             return "float32", sum(t.n_elements for t in self.tensors) * 4, 0
-        plan = compact_plan(self.reader, self.config, skeleton(self.config), torch.float32,
-                            self.source)
+        plan = self.plan()
         return ("compact" if plan.packed else "float32"), plan.total_bytes, len(plan.packed)
+
+    def weight_formats(self, weights: str) -> list[tuple[str, FormatUse]]:
+        """(GGUF type, how a load with ``weights`` holds its tensors: count, file and memory
+        bytes), from the header alone; the compact plan's, or every tensor dequantized."""
+        if weights == "compact":
+            return [(q, use) for (q, _), use in self.plan().formats.items()]
+        out: dict[str, FormatUse] = {}
+        for t in self.reader.tensors:
+            use = out.setdefault(t.tensor_type.name, FormatUse("float32, dequantized"))
+            use.count, use.file_bytes = use.count + 1, use.file_bytes + t.n_bytes
+            use.held_bytes += t.n_elements * 4
+        return list(out.items())
+
+    def plan(self) -> CompactPlan:
+        """What a compact float32 load would pack (loading/gguf_compact.compact_plan), kept."""
+        if "_plan" not in self.__dict__:
+            self.__dict__["_plan"] = compact_plan(self.reader, self.config,
+                                                  skeleton(self.config), torch.float32,
+                                                  self.source)
+        return self.__dict__["_plan"]
 
     def load(self, dtype: torch.dtype = torch.float32, weights: str = "float32") -> LoadedModel:
         """Header (kept) → pack or dequantize / rename / fix layout → tie → check → assign;

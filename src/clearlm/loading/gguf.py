@@ -21,7 +21,7 @@ from clearlm.errors import InvalidModelFileError, ModelNotFoundError, Unsupporte
 from clearlm.families import GGUFArch, gguf_arch
 from clearlm.families.transforms import unpermute_qk, unshift_norm
 from clearlm.loading.gguf_config import config_from_gguf
-from clearlm.loading.gguf_file import GGUFFile, GGUFFormatError
+from clearlm.loading.gguf_file import BlockShapeError, GGUFFile, GGUFFormatError
 from clearlm.loading.load import TensorInfo
 
 GGUF_MAGIC = b"GGUF"
@@ -30,7 +30,8 @@ ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's RoPE frequency factors, not a pa
 # Tensor types we dequantize (through gguf.quants); anything else is refused with its name.
 SUPPORTED_TENSOR_TYPES = frozenset(
     GGMLQuantizationType[name]
-    for name in ("F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K".split())
+    for name in ("F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS"
+                 .split())
 )
 
 
@@ -54,6 +55,8 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         )
     try:
         return GGUFFile(path)
+    except BlockShapeError as e:
+        raise InvalidModelFileError(f"{path}: {e}") from None
     except (ValueError, OSError) as e:  # GGUFFormatError is a ValueError
         why = str(e) if isinstance(e, GGUFFormatError) else f"{type(e).__name__}: {e}"
         raise InvalidModelFileError(

@@ -47,6 +47,11 @@ class GGUFFormatError(ValueError):
     """The bytes do not follow the GGUF layout (loading/gguf.py names the file and wraps it)."""
 
 
+class BlockShapeError(GGUFFormatError):
+    """A block-quantized tensor whose rows are not whole blocks: written wrong, not damaged in
+    transfer, so loading/gguf.py does not suggest downloading it again."""
+
+
 @dataclass(frozen=True)
 class GGUFTensor:
     """One tensor of the table. ``shape`` is GGUF's order (innermost first), as GGUFReader's;
@@ -132,6 +137,11 @@ class GGUFFile:
             raise GGUFFormatError(f"tensor {name} has unknown type id {raw_type}") from None
         n = int(np.prod(dims, dtype=np.int64)) if dims else 1
         block, type_size = GGML_QUANT_SIZES[qtype]
+        if block > 1 and dims and dims[0] % block:
+            raise BlockShapeError(
+                f"tensor {name} is {qtype.name} with rows of {dims[0]} values, not a whole "
+                f"number of its {block}-value blocks (llama.cpp refuses such a file too); "
+                "the file was written wrong: convert the model again")
         n_bytes = n * type_size // block
         start = self.data_offset + offset
         if start + n_bytes > len(self._map):

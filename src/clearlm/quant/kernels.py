@@ -25,8 +25,9 @@ from types import ModuleType
 from clearlm.store.catalog import default_cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "qgemv.cpp"
-SOURCES = (  # exact kernel; int8-activation variant; argument checks and bindings
-    SOURCE, SOURCE.with_name("qgemv_i8.cpp"), SOURCE.with_name("qgemv_ops.cpp"))
+SOURCES = (  # exact kernel; raw GGUF blocks; int8-activation variant; checks and bindings
+    SOURCE, SOURCE.with_name("qgemv_raw.cpp"), SOURCE.with_name("qgemv_i8.cpp"),
+    SOURCE.with_name("qgemv_ops.cpp"))
 NAME = "clearlm_qgemv"
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]

@@ -19,6 +19,8 @@ Q5_0     uint5 q, centred (q - 16): ggml's  d / —        (f16, 32)       0.687
 Q5_1     uint5 q                            d / m        (f16, 32)       0.75   (0.75)
 Q4_K     uint4 q, repacked per 32           d·sc / -dmin·m (f32, 32)     0.75   (0.5625)
 Q6_K     int8 q - 32                        d·sc / —     (f32, 16)       1.25   (0.8203)
+Q2_K,    the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the file
+Q3_K, Q5_K, IQ4_XS; IQ4_NL                               (f16, 32)
 =======  =================================  ===========================  =====================
 
 Why this form: one kernel with three code layouts (int8, nibbles, nibbles + a 32-bit high-bit
@@ -29,11 +31,13 @@ their offset is a fixed multiple of the scale, so the kernel computes d·Σ(q - 
 (csrc/qgemv.cpp) with no min tensor. The price is memory above the file for Q6_K (int8 codes,
 per-16 float32 scales: 1.52×) and for Q4_K's float32 scales (1.33×); keeping Q6_K's bit planes
 and K-quants' 6-bit sub-scales (scale = d·sc computed in the kernel) is the next step if the
-≤ 1.15× target needs it. Q2_K, Q3_K, Q5_K and the IQ types are not packed yet
-(:class:`UnsupportedQuantError`). Layouts: ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's
-quants.py. A compact load then arranges most matrices in row tiles (quant/tiles.py), where
-5-bit codes become bit fields (quant/fields.py: the same codes, +8.6 % of their bytes at
-K = 896, read in four vector operations per 8 codes instead of seven).
+≤ 1.15× target needs it. Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS keep the file's blocks as they
+are (quant/raw.py: their kernel rebuilds the two-level scales per block); other types
+(IQ2 / IQ3 / IQ1, TQ, BF16, F16) are not packed (:class:`UnsupportedQuantError`). Layouts:
+ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's quants.py. A compact load then
+arranges most matrices in row tiles (quant/tiles.py), where 5-bit codes become bit fields
+(quant/fields.py: the same codes, +8.6 % of their bytes at K = 896, read in four vector
+operations per 8 codes instead of seven).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from torch import nn
 
 from clearlm.errors import ClearLMError
 from clearlm.quant.fields import WORD, from_fields, is_fields
+from clearlm.quant.raw import RAW_BASE, RAW_TYPES, code_bytes, dequantize_raw, is_raw, split_blocks
 
 Q = GGMLQuantizationType
 
@@ -59,7 +64,9 @@ class UnsupportedQuantError(ClearLMError):
 @dataclass(frozen=True)
 class Packed:
     """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4;
-    uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the high bits' uint32).
+    uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the high bits' uint32);
+    bits >= RAW_BASE: a GGUF block kept as the file stores it (quant/raw.py), codes uint8
+    (N, K // block * rest), scale = d and min = dmin (or None) float16 (N, K // block).
     scale / min: float16 or float32 (N, K // block); min None means 0 for 8-bit codes and
     centred 4/5-bit codes (W = scale * (code - 8) or (code - 16), ggml's Q4_0 / Q5_0).
     Row tiles (quant/tiles.py, the layout decode reads fastest): the same blocks, T rows
@@ -89,7 +96,8 @@ class Packed:
         return self.codes.nbytes + self.scale.nbytes + extra
 
 
-SUPPORTED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K)
+REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K)  # into codes + scales
+SUPPORTED = REPACKED + RAW_TYPES  # every type a compact load keeps compact
 
 
 def _field(b: np.ndarray, start: int, fmt: str) -> np.ndarray:
@@ -141,6 +149,12 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
     def t(a: np.ndarray, cols: int) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a).reshape(n, cols))
 
+    if qtype in RAW_TYPES:  # the file's blocks, d / dmin moved out (quant/raw.py)
+        codes, d, dmin = split_blocks(b, qtype)  # (nb, rest), (nb,), (nb,) or None
+        mn = None if dmin is None else t(dmin, k // block)
+        return Packed(t(codes, -1), t(d, k // block), mn, RAW_BASE + qtype.value, block,
+                      qtype.name)
+
     if qtype == Q.Q8_0:
         codes = _field(b, 2, "V32").view(np.int8)
         return Packed(t(codes, k), t(_f16(b), per_row), None, 8, 32, "Q8_0")
@@ -177,7 +191,10 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
 
 
 def block_bytes(p: Packed) -> int:
-    """Bytes of one block's codes: int8 codes 1 per value, 4-bit 16, 5-bit 20 (pack.py)."""
+    """Bytes of one block's codes: int8 codes 1 per value, 4-bit 16, 5-bit 20, a raw block
+    its bytes but d / dmin (quant/raw.py)."""
+    if is_raw(p.bits):
+        return code_bytes(p.bits)
     return p.block if p.bits == 8 else 16 if p.bits == 4 else 20
 
 
@@ -229,6 +246,8 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
     p = untile_rows(p)
     n, k = p.shape
     nb = k // p.block
+    if is_raw(p.bits):  # gguf's own dequantization of the file's blocks
+        return dequantize_raw(p.codes, p.scale, p.min, p.bits)
     if p.bits == 8:
         q = p.codes.view(n, nb, p.block).float()  # (N, nb, bs)
     else:

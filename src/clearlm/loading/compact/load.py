@@ -4,7 +4,8 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
 
 1. the module tree on the meta device (loading/load.py ``skeleton``): no weight memory;
 2. each tensor of the file whose module is a plain ``nn.Linear`` / ``nn.Embedding`` and whose
-   type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K) is packed straight from the
+   type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K repacked; Q2_K, Q3_K, Q5_K,
+   IQ4_NL, IQ4_XS as the file's blocks: quant/raw.py) is packed straight from the
    mapped bytes, a band of rows at a time (loading/compact/from_file.py), in row tiles (4 or 8
    rows) where a
    linear layer reads it (quant/tiles.py), and its module replaced by a QuantLinear /
@@ -14,7 +15,9 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    that copy instead of packing (loading/compact/pack_cache.py; ``CLEARLM_PACK_CACHE=0``: off);
 3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
    fused projections the family splits) goes through the float32 loader's own steps
-   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place;
+   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place; a
+   type with no compact form (F16, BF16) held so costs one warning line per type, with the
+   count and the memory above the file's bytes (:func:`warn_float_held`);
 4. a block's Q/K/V and gate/up with the same packed layout become one matrix each
    (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it),
    packed into shared buffers as a group (quant/from_file.pack_group), so fusing copies nothing.
@@ -29,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from clearlm.config import ModelConfig
@@ -36,8 +40,9 @@ from clearlm.families import gguf_arch
 from clearlm.families.transforms import unpermute_qk, unshift_norm
 from clearlm.loading.compact import pack_cache
 from clearlm.loading.compact.from_file import pack_group, packed_nbytes, planned_tile
-from clearlm.loading.gguf import dequantize_tensor, our_name, to_torch
+from clearlm.loading.gguf import SUPPORTED_TENSOR_TYPES, dequantize_tensor, our_name, to_torch
 from clearlm.loading.gguf_file import GGUFFile
+from clearlm.loading.held import NO_PACKER, NOT_READ, FormatUse, warn_float_held
 from clearlm.loading.load import check_shapes, skeleton
 from clearlm.model.transformer import Transformer
 from clearlm.quant.embedding import QuantEmbedding
@@ -52,16 +57,31 @@ TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
 @dataclass
 class CompactPlan:
     """Which file tensors stay packed: GGUF name → the module paths (ours) that hold it (two
-    for a tied embedding + head), and the bytes the weights will hold in memory."""
+    for a tied embedding + head), and the bytes the weights will hold in memory, in all and
+    per (GGUF type, how it is held)."""
 
     packed: dict[str, list[str]] = field(default_factory=dict)
     tiles: dict[str, int] = field(default_factory=dict)  # rows per row tile (quant/tiles.py)
     packed_bytes: int = 0
     float_bytes: int = 0  # float tensors, at the load dtype's size
+    formats: dict[tuple[str, str], FormatUse] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
         return self.packed_bytes + self.float_bytes
+
+    def note(self, qtype: str, held_as: str, file_bytes: int, held_bytes: int) -> None:
+        use = self.formats.setdefault((qtype, held_as), FormatUse(held_as))
+        use.count += 1
+        use.file_bytes += file_bytes
+        use.held_bytes += held_bytes
+
+    def without_packer(self) -> list[tuple[str, FormatUse]]:
+        """(type, use) of the tensors held as float only because their type has no compact
+        form (F32 tensors are not: they are float in the file too)."""
+        return [(q, u) for (q, how), u in self.formats.items() if how == NO_PACKER]
+
+
 
 
 def compact_plan(
@@ -84,11 +104,26 @@ def compact_plan(
         if t.tensor_type in SUPPORTED and paths and all(_plain(model, p, shape) for p in paths):
             plan.packed[t.name] = paths
             plan.tiles[t.name] = _tile(model, paths, shape, t.tensor_type)
-            plan.packed_bytes += packed_nbytes(t.tensor_type, shape,  # type: ignore[arg-type]
-                                               plan.tiles[t.name])
+            held = packed_nbytes(t.tensor_type, shape,  # type: ignore[arg-type]
+                                 plan.tiles[t.name])
+            plan.packed_bytes += held
+            how = "packed"
         else:
-            plan.float_bytes += t.n_elements * dtype.itemsize
+            held = t.n_elements * dtype.itemsize
+            plan.float_bytes += held
+            how = (f"{dtype_name(dtype)}, as stored" if t.tensor_type in FLOAT_AS_STORED
+                   else f"{dtype_name(dtype)}, as its module needs" if t.tensor_type in SUPPORTED
+                   else NO_PACKER if t.tensor_type in SUPPORTED_TENSOR_TYPES
+                   else NOT_READ)  # the load refuses the file, naming the type
+        plan.note(t.tensor_type.name, how, t.n_bytes, held)
     return plan
+
+
+FLOAT_AS_STORED = (GGMLQuantizationType.F32,)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def load_compact(
@@ -145,6 +180,7 @@ def load_compact(
     fuse_projections(model)  # Q/K/V and gate/up as one kernel call each where formats agree
     if plan.packed:
         load_kernels()  # built here on first use (a minute, said on stderr), not in the prefill
+    warn_float_held(plan.without_packer())  # once the file is known good: no line before an error
     return model.eval(), plan
 
 

@@ -1,5 +1,6 @@
 // The extension's Python and torch-operator entry points: argument checks, then the kernels of
-// qgemv.cpp (exact float32 activations) and qgemv_i8.cpp (int8 activations).
+// qgemv.cpp (exact float32 activations), qgemv_raw.cpp (GGUF blocks kept as the file stores
+// them: Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS) and qgemv_i8.cpp (int8 activations).
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/extension.h>
 #include <cstdint>
@@ -16,6 +17,16 @@ void qmm_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Te
 void dequant_run(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                  int64_t bits, int64_t bs, int64_t T, int64_t r0, torch::Tensor& out);
 
+// qgemv_raw.cpp
+bool qgemv_is_raw(int64_t bits);
+int64_t qgemv_raw_block(int64_t bits);
+int64_t qgemv_raw_rest(int64_t bits);
+void qmm_raw_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
+                 const torch::Tensor& mn, int64_t bits, int64_t T, torch::Tensor& y);
+void dequant_raw_run(const torch::Tensor& codes, const torch::Tensor& scale,
+                     const torch::Tensor& mn, int64_t bits, int64_t T, int64_t r0,
+                     torch::Tensor& out);
+
 namespace {
 
 // The weight's shape (N, K) and rows per tile T, read off its tensors: row-major codes (N,
@@ -26,8 +37,34 @@ struct Shape {
   int64_t N, K, T;
 };
 
+// A raw-block weight (quant/raw.py): uint8 codes (N, nb * rest) or tiles (N/T, nb, T * rest),
+// float16 d (and dmin) (N, nb) or (N/T, nb, T).
+Shape check_raw(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
+                int64_t bits, int64_t bs) {
+  TORCH_CHECK(bs == qgemv_raw_block(bits), "unsupported block size");
+  TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
+  TORCH_CHECK(codes.scalar_type() == torch::kUInt8, "codes dtype");
+  TORCH_CHECK(scale.scalar_type() == torch::kHalf, "scale must be float16");
+  TORCH_CHECK(codes.dim() == scale.dim() && (scale.dim() == 2 || scale.dim() == 3) &&
+                  codes.size(0) == scale.size(0),
+              "codes and scale must both be row-major (2-d) or both row tiles (3-d)");
+  const int64_t T = scale.dim() == 3 ? scale.size(2) : 1, nb = scale.size(1);
+  const int64_t rest = qgemv_raw_rest(bits);
+  TORCH_CHECK(T == 1 || T == 4 || T == 8, "row tiles must hold 4 or 8 rows");
+  TORCH_CHECK(scale.dim() == 2 ? codes.size(1) == nb * rest
+                               : codes.size(1) == nb && codes.size(2) == T * rest,
+              "codes, scale and block size disagree");
+  if (mn.numel()) {
+    TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == scale.scalar_type() &&
+                    mn.sizes() == scale.sizes(),
+                "min must have scale's shape and dtype");
+  }
+  return {scale.size(0) * T, nb * bs, T};
+}
+
 Shape check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
             int64_t bits, int64_t bs) {
+  if (qgemv_is_raw(bits)) return check_raw(codes, scale, mn, bits, bs);
   TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "bits must be 4, 5 or 8");
   TORCH_CHECK(bits == 8 ? (bs == 16 || bs == 32) : (bs == 32), "unsupported block size");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
@@ -64,7 +101,11 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, tor
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
   auto y = torch::empty({x.size(0), w.N}, x.options());
-  qmm_run(x, codes, scale, mn, bits, bs, w.T, y);
+  if (qgemv_is_raw(bits)) {
+    qmm_raw_run(x, codes, scale, mn, bits, w.T, y);
+  } else {
+    qmm_run(x, codes, scale, mn, bits, bs, w.T, y);
+  }
   return y;
 }
 
@@ -80,7 +121,10 @@ torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
-  if (qgemv_is_fields(bits, w.T, codes)) return qmm(x, codes, scale, mn, bits, bs);  // exact
+  // exact: 5-bit bit fields and raw blocks have no int8 body
+  if (qgemv_is_fields(bits, w.T, codes) || qgemv_is_raw(bits)) {
+    return qmm(x, codes, scale, mn, bits, bs);
+  }
   std::vector<int64_t> exact_rows;  // rows with a block max |x| outside the int8 path's range
   auto y = qmm_i8_impl(x, codes, scale, mn, bits, bs, w.N, w.T, exact_rows);
   for (const int64_t m : exact_rows) {
@@ -96,7 +140,11 @@ torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn
   const Shape w = check(codes, scale, mn, bits, bs);
   TORCH_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.N, "row range out of bounds");
   auto out = torch::empty({r1 - r0, w.K}, torch::dtype(torch::kFloat));
-  dequant_run(codes, scale, mn, bits, bs, w.T, r0, out);
+  if (qgemv_is_raw(bits)) {
+    dequant_raw_run(codes, scale, mn, bits, w.T, r0, out);
+  } else {
+    dequant_run(codes, scale, mn, bits, bs, w.T, r0, out);
+  }
   return out;
 }
 

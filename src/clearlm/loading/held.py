@@ -1,0 +1,44 @@
+"""How a compact load holds each GGUF type (loading/compact/load.py's plan), and the warning
+for the types it holds as float32 for want of a compact form."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+NO_PACKER = "float32, no compact form"
+NOT_READ = "not read: clearlm has no dequantizer for it"
+
+
+@dataclass
+class FormatUse:
+    """How a load holds the tensors of one GGUF type: how many, their bytes in the file and in
+    memory, and how (``packed``; ``float32`` where the type has no compact form; ``float32,
+    as its module needs`` for a packable type a family converts; ``float32, as stored``)."""
+
+    held_as: str
+    count: int = 0
+    file_bytes: int = 0
+    held_bytes: int = 0
+
+
+def warn_float_held(without_packer: list[tuple[str, FormatUse]]) -> None:
+    """One ``clearlm:`` warning per GGUF type held as float for want of a compact form (the
+    CLI prints it as a ``warning:`` line): the count and the memory above the file's bytes."""
+    for qtype, use in without_packer:
+        extra = use.held_bytes - use.file_bytes
+        warnings.warn(
+            f"clearlm: {use.count} {qtype} tensor{'s' if use.count != 1 else ''} "
+            f"{'have' if use.count != 1 else 'has'} no compact form and "
+            f"{'are' if use.count != 1 else 'is'} held as float32: {_size(use.held_bytes)} "
+            f"instead of the file's {_size(use.file_bytes)} (+{_size(extra)})",
+            stacklevel=3)
+
+
+def _size(n_bytes: int) -> str:
+    """Decimal units, as the loading line writes sizes: 3.4 MB, 1.1 GB, 310 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= scale:
+            value = n_bytes / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{n_bytes} B"

@@ -1,0 +1,217 @@
+"""Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS kept as the file's blocks (quant/raw.py, csrc/qgemv_raw.cpp).
+
+References: ``gguf.quants.dequantize`` (llama.cpp's reference dequantization in Python) for the
+values, bit for bit, on random blocks (every byte random but finite float16 scales: codes and
+sub-scales gguf's quantizer would never write) and on blocks of real SmolLM2 weights quantized
+by a simple per-block quantizer; torch's float32 F.linear on those values for the products,
+within the float32 summation bound |Δ| ≤ K·u·(|x| @ |W|ᵀ) (u = 2⁻²⁴, Higham §3.1) that
+tests/quant/test_quant.py holds the other formats to; and the float32 load of the same tiny GGUF.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGUFWriter
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+from test_compact_load import TOKENS
+from test_quant import U, random_blocks
+from tiny_gguf import random_raw, write_tiny_llama
+
+import clearlm
+from clearlm.errors import InvalidModelFileError
+from clearlm.loading.checkpoint import GGUFCheckpoint
+from clearlm.loading.gguf import open_gguf
+from clearlm.quant import linear as qlinear
+from clearlm.quant.kernels import load_kernels
+from clearlm.quant.linear import QuantLinear
+from clearlm.quant.pack import dequantize_packed, pack_blocks
+from clearlm.quant.raw import RAW_TYPES
+from clearlm.quant.tiles import tile_rows
+
+needs_kernel = pytest.mark.skipif(load_kernels() is None, reason="no C++ kernel (needs g++)")
+RAW = pytest.mark.parametrize("qtype", RAW_TYPES, ids=lambda q: q.name)
+
+
+def kernel_dequant(p) -> np.ndarray:
+    mn = p.min if p.min is not None else torch.empty(0, dtype=p.scale.dtype)
+    return load_kernels().dequant(p.codes, p.scale, mn, p.bits, p.block, 0, p.shape[0]).numpy()
+
+
+@RAW
+@pytest.mark.parametrize("tile", [1, 4, 8])
+def test_random_blocks_exact(qtype: Q, tile: int) -> None:
+    """The torch path and the kernel give gguf's values bit for bit, row-major or in tiles;
+    the packed weight holds exactly the file's bytes."""
+    n, k = 16, 1024
+    raw = random_blocks(qtype, n, k, seed=7)
+    ref = dequantize(raw, qtype).reshape(n, k)  # (N, K) float32
+    assert np.isfinite(ref).all()
+    p = pack_blocks(raw, qtype, (n, k))
+    assert p.nbytes() == raw.nbytes
+    p = p if tile == 1 else tile_rows(p, tile)
+    np.testing.assert_array_equal(dequantize_packed(p).numpy(), ref)
+    if load_kernels() is not None:
+        np.testing.assert_array_equal(kernel_dequant(p), ref)
+
+
+def simple_quantize(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
+    """Blocks close to ``w`` (rows, values) without gguf's quantizer (it has none for these
+    types): random blocks whose d / dmin are set from each block's range, codes random. Only
+    the scales' magnitudes follow the data: enough to give realistic float16 scale ranges."""
+    raw = random_raw(rng, w.shape, qtype)
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = raw.reshape(-1, size)
+    amax = np.abs(w.reshape(-1, block)).max(axis=1)  # (n_blocks,)
+    d = (amax / 63 / 31).astype(np.float16)
+    at = {Q.Q2_K: 80, Q.Q3_K: 108}.get(qtype, 0)
+    blocks[:, at : at + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+@RAW
+def test_scales_from_real_weights_exact(qtype: Q, smollm2) -> None:
+    """Blocks whose float16 scales span a real matrix's range (SmolLM2's first down
+    projection) instead of random ones: still gguf's values bit for bit."""
+    w = smollm2.transformer.layers[0].mlp.down_proj.weight.detach().numpy()[:64]  # (64, 1536)
+    raw = simple_quantize(w, qtype, np.random.default_rng(3))
+    ref = dequantize(raw, qtype).reshape(w.shape)
+    p = pack_blocks(raw, qtype, w.shape)
+    np.testing.assert_array_equal(dequantize_packed(p).numpy(), ref)
+    if load_kernels() is not None:
+        np.testing.assert_array_equal(kernel_dequant(p), ref)
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def path_kind(request, monkeypatch) -> str:
+    if request.param == "kernel" and load_kernels() is None:
+        pytest.skip("no C++ compiler: kernel path unavailable")
+    if request.param == "torch":
+        monkeypatch.setattr(qlinear, "load_kernels", lambda: None)
+    return request.param
+
+
+@RAW
+@pytest.mark.parametrize("t", [1, 5, 21])  # decode, kernel with several rows, chunked prefill
+@pytest.mark.parametrize("tile", [1, 8])
+def test_product_within_the_float32_bound(qtype: Q, t: int, tile: int, path_kind: str,
+                                          monkeypatch) -> None:
+    n, k = 40, 512
+    monkeypatch.setattr(qlinear, "CHUNK_ELEMS", 16 * k)  # several bands on the prefill path
+    raw = random_blocks(qtype, n, k, seed=2)
+    w = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (N, K)
+    p = pack_blocks(raw, qtype, (n, k))
+    bias = torch.randn(n)
+    layer = QuantLinear(p if tile == 1 else tile_rows(p, tile), bias)
+    x = torch.randn(2, t, k)  # (B, T, K)
+    y, ref = layer(x), F.linear(x, w, bias)
+    bound = k * U * (x.abs() @ w.abs().T + bias.abs())
+    assert ((y - ref).abs() - bound).max().item() <= 0
+    if path_kind == "torch" or t > qlinear.SMALL_M:  # the dequantized weight and torch's matmul
+        assert torch.equal(y, ref)
+
+
+@needs_kernel
+@RAW
+def test_kernel_row_does_not_depend_on_the_rows_beside_it(qtype: Q) -> None:
+    """Each row of x and of W sums in one order: 7 rows of x at once or alone, and row-major or
+    tiled W, give the same products bit for bit."""
+    kern = load_kernels()
+    n, k = 24, 512
+    p = pack_blocks(random_blocks(qtype, n, k, seed=3), qtype, (n, k))
+    t = tile_rows(p, 8)
+    mn = p.min if p.min is not None else torch.empty(0, dtype=torch.float16)
+    tmn = t.min if t.min is not None else torch.empty(0, dtype=torch.float16)
+    x = torch.randn(7, k)  # (M, K)
+    y = kern.qmm(x, p.codes, p.scale, mn, p.bits, p.block)  # (M, N)
+    assert torch.equal(y, kern.qmm(x, t.codes, t.scale, tmn, t.bits, t.block))
+    assert torch.equal(y, kern.qmm_i8(x, p.codes, p.scale, mn, p.bits, p.block))  # no int8 body
+    for m in range(7):
+        assert torch.equal(y[m], kern.qmm(x[m : m + 1], p.codes, p.scale, mn, p.bits, p.block)[0])
+
+
+@RAW
+def test_tiny_gguf_loads_compact(tmp_path, qtype: Q) -> None:
+    """Every matrix packed, memory = the file's bytes for them, and the logits equal the float32
+    load's within the bound the other formats keep on SmolLM2 (test_compact_load.py)."""
+    path = write_tiny_llama(tmp_path / "t.gguf", matrix_type=qtype, d_model=256, d_ff=256,
+                            seed=4, tied=False)
+    got = clearlm.load(path, threads=1)
+    want = clearlm.load(path, threads=1, weights="float32")
+    assert got.weights == "compact"
+    file = open_gguf(path)
+    quantized = [t for t in file.tensors if t.tensor_type == qtype]
+    assert len(quantized) == 16  # embedding, head, 2 layers of 7
+    mode, held, n_packed = GGUFCheckpoint(path).planned_weights("compact")
+    f32 = sum(t.n_bytes for t in file.tensors if t.tensor_type == Q.F32)
+    assert (mode, n_packed) == ("compact", 16)
+    assert held - f32 == sum(t.n_bytes for t in quantized) == got.weight_bytes - f32
+    layer = got.transformer.layers[1].mlp.down_proj
+    assert isinstance(layer, QuantLinear) and layer.qtype == qtype.name
+    with torch.inference_mode():
+        for ids in (TOKENS, TOKENS[:, :1]):  # prefill bands, then the decode kernel
+            a, b = got.transformer(ids), want.transformer(ids)
+            assert torch.isfinite(b).all()
+            assert (a - b).abs().max().item() < 1e-3 * max(1.0, b.abs().max().item())
+
+
+def write_ragged(path, qtype: Q) -> None:
+    """A GGUF whose one tensor, of ``qtype``, has rows of 100 values: not whole blocks. gguf's
+    writer refuses to write one, so a file of 4 rows of one block is written and its tensor
+    table's row length (GGUF: name, n_dims uint32, dims uint64 innermost first) edited."""
+    name = b"blk.0.ffn_down.weight"
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    raw = np.zeros((4, GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8)  # (rows, bytes per row)
+    w.add_tensor(name.decode(), raw, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    data = bytearray(path.read_bytes())
+    at = data.index(name) + len(name) + 4  # dims[0]: the row length
+    data[at : at + 8] = (100).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q5_K, Q.IQ4_NL, Q.Q8_0], ids=lambda q: q.name)
+def test_rows_not_whole_blocks_one_clear_error(tmp_path, qtype: Q) -> None:
+    path = tmp_path / "ragged.gguf"
+    write_ragged(path, qtype)
+    block = GGML_QUANT_SIZES[qtype][0]
+    with pytest.raises(InvalidModelFileError) as e:
+        open_gguf(path)
+    msg = str(e.value)
+    assert msg == (f"{path}: tensor blk.0.ffn_down.weight is {qtype.name} with rows of 100 "
+                   f"values, not a whole number of its {block}-value blocks (llama.cpp refuses "
+                   "such a file too); the file was written wrong: convert the model again")
+    assert "reshape" not in msg and "download" not in msg
+
+
+def test_cli_info_and_warning_name_each_format(tmp_path) -> None:
+    """`clearlm info` lists every GGUF type with how a load holds it; a load that holds BF16
+    matrices as float32 says so in one `warning:` line (before the loading line)."""
+    from test_cli import cli
+
+    path = write_tiny_llama(tmp_path / "mixed.gguf", matrix_type=Q.Q5_K, d_model=256, d_ff=256,
+                            tensor_types={"ffn_up": Q.BF16, "attn_v": Q.IQ4_NL}, seed=1)
+    info = cli("info", str(path))
+    assert info.returncode == 0, info.stderr
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in info.stdout.splitlines() if line.count("│") == 6}
+    # (tensors, file MiB, memory MiB, held as): BF16 ffn_up 256 x 256 twice, 2 -> 4 bytes
+    assert rows["BF16"] == ["2", "0.2", "0.5", "float32, no compact form"]
+    # the tied embedding and 2 layers of 7 matrices, less the 2 ffn_up and the 2 attn_v
+    assert rows["Q5_K"][0] == "11" and rows["Q5_K"][3] == "compact: the file's blocks"
+    assert rows["Q5_K"][1] == rows["Q5_K"][2]  # the file's bytes
+    assert rows["IQ4_NL"][0] == "2" and rows["IQ4_NL"][3] == "compact: the file's blocks"
+    assert rows["F32"][3] == "float32, as stored"
+    gen = cli("generate", "-m", str(path), "hi", "-n", "1", "--temperature", "0")
+    assert gen.returncode == 0, gen.stderr
+    lines = gen.stderr.splitlines()
+    assert lines[0] == ("warning: 2 BF16 tensors have no compact form and are held as float32: "
+                        "524 kB instead of the file's 262 kB (+262 kB)")
+    assert lines[1].startswith("loading mixed.gguf") and "compact weights" in lines[1]
