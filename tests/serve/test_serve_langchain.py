@@ -58,3 +58,21 @@ def test_bind_tools_call_and_answer(chat):
     answer = chat.bind_tools([get_weather], tool_choice="none").invoke(messages)
     assert not answer.tool_calls and answer.response_metadata["finish_reason"] == "stop"
     assert "21" in answer.content or "sunny" in answer.content.lower(), answer.content
+
+
+def test_with_structured_output_validates_against_its_schema(chat):
+    """``with_structured_output`` (method "json_schema": OpenAI's response_format, strict), the
+    other way LangChain asks a server for structured answers: the server's grammar constrains
+    the answer, and LangChain parses it into the pydantic class (which validates it)."""
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        """A city and the country it is in."""
+
+        name: str = Field(max_length=20)
+        country: str = Field(max_length=20)
+
+    got = chat.with_structured_output(City, method="json_schema").invoke(
+        "Name the capital of France and its country."
+    )
+    assert isinstance(got, City) and got.name and got.country, got
