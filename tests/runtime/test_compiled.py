@@ -145,6 +145,8 @@ def test_cli_generate_compile_flag(tmp_path, monkeypatch, backend) -> None:
             return decode_step(m, token, cache)
 
         step.package_path = lambda: tmp_path / "p.pt2"
+        # --compile builds before the first token: ready() (not built), prepare() (the build)
+        step.ready, step.prepare, step.loader = (lambda: False), (lambda: None), None
         model.decode_fn = step
         return step
 
@@ -159,7 +161,9 @@ def test_cli_generate_compile_flag(tmp_path, monkeypatch, backend) -> None:
     assert got.exit_code == 0, got.output
     assert got.output == want.output and len(calls) == 3  # 4 tokens: prefill, then 3 steps
     noted = CliRunner().invoke(app, [*args, "--compile"]).output
-    assert ("builds the compiled step" in noted) if backend == "aot" else ("compiles" in noted)
+    assert ("building the compiled decode step" in noted) if backend == "aot" else (
+        "compiles" in noted
+    )
 
 
 def test_cli_chat_compile_flag(tmp_path, monkeypatch) -> None:
@@ -181,6 +185,7 @@ def test_cli_chat_compile_flag(tmp_path, monkeypatch) -> None:
             return decode_step(m, token, cache)
 
         step.package_path = lambda: tmp_path / "p.pt2"
+        step.ready, step.prepare, step.loader = (lambda: False), (lambda: None), None
         step.built, step.compile_s = True, None
         model.decode_fn = step
         return step

