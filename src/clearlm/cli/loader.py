@@ -268,8 +268,9 @@ def set_decode(model: Any, mode: str, quiet: bool = False) -> None:
 
 def compile_seconds(model: Any) -> float | None:
     """Wall seconds the compiled step's first call took in this process (None: no compiled
-    step, one that compiled nothing yet, or an AOT package loaded from disk in milliseconds)."""
+    step, one that compiled nothing yet, an AOT package loaded from disk in milliseconds, or one
+    built before the first token, whose time set_decode already said)."""
     step = getattr(model.transformer, "decode_fn", None)
-    if getattr(step, "built", None) is False:  # an AOT package loaded from disk: nothing compiled
+    if getattr(step, "built", None) is False or getattr(step, "ahead", False):
         return None
     return getattr(step, "compile_s", None)

@@ -148,6 +148,7 @@ class AOTDecodeStep:
         self.constants: dict[str, torch.Tensor] = {}  # the tensors the package reads, kept alive
         self.compile_s: float | None = None
         self.built: bool | None = None
+        self.ahead = False  # prepared before the first step (not inside a decode step)
 
     def serves(self, model: torch.nn.Module, token: torch.Tensor, cache: KVCache) -> bool:
         """Whether the package can run this call (else it runs eagerly)."""
@@ -182,6 +183,10 @@ class AOTDecodeStep:
         Raises:
             AOTError: the package cannot be built or loaded and ``on_error`` is None.
         """
+        self.ahead = self.ahead or self.loader is None
+        self._prepare()
+
+    def _prepare(self) -> None:
         if self.loader is not None or self.failed:
             return
         try:
@@ -239,7 +244,7 @@ class AOTDecodeStep:
             if self.loader is None and self._building_elsewhere():
                 return model(token, cache=cache, last_only=True)[:, -1, :]  # eager meanwhile
             if self.loader is None:
-                self.prepare()
+                self._prepare()
             if self.loader is not None:
                 tables = rope_tables(self.model)  # (P, d) each, as long as the cache needs
                 return self.loader.run([token, cache.lengths, *tables, *cache.keys,
