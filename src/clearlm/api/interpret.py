@@ -2,7 +2,8 @@
 as a context manager, as TransformerLens users expect), the logit lens and readable tokens.
 
 A mixin so ``api.py`` keeps to loading and generation; it uses the model's ``transformer``,
-``tokenizer``, ``config``, ``encode`` and ``_ids_tensor``.
+``tokenizer``, ``config``, ``encode`` and ``_ids_tensor``. TransformerLens's methods
+(run_with_cache, run_with_hooks, to_tokens, cfg) come from :class:`clearlm.api.lens.LensMixin`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from clearlm.api.lens import FwdHooks, LensMixin
+from clearlm.inspect.lens_vocab import lens_hooks
 from clearlm.inspect.token_pieces import token_pieces
 from clearlm.inspect.trace import Trace, lens_names
+from clearlm.model.hook_aliases import lens_names_of
 from clearlm.model.hooks import HookFn, HookHandle, resolve_names
 from clearlm.sampling.chain import softmax
 
@@ -24,7 +28,7 @@ if TYPE_CHECKING:
     from clearlm.tokenizer import Tokenizer
 
 
-class InterpretMixin:
+class InterpretMixin(LensMixin):
     """Hook points, traces, the logit lens and token strings for a loaded model."""
 
     if TYPE_CHECKING:
@@ -35,10 +39,13 @@ class InterpretMixin:
         def encode(self, prompt: str | Sequence[int]) -> list[int]: ...
         def _ids_tensor(self, prompt: str | Sequence[int]) -> torch.Tensor: ...
 
-    def to_str_tokens(self, prompt: str | Sequence[int]) -> list[str]:
-        """One readable string per token of the prompt (as TransformerLens's to_str_tokens);
-        bytes of a partial character show as ``<0xE6>`` (see clearlm.inspect.token_pieces)."""
-        return token_pieces(self.tokenizer, self.encode(prompt))
+    def to_str_tokens(
+        self, prompt: str | Sequence[int] | torch.Tensor, prepend_bos: bool | None = None
+    ) -> list[str]:
+        """One readable string per token of the prompt (as TransformerLens's to_str_tokens):
+        text, ids, or a (T,) / (1, T) tensor; ``prepend_bos`` as :meth:`to_tokens`. Bytes of a
+        partial character show as ``<0xE6>`` (see clearlm.inspect.token_pieces)."""
+        return token_pieces(self.tokenizer, self._lens_ids(prompt, prepend_bos))
 
     @torch.inference_mode()
     def run_with_trace(
@@ -81,10 +88,16 @@ class InterpretMixin:
         return self.transformer.hooks.add(name, fn)
 
     @contextmanager
-    def hooks(self, fns: Mapping[str, HookFn]) -> Iterator[InterpretMixin]:
+    def hooks(
+        self, fns: Mapping[str, HookFn] | None = None, *, fwd_hooks: FwdHooks = ()
+    ) -> Iterator[InterpretMixin]:
         """``with model.hooks({"blocks.5.attn.z": fn}):`` — hooks that are removed when the
-        block ends, also when it raises. Raises ClearLMError for an unknown name (none added)."""
-        with self.transformer.hooks.temporary(fns):
+        block ends, also when it raises; fn(tensor, name). TransformerLens's form
+        ``with model.hooks(fwd_hooks=[("blocks.5.attn.hook_z", fn)]):`` calls fn(tensor, hook)
+        (see :meth:`run_with_hooks`). Raises ClearLMError for an unknown name (none added)."""
+        lens = lens_hooks(fwd_hooks, lens_names_of(self.config))
+        hooks = self.transformer.hooks
+        with hooks.temporary({} if fns is None else fns), hooks.temporary(lens):
             yield self
 
     def clear_hooks(self) -> None:

@@ -11,13 +11,15 @@ dropped, so ``layers.3.self_attn.hook_pattern`` is ``blocks.3.attn.pattern``.
 
 Shape letters: B batch, T tokens, S keys visible (= T without a cache), D d_model, H n_heads,
 K n_kv_heads, Hd head_dim, F d_ff, V vocab_size. ``{i}`` is the block index (0 … N−1).
-Names follow TransformerLens's scheme, shortened.
+Names follow TransformerLens's scheme, shortened; TransformerLens's own names
+(``blocks.0.attn.hook_pattern``) are accepted wherever a name is taken, in TransformerLens's
+layout (:mod:`clearlm.model.hook_aliases`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -25,6 +27,14 @@ import torch
 from torch import nn
 
 from clearlm.errors import ClearLMError
+from clearlm.model.hook_aliases import (
+    LENS_NAMES,
+    Alias,
+    check_lens_name,
+    lens_alias,
+    nearest_name,
+    no_block_message,
+)
 
 # name → (shape, what it is). The one place the naming scheme is documented.
 HOOK_POINTS: dict[str, tuple[str, str]] = {
@@ -63,7 +73,10 @@ _PATTERNS = [_pattern(n) for n in HOOK_POINTS]
 
 
 def check_hook_name(name: str, n_layers: int) -> None:
-    """Raise ClearLMError unless `name` is a hook point of a model with n_layers blocks."""
+    """Raise ClearLMError unless `name` is a hook point of a model with n_layers blocks: one of
+    HOOK_POINTS, or a TransformerLens name that has a clearlm equivalent (LENS_NAMES).
+
+    The message for an unknown name suggests the nearest name of either vocabulary."""
     if not isinstance(name, str):
         raise ClearLMError(
             f"a hook point name is a string such as 'blocks.0.resid_post', got "
@@ -71,11 +84,19 @@ def check_hook_name(name: str, n_layers: int) -> None:
         )
     for pattern in _PATTERNS:
         m = pattern.match(name)
-        if m and (not m.groups() or int(m.group(1)) < n_layers):
+        if m and m.groups() and int(m.group(1)) >= n_layers:
+            raise ClearLMError(no_block_message(name, int(m.group(1)), n_layers))
+        if m:
             return
+    if check_lens_name(name, n_layers):  # ClearLMError: one with no clearlm equivalent
+        return
+    near = nearest_name(name, [*HOOK_POINTS, *LENS_NAMES], n_layers)
+    hint = f"did you mean {near!r}?" if near else (
+        f"names look like: embed, blocks.0.attn.pattern, blocks.{n_layers - 1}.resid_post, logits"
+    )
     raise ClearLMError(
-        f"unknown hook point {name!r}; names look like: embed, blocks.0.attn.pattern, "
-        f"blocks.{n_layers - 1}.resid_post, logits (see clearlm.model.hooks.HOOK_POINTS)"
+        f"unknown hook point {name!r}; {hint} (see clearlm.model.hooks.HOOK_POINTS, or the "
+        "TransformerLens names of clearlm.model.hook_aliases.LENS_NAMES)"
     )
 
 
@@ -145,6 +166,18 @@ def hook_name(path: str) -> str:
     return ".".join([_CONTAINERS.get(p, p) for p in parents] + [leaf.removeprefix("hook_")])
 
 
+def lens_hook(alias: Alias, fn: HookFn) -> HookFn:
+    """fn registered under a TransformerLens name: it receives the tensor in TransformerLens's
+    layout (a view where possible, so in-place edits reach the pass) and the name it was
+    registered under; what it returns is converted back to clearlm's layout."""
+
+    def hook(x: torch.Tensor, _name: str) -> torch.Tensor | None:
+        out = fn(alias.to_lens(x), alias.name)
+        return None if out is None else alias.from_lens(out)
+
+    return hook
+
+
 @dataclass
 class HookHandle:
     """Returned by add; ``remove()`` takes the hook away again."""
@@ -161,11 +194,15 @@ class HookRegistry:
     """Every hook point of one model by name, named once from its module tree.
 
     Built after the model's modules exist (the Transformer's ``__init__`` ends with it).
-    ``points`` maps names to HookPoints, in module-tree order.
+    ``points`` maps names to HookPoints, in module-tree order. Every method that takes a name
+    also takes a TransformerLens name (clearlm.model.hook_aliases), read and written in
+    TransformerLens's layout; that needs the root's ``config`` (and ``norm``, the final norm).
     """
 
     def __init__(self, root: nn.Module) -> None:
         self.points: dict[str, HookPoint] = {}
+        self.config = getattr(root, "config", None)
+        self.final_norm: nn.Module | None = getattr(root, "norm", None)
         for path, parent in root.named_modules():
             for attr, child in parent.named_children():
                 if isinstance(child, HookPoint):
@@ -183,20 +220,42 @@ class HookRegistry:
         return any(p.active for p in self.points.values())
 
     def point(self, name: str) -> HookPoint:
-        """The HookPoint called `name`; ClearLMError for a name this model does not have."""
+        """The HookPoint called `name` (a TransformerLens name: the point it stands for);
+        ClearLMError for a name this model does not have."""
+        return self.resolve(name)[0]
+
+    def alias(self, name: str) -> Alias | None:
+        """The TransformerLens alias `name` stands for on this model (None: a clearlm name).
+
+        Raises ClearLMError for a TransformerLens name with no equivalent on this model."""
+        if name in self.points or self.config is None:
+            return None
+        return lens_alias(name, self.config, self.final_norm)
+
+    def resolve(self, name: str) -> tuple[HookPoint, Alias | None]:
+        """The HookPoint for `name`, and the alias when it is a TransformerLens name.
+
+        Raises:
+            ClearLMError: unknown name (with the nearest suggested), or one this model lacks.
+        """
         check_hook_name(name, self.n_layers)
+        alias = self.alias(name)
+        if alias is not None:
+            name = alias.target
         if name not in self.points:
             why = {
                 "probs": "it is computed after the forward pass; hook 'logits' instead",
                 "pos": "positions enter inside attention (RoPE); hook 'blocks.{i}.attn.q'",
             }.get(name, "it is not in this model's module tree")
             raise ClearLMError(f"this model has no hook point {name!r}: {why}")
-        return self.points[name]
+        return self.points[name], alias
 
     def add(self, name: str, fn: HookFn) -> HookHandle:
-        """Call fn(tensor, name) whenever the pass reaches `name` (see HookPoint)."""
-        point = self.point(name)
+        """Call fn(tensor, name) whenever the pass reaches `name` (see HookPoint); under a
+        TransformerLens name, with the tensor in its layout (see lens_hook)."""
+        point, alias = self.resolve(name)
         check_hook_fn(name, fn)
+        fn = fn if alias is None else lens_hook(alias, fn)
         point.fns.append(fn)
         return HookHandle(point, fn)
 
@@ -206,19 +265,27 @@ class HookRegistry:
             p.fns.clear()
 
     @contextmanager
-    def temporary(self, fns: Mapping[str, HookFn]) -> Iterator[None]:
-        """Hooks that are removed when the block ends, also when it raises. Every name is
-        checked before any hook is added (ClearLMError: none is added)."""
-        if not isinstance(fns, Mapping):
+    def temporary(
+        self, fns: Mapping[str, HookFn] | Sequence[tuple[str, HookFn]]
+    ) -> Iterator[None]:
+        """Hooks that are removed when the block ends, also when it raises: a dict {name: fn}
+        or a list of (name, fn) pairs (a name may repeat; they run in the order given). Every
+        name is checked before any hook is added (ClearLMError: none is added)."""
+        pairs = list(fns.items()) if isinstance(fns, Mapping) else fns
+        if isinstance(fns, str | bytes) or not isinstance(pairs, Sequence) or not all(
+            isinstance(p, tuple | list) and len(p) == 2 for p in pairs
+        ):
             raise ClearLMError(
-                "hooks take a dict {hook point name: function}, got " + type(fns).__name__
+                "hooks take a dict {hook point name: function} or a list of (name, function) "
+                "pairs, got " + type(fns).__name__
             )
-        points = [self.point(name) for name in fns]
-        for name, fn in fns.items():
+        resolved = [self.resolve(name) for name, _ in pairs]
+        for name, fn in pairs:
             check_hook_fn(name, fn)
         handles = []
         try:
-            for point, fn in zip(points, fns.values(), strict=True):
+            for (point, alias), (_, fn) in zip(resolved, pairs, strict=True):
+                fn = fn if alias is None else lens_hook(alias, fn)
                 point.fns.append(fn)
                 handles.append(HookHandle(point, fn))
             yield
@@ -232,15 +299,24 @@ class HookRegistry:
 
         Names must be valid (see resolve_names); one this model lacks (``pos`` with RoPE,
         ``probs``) is simply not recorded. Points not named stay idle, so attention computes
-        its pattern only when ``scores`` or ``pattern`` is wanted.
+        its pattern only when ``scores`` or ``pattern`` is wanted. A TransformerLens name is
+        recorded under that name in its layout when the block ends (ClearLMError before
+        anything runs for one with no equivalent on this model).
         """
         store: dict[str, torch.Tensor] = {}
-        chosen = [p for n, p in self.points.items() if names is None or n in names]
+        aliases = [a for a in map(self.alias, names or ()) if a is not None]
+        wanted = None if names is None else set(names) | {a.target for a in aliases}
+        chosen = [p for n, p in self.points.items() if wanted is None or n in wanted]
         before = [p.record for p in chosen]  # an enclosing recording resumes on exit
         for p in chosen:
             p.record = store
         try:
             yield store
+            for a in aliases:  # in the alias's layout, under its name; targets asked stay
+                if a.target in store:
+                    store[a.name] = a.to_lens(store[a.target]).contiguous()
+            for target in {a.target for a in aliases} - set(names or ()):
+                store.pop(target, None)
         finally:
             for p, record in zip(chosen, before, strict=True):
                 p.record = record
