@@ -2,7 +2,8 @@
 
 ``model.py`` is :class:`Model` and :func:`load`, ``options.py`` parses the load options
 (weights, dtype, activations), ``checks.py`` the generate/chat arguments, ``interpret.py``
-Model's interpretability methods (trace, logit lens, attention), ``batch.py`` the
+Model's interpretability methods (trace, logit lens, attention), ``lens.py`` TransformerLens's
+(run_with_cache, run_with_hooks, to_tokens, cfg), ``batch.py`` the
 list-of-prompts path onto the engine, ``speculative.py`` the draft= / prompt_lookup= options.
 
 May import every package below it (runtime, engine, inspect, loading, generation, sampling,

@@ -10,6 +10,7 @@
 - ``walkthrough.py``      the seeds' worked examples, computed by the real layer code
 
 - ``distance.py``         how far two models' logits are apart on the same tokens
+- ``lens_vocab.py``       TransformerLens's vocabulary: the run_with_cache cache, cfg, hook args
 
 May import generation, model, sampling, config and errors. Nothing is imported here, so
 ``clearlm.api.model`` can use ``clearlm.inspect.trace`` without importing the views

@@ -22,7 +22,8 @@ again, autoregressively    ``clearlm/generation/loop.py``                  ``gen
 =========================  ==============================================  ===================
 
 ``hooks.py`` names a point at every stage (``blocks.3.attn.pattern``...) so that the trace and
-explain views (:mod:`clearlm.inspect`) can read them. Everything a model family changes is a
+explain views (:mod:`clearlm.inspect`) can read them; ``hook_aliases.py`` maps TransformerLens's
+names (``blocks.3.attn.hook_pattern``) and layouts onto them. Everything a model family changes is a
 field of the frozen :class:`clearlm.config.ModelConfig`; nothing here knows file formats.
 
 May import ``clearlm.config`` and ``clearlm.errors`` only (and torch).

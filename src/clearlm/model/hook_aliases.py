@@ -129,7 +129,10 @@ LENS_NAMES: dict[str, LensName] = {
         "blocks.{i}.ffn.out", "[batch, pos, d_model]", note=_SANDWICH.format("feedforward")
     ),
     "blocks.{i}.hook_resid_post": LensName("blocks.{i}.resid_post", "[batch, pos, d_model]"),
-    "ln_final.hook_scale": LensName(None, "[batch, pos, 1]", note=_NO_NORM_POINT),
+    "ln_final.hook_scale": LensName(
+        None, "[batch, pos, 1]", note="clearlm has no hook point inside the final norm "
+        "(ln_final.hook_normalized and unembed.hook_in: its output without and with the weight)",
+    ),
     "ln_final.hook_normalized": LensName(
         "final_norm", "[batch, pos, d_model]", NORM,
         "before the norm's weight and bias, as TL's: final_norm with them divided out "
