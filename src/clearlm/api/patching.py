@@ -71,6 +71,28 @@ class PatchingMixin:
             same logit difference for both prompts. ContextLengthError: an empty or too-long
             prompt.
         """
+        inputs = self.patch_inputs(clean, corrupted, hook_points, positions, answer, wrong)
+        return patch_activations(
+            self.transformer, *inputs, batch_size=batch_size,
+            text=lambda ids: token_pieces(self.tokenizer, ids),
+        )  # fmt: skip
+
+    def patch_inputs(
+        self,
+        clean: str | Sequence[int],
+        corrupted: str | Sequence[int],
+        hook_points: str | Sequence[str],
+        positions: Sequence[int] | None,
+        answer: str | int,
+        wrong: str | int,
+    ) -> tuple[list[int], list[int], list[str], list[int], int, int]:
+        """:meth:`patch`'s arguments checked and resolved, without running anything (the
+        tokenizer and config only: the CLI checks them before reading the weights).
+
+        Returns:
+            (clean ids, corrupted ids, hook point names, positions in [0, T), answer id,
+            wrong id). Raises what :meth:`patch` raises for bad input.
+        """
         clean_ids = self._ids_tensor(clean)[0].tolist()
         bad_ids = self._ids_tensor(corrupted)[0].tolist()
         if len(clean_ids) != len(bad_ids):
@@ -86,10 +108,7 @@ class PatchingMixin:
         points = expand_points(hook_points, self.config.n_layers)
         T = len(clean_ids)
         where = list(range(T)) if positions is None else [self._position(p, T) for p in positions]
-        return patch_activations(
-            self.transformer, clean_ids, bad_ids, points, where, answer_id, wrong_id,
-            batch_size=batch_size, text=lambda ids: token_pieces(self.tokenizer, ids),
-        )  # fmt: skip
+        return clean_ids, bad_ids, points, where, answer_id, wrong_id
 
     def _pieces(self, ids: list[int]) -> str:
         return "|".join(token_pieces(self.tokenizer, ids))

@@ -86,6 +86,7 @@ class PatchResult:
         first = max(len("hook point"), *(len(p) for p in self.points))
         lines = [head, "hook point".ljust(first) + "".join(f" {c:>{width}}" for c in labels)]
         for name, row in zip(self.points, self.recovery.tolist(), strict=True):
+            row = [round(v, 2) + 0.0 for v in row]  # + 0.0: −0.001 prints as 0.00, not −0.00
             lines.append(name.ljust(first) + "".join(f" {v:>{width}.2f}" for v in row))
         return "\n".join(lines)
 
@@ -245,7 +246,7 @@ def patch_activations(
     return PatchResult(
         points=list(points),
         positions=list(positions),
-        recovery=(patched - corrupted_diff) / span,
+        recovery=(patched - corrupted_diff) / span + 0.0,  # + 0.0: no −0.0 where nothing moved
         patched=patched,
         clean_diff=clean_diff,
         corrupted_diff=corrupted_diff,
