@@ -49,7 +49,7 @@ def recovery_png(r: PatchResult) -> tuple[bytes, np.ndarray]:
         if P * Q <= MAX_ANNOTATED:
             for i in range(P):
                 for j in range(Q):
-                    v = float(grid[i, j])
+                    v = round(float(grid[i, j]), 2) + 0.0  # + 0.0: −0.001 shows as 0.00
                     ink = "white" if abs(v) > 0.6 else "#1d2430"
                     ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6.5, color=ink)
         ax.set_title(

@@ -159,6 +159,7 @@ def _patch_fn(
 
     clean: the clean run's (1, …) tensor at this point; rows, positions: (n,) int64, row r of the
     batch patches position positions[r]."""
+    rows, positions = rows.to(clean.device), positions.to(clean.device)
     source = clean.movedim(axis, 1)[0, positions]  # (1, T, …) → (n, …): the clean values
 
     def fn(x: torch.Tensor, _: str) -> torch.Tensor:
