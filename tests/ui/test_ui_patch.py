@@ -32,10 +32,8 @@ def test_patch_returns_the_apis_grid(client, tiny):
     want = tiny.patch(
         PAIR["clean"], PAIR["corrupted"], ["resid_pre", "attn.out"], answer="l", wrong="d"
     ).to_dict()
-    assert got["points"] == want["points"] == [
-        *(f"blocks.{i}.resid_pre" for i in range(3)),
-        *(f"blocks.{i}.attn.out" for i in range(3)),
-    ]
+    names = [f"blocks.{i}.{kind}" for kind in ("resid_pre", "attn.out") for i in range(3)]
+    assert got["points"] == want["points"] == names
     assert got["clean_tokens"] == want["clean_tokens"] and got["positions"] == list(range(9))
     assert torch.allclose(torch.tensor(got["recovery"]), torch.tensor(want["recovery"]), atol=1e-6)
     assert got["clean_diff"] == pytest.approx(want["clean_diff"], abs=1e-6)
@@ -47,7 +45,7 @@ def test_patch_returns_the_apis_grid(client, tiny):
     [
         ({"corrupted": "hello"}, 400, "the clean prompt is 9 tokens and the corrupted one 3"),
         ({"answer": "ab"}, 400, "answer 'ab' is 2 tokens"),
-        ({"points": "hook_embed"}, 400, "unknown hook point 'hook_embed'"),
+        ({"points": "resid_nope"}, 400, "hook point 'resid_nope'"),
         ({"clean": " "}, 400, "the prompt is empty"),
         ({"wrong": None}, 422, "wrong: Input should be a valid string"),
     ],

@@ -211,8 +211,8 @@ def patch_activations(
     if batch_size < 1:
         raise ClearLMError(f"batch_size must be at least 1, got {batch_size}")
     hooks = transformer.hooks
-    for name in points:
-        hooks.point(name)  # ClearLMError for a name this model lacks, before any run
+    # ClearLMError for a name this model lacks, before any run; each point's own name after
+    points = [hooks.point(name).name for name in points]
     # Projecting only the last position saves a (T−1) × D × V product, unless a point at or
     # after the final norm is patched (its position axis is then the whole prompt).
     last_only = not {"final_norm", "logits"} & set(points)
