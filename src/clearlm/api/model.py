@@ -26,6 +26,7 @@ from clearlm.api.options import (
     parse_weights,
     use_int8_activations,
 )
+from clearlm.api.patching import PatchingMixin
 from clearlm.api.speculative import make_drafter, refuse_batch, run_generate, run_stream
 from clearlm.config import ModelConfig
 from clearlm.errors import ChatTemplateError, ClearLMError
@@ -50,7 +51,7 @@ Messages = Sequence[dict[str, str]]
 
 
 @dataclass
-class Model(InterpretMixin):
+class Model(InterpretMixin, PatchingMixin):
     """A loaded model: the Transformer, its tokenizer, config and the file's metadata (less
     a GGUF's per-token vocabulary arrays, which ``tokenizer`` holds: tokenizer.gguf.VOCAB_ARRAYS).
 
@@ -59,7 +60,8 @@ class Model(InterpretMixin):
     generation_config.json as transformers reads it (see :mod:`clearlm.sampling.defaults`; empty for
     GGUF files and for a file that sets no sampling key). The interpretability methods
     (run_with_trace, add_hook, hooks, logit_lens, to_str_tokens) come from
-    :class:`clearlm.api.interpret.InterpretMixin`.
+    :class:`clearlm.api.interpret.InterpretMixin`, activation patching (patch) from
+    :class:`clearlm.api.patching.PatchingMixin`.
     """
 
     transformer: Transformer

@@ -92,7 +92,7 @@ def main() -> None:
 
 # Importing a module registers its commands; --help lists them in this order.
 from clearlm.cli import generate, inspect, manage  # noqa: E402,F401,I001
-from clearlm.cli import explain, ui, walkthrough  # noqa: E402,F401
+from clearlm.cli import explain, patch, ui, walkthrough  # noqa: E402,F401
 from clearlm.cli import serve  # noqa: E402,F401
 from clearlm.cli import compile  # noqa: E402,F401  (listed after the everyday commands)
 from clearlm.cli import ollama  # noqa: E402,F401  (run, list: ollama's spellings)

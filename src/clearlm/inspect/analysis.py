@@ -176,3 +176,28 @@ class _Labels:
 
     def __getitem__(self, i: int) -> str:
         return label(self.model, i)
+
+
+# Patching runs the corrupted prompt once per cell: the page keeps the grid to a few seconds.
+MAX_PATCH_CELLS = 1200
+
+
+def patching(
+    model: Model, clean: str, corrupted: str, answer: str, wrong: str, points: str
+) -> dict[str, Any]:
+    """The activation-patching grid of a clean/corrupted pair (:meth:`Model.patch`) as JSON:
+    :meth:`PatchResult.to_dict <clearlm.inspect.patching.PatchResult.to_dict>`.
+
+    ``points`` is comma-separated, as the CLI's --points. Raises UIError for an empty or too
+    long prompt or a grid over MAX_PATCH_CELLS cells, ClearLMError for what Model.patch refuses.
+    """
+    check_prompt(model, clean)
+    check_prompt(model, corrupted)
+    names = [p.strip() for p in points.split(",") if p.strip()]
+    _, _, rows, cols, _, _ = model.patch_inputs(clean, corrupted, names, None, answer, wrong)
+    if len(rows) * len(cols) > MAX_PATCH_CELLS:
+        raise UIError(
+            f"the grid has {len(rows)} hook points × {len(cols)} positions; the page patches at "
+            f"most {MAX_PATCH_CELLS} cells: shorten the prompts or choose fewer points"
+        )
+    return model.patch(clean, corrupted, names, answer=answer, wrong=wrong).to_dict()

@@ -6,6 +6,7 @@ Endpoints (all POST a JSON body holding the prompt, so any request can be replay
 - ``/api/attention`` one layer/head's attention pattern
 - ``/api/sampling``  what temperature / top-k / top-p / min-p keep (explain_sampling)
 - ``/api/sample``    draw one token and return the prompt with it appended
+- ``/api/patch``     the activation-patching grid of a clean/corrupted pair (Model.patch)
 
 The server computes, the page renders. A prompt is run once and kept in a small LRU cache, so
 moving a slider only reruns the sampling chain on the cached last logits. Every error is JSON
@@ -73,6 +74,18 @@ class SamplingIn(PromptIn):
             repetition_penalty=self.repetition_penalty,
             seed=self.seed,
         )
+
+
+class PatchIn(BaseModel):
+    """A clean/corrupted pair to patch, the two answers and the hook points (comma-separated
+    kinds or names, as ``clearlm patch --points``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    clean: Annotated[str, AfterValidator(clean_text)]
+    corrupted: Annotated[str, AfterValidator(clean_text)]
+    answer: Annotated[str, AfterValidator(clean_text)]
+    wrong: Annotated[str, AfterValidator(clean_text)]
+    points: str = "resid_pre"
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -159,5 +172,12 @@ def create_app(model: Model, title: str | None = None) -> FastAPI:
         a = run(body.prompt)
         with lock:
             return analysis.sample(model, a, body.prompt, params)
+
+    @app.post("/api/patch")
+    def patch(body: PatchIn) -> dict[str, Any]:
+        with lock:  # the patched runs hook the model's shared registry
+            return analysis.patching(
+                model, body.clean, body.corrupted, body.answer, body.wrong, body.points
+            )
 
     return app
