@@ -14,10 +14,11 @@ always renormalises, which equals a softmax over the k chosen logits; Qwen2-MoE 
 not, Qwen3-MoE does, OLMoE does not (config.json's ``norm_topk_prob``). Qwen2-MoE adds a
 shared expert every token uses, scaled by a sigmoid gate of its own (``shared_expert_gate``).
 
-Ties: experts with equal probabilities are ordered as ``torch.topk`` orders them, the call
-transformers makes on the same float32 probabilities, so both pick the same experts (on CPU
-torch.topk returns the lower expert index first among equal values; tests/families/test_family_moe.py
-checks a router whose every probability ties).
+Ties: experts with equal probabilities are chosen and ordered as ``torch.topk`` orders them,
+the call transformers makes on the same float32 probabilities, so both pick the same experts.
+That order is torch's, not the lowest index first: on CPU, four tied experts give
+``topk(k=2)`` = [2, 3]. llama.cpp sorts with its own argsort and may pick others among ties.
+tests/families/test_family_moe.py checks a router whose every probability ties.
 
 Computation, grouped by expert (as transformers' ``*Experts.forward`` and vLLM's fused MoE do,
 never every expert on every token): the (token, slot) pairs are sorted by expert, each expert
