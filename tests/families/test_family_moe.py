@@ -30,7 +30,10 @@ from clearlm.quant.linear import QuantLinear
 TOL = 1e-4
 EXPERTS = dict(num_experts=4, num_experts_per_tok=2)
 CASES = {
-    "mixtral": (MixtralForCausalLM, MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2)),
+    "mixtral": (
+        MixtralForCausalLM,
+        MixtralConfig(**TINY, num_local_experts=4, num_experts_per_tok=2),
+    ),
     # a shared expert with its sigmoid gate, no renormalisation, layer 1 dense (mlp_only_layers)
     "qwen2_moe": (
         Qwen2MoeForCausalLM,

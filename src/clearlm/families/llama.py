@@ -7,8 +7,8 @@ reference Llama's names, differing only in config (Llama is every default of Mod
 - Qwen3: + RMSNorm on each head's queries and keys; explicit head_dim.
 
 GGUF: llama.cpp writes Llama, Mistral, SmolLM2 and Mixtral as architecture "llama" (Q/K rows
-permuted for its RoPE layout; Llama 3.1+ carry their RoPE scaling in a ``rope_freqs.weight`` tensor),
-Qwen2/2.5 as "qwen2" and Qwen3 as "qwen3" (Q/K rows in transformers' order).
+permuted for its RoPE layout; Llama 3.1+ carry their RoPE scaling in a ``rope_freqs.weight``
+tensor), Qwen2/2.5 as "qwen2" and Qwen3 as "qwen3" (Q/K rows in transformers' order).
 """
 
 from __future__ import annotations

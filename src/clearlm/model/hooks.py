@@ -10,7 +10,8 @@ module tree, as TransformerLens's ``HookedRootModule.setup()`` names its points 
 dropped, so ``layers.3.self_attn.hook_pattern`` is ``blocks.3.attn.pattern``.
 
 Shape letters: B batch, T tokens, S keys visible (= T without a cache), D d_model, H n_heads,
-K n_kv_heads, Hd head_dim, F d_ff, V vocab_size, E n_experts, k n_experts_used. ``{i}`` is the block index (0 … N−1).
+K n_kv_heads, Hd head_dim, F d_ff, V vocab_size, E n_experts, k n_experts_used. ``{i}`` is the
+block index (0 … N−1).
 Names follow TransformerLens's scheme, shortened.
 """
 
