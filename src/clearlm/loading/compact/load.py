@@ -11,6 +11,8 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    linear layer reads it (quant/tiles.py), and its module replaced by a QuantLinear /
    QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
    these matrices ever exists, and their file pages are dropped from the process once packed.
+   A mixture of experts' stacked ``ffn_*_exps`` tensor (E, F, D) is packed as one (E·F, D)
+   matrix and each expert's layer gets its row band (``row_bands``: views, no copy);
    The first such load keeps what it packed on disk and later loads of the unchanged file map
    that copy instead of packing (loading/compact/pack_cache.py; ``CLEARLM_PACK_CACHE=0``: off);
 3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
