@@ -17,6 +17,7 @@ POSITIONS = ("rope", "learned", "sinusoidal")
 NORMS = ("rms", "layer")
 BLOCKS = ("pre", "post", "sandwich")
 FFNS = ("gated", "mlp")
+QK_NORM_SCOPES = ("head", "all")  # RMSNorm over each head's Hd values, or over all H·Hd
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu")
 ROPE_SCALINGS = ("linear", "dynamic", "llama3", "yarn")  # the config.json rope types we run
 # + "factors": per-frequency divisors, llama.cpp's rope_freqs.weight tensor (Llama 3.1+ GGUFs)
@@ -86,6 +87,7 @@ SIZE_FIELDS = (
     "context_length",
     "embed_dim",
     "rope_dim",
+    "expert_d_ff",
 )
 
 
@@ -102,14 +104,20 @@ class ModelConfig:
     token embedding (√D for Gemma and XGLM); ``embed_dim`` E ≠ D embeds tokens in E and projects
     E → D after the lookup and D → E before the output projection (OPT-350m's project_in/out).
     Stage 2, attention: ``attn_bias`` (biases on Q/K/V), ``attn_out_bias``, ``qk_norm``
-    (RMSNorm per head on q and k: Qwen3, Gemma 3), ``attn_scale`` (None: 1/√Hd),
+    (RMSNorm on q and k: Qwen3, Gemma 3, OLMoE) over each head ("head") or over the whole
+    projection (``qk_norm_scope`` "all": OLMoE), ``clip_qkv`` (q, k, v clamped to ±c: OLMoE),
+    ``attn_scale`` (None: 1/√Hd),
     ``attn_softcap`` (Gemma 2), ``sliding_window`` with ``layer_types`` ("full"/"sliding" per
     layer), ``rope_local_theta`` (RoPE base of sliding layers: Gemma 3).
     Stage 3, residual + norm + FFN: ``norm`` "rms" or "layer" (LayerNorm with bias),
     ``norm_offset`` (Gemma's RMSNorm scales by 1 + w), ``block`` "pre" (GPT-2 onward), "post"
     (the original Transformer: LN(x + sublayer(x))) or "sandwich" (Gemma 2/3: norms before and
     after each sublayer), ``ffn`` "gated" (SwiGLU/GeGLU) or "mlp" (W2·act(W1·x + b1) + b2),
-    ``activation``, ``mlp_bias``.
+    ``activation``, ``mlp_bias``. Mixture of experts (model/moe.py): ``n_experts`` E > 0
+    replaces the FFN of every layer not in ``dense_layers`` by a router over E gated FFNs of
+    width ``expert_d_ff`` of which each token uses ``n_experts_used`` k, their weights
+    renormalised to sum 1 when ``norm_topk_prob``; ``shared_expert_d_ff`` > 0 adds an expert
+    every token uses, behind a sigmoid gate (Qwen2-MoE).
     Stage 4, output: ``final_norm``, ``tie_word_embeddings``, ``final_logit_softcap`` (Gemma 2).
     """
 
@@ -137,6 +145,8 @@ class ModelConfig:
     attn_bias: bool = False
     attn_out_bias: bool = False
     qk_norm: bool = False
+    qk_norm_scope: str = "head"
+    clip_qkv: float | None = None
     attn_scale: float | None = None
     attn_softcap: float | None = None
     sliding_window: int | None = None
@@ -148,6 +158,12 @@ class ModelConfig:
     ffn: str = "gated"
     activation: str = "silu"
     mlp_bias: bool = False
+    n_experts: int = 0  # 0: dense FFNs
+    n_experts_used: int = 0
+    expert_d_ff: int = 0  # 0: d_ff
+    norm_topk_prob: bool = True
+    shared_expert_d_ff: int = 0  # 0: no shared expert
+    dense_layers: tuple[int, ...] = ()
     # stage 4: output
     final_norm: bool = True
     final_logit_softcap: float | None = None
@@ -158,6 +174,8 @@ class ModelConfig:
             object.__setattr__(self, "rope_dim", self.head_dim)
         if self.embed_dim == 0:
             object.__setattr__(self, "embed_dim", self.d_model)
+        if self.expert_d_ff == 0:
+            object.__setattr__(self, "expert_d_ff", self.d_ff)
         if not self.layer_types:
             kind = "sliding" if self.sliding_window else "full"
             object.__setattr__(self, "layer_types", (kind,) * self.n_layers)
@@ -167,6 +185,7 @@ class ModelConfig:
             ("block", BLOCKS),
             ("ffn", FFNS),
             ("activation", ACTIVATIONS),
+            ("qk_norm_scope", QK_NORM_SCOPES),
         ):
             if getattr(self, name) not in allowed:
                 raise UnsupportedModelError(
@@ -184,6 +203,21 @@ class ModelConfig:
             )
         if "sliding" in self.layer_types and not self.sliding_window:
             raise InvalidModelFileError("sliding layers need a sliding_window size")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """A mixture of experts routes each token to 1 ≤ k ≤ E experts; InvalidModelFileError
+        naming the field otherwise."""
+        if self.n_experts < 0 or self.shared_expert_d_ff < 0:
+            raise InvalidModelFileError(
+                f"config value n_experts = {self.n_experts} / shared_expert_d_ff = "
+                f"{self.shared_expert_d_ff} is invalid: it must be ≥ 0"
+            )
+        if self.n_experts and not 1 <= self.n_experts_used <= self.n_experts:
+            raise InvalidModelFileError(
+                f"config value n_experts_used = {self.n_experts_used} is invalid: it must be "
+                f"between 1 and n_experts ({self.n_experts})"
+            )
 
     def _check_values(self) -> None:
         """Sizes are positive ints, ε and RoPE bases finite and > 0, RoPE's dims even and
@@ -231,6 +265,8 @@ class ModelConfig:
             "attn_bias",
             "attn_out_bias",
             "qk_norm",
+            "qk_norm_scope",
+            "clip_qkv",
             "attn_scale",
             "attn_softcap",
             "sliding_window",
@@ -248,6 +284,12 @@ class ModelConfig:
             "ffn",
             "activation",
             "mlp_bias",
+            "n_experts",
+            "n_experts_used",
+            "expert_d_ff",
+            "norm_topk_prob",
+            "shared_expert_d_ff",
+            "dense_layers",
         ):
             stage[n] = "3 residual + norm + FFN"
         for n in ("final_norm", "tie_word_embeddings", "final_logit_softcap"):

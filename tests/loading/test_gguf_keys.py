@@ -30,7 +30,14 @@ SIZES = {
     "attention.head_count_kv": 2,
     "vocab_size": 320,
 }
-EXTRA = {"gemma2": {"attention.sliding_window": 4}, "gemma3": {"attention.sliding_window": 4}}
+MOE = {"expert_count": 4, "expert_used_count": 2}
+EXTRA = {
+    "gemma2": {"attention.sliding_window": 4},
+    "gemma3": {"attention.sliding_window": 4},
+    "qwen2moe": MOE | {"expert_feed_forward_length": 32, "expert_shared_feed_forward_length": 48},
+    "qwen3moe": MOE | {"expert_feed_forward_length": 32},
+    "olmoe": MOE,
+}
 
 # A value unlike the default for the keys where 3 would not be (type or meaning).
 TEST_VALUES = {

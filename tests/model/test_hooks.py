@@ -22,11 +22,18 @@ from clearlm.model.hooks import AFTER_FORWARD, HOOK_POINTS, hook_name
 CASES = {**LLAMA, **GEMMA_PHI3, **GPT2_OPT_XGLM}
 
 
+# the points of a mixture-of-experts block (model/moe.py; tests/families/test_family_moe.py)
+MOE_ONLY = {f"blocks.{{i}}.ffn.{p}" for p in ("router_logits", "expert_ids", "expert_weights")}
+
+
 def table_names(n_layers: int, additive_positions: bool) -> set[str]:
-    """Every name HOOK_POINTS promises a model with n_layers blocks inside its forward pass."""
+    """Every name HOOK_POINTS promises a dense model with n_layers blocks inside its forward
+    pass."""
     names = set()
     for template in HOOK_POINTS:
         if template in AFTER_FORWARD or (template == "pos" and not additive_positions):
+            continue
+        if template in MOE_ONLY:
             continue
         names |= {template.replace("{i}", str(i)) for i in range(n_layers)}
     return names

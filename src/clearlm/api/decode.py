@@ -13,6 +13,8 @@ Three modes (``clearlm.load(decode=...)``, the CLI's ``--eager`` / ``--compile``
 ``$CLEARLM_DECODE`` sets the default mode (the test suite runs with ``eager``, so that no test
 starts a build it did not ask for). A step the package cannot serve (hooks active, a batch, a
 tensor- or pipeline-parallel rank, an unsupported shape) runs eagerly with the same values.
+A mixture-of-experts model (model/moe.py) always decodes eagerly: which experts run depends on
+each token, so there is no one static graph to compile.
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ def attach_decode(
     from clearlm.runtime.aot import compile_decode_aot, failed_path, spawn_build
 
     if mode == "eager":
+        return None
+    if model.config.n_experts:  # a data-dependent loop over experts: no static decode graph
+        if mode == "compiled":
+            notice("warning: a mixture-of-experts model decodes eagerly (its experts are "
+                   "chosen per token, which the compiled step cannot capture)")
         return None
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         if mode == "compiled":

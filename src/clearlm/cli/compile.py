@@ -56,6 +56,10 @@ def build_step(m: Any, quiet: bool) -> Path:
     """
     from clearlm.runtime.aot import AOTDecodeStep, failed_path, release_lock, take_lock
 
+    if m.config.n_experts:
+        err.print(f"error: {m.config.family} is a mixture of experts, which always decodes "
+                  "eagerly: it has no compiled step to build", soft_wrap=True, markup=False)
+        raise typer.Exit(1)
     errors: list[Exception] = []
     step = AOTDecodeStep(m.transformer, on_error=errors.append)
     path = step.package_path()

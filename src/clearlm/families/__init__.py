@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import TypeVar
 
 from clearlm.errors import UnsupportedModelError
-from clearlm.families import gemma, gpt2, llama, opt, phi3, xglm
+from clearlm.families import gemma, gpt2, llama, mixtral, olmoe, opt, phi3, qwen_moe, xglm
 from clearlm.families.base import Family, GGUFArch, HFConfig
 
-MODULES = (llama, gpt2, opt, xglm, gemma, phi3)
+MODULES = (llama, gpt2, opt, xglm, gemma, phi3, mixtral, qwen_moe, olmoe)
 
 FAMILIES: tuple[Family, ...] = tuple(f for m in MODULES for f in m.FAMILIES)
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

@@ -219,6 +219,46 @@ QK_NORMS = {
     "blk.{i}.attn_k_norm.weight": "layers.{i}.self_attn.k_norm.weight",
 }
 
+# Mixture of experts (model/moe.py). llama.cpp's converters stack each block's experts into one
+# 3-D tensor per matrix, (E, F, D) for gate and up and (E, D, F) for down, in expert order;
+# they map to a name without an expert index, which transforms.split_experts turns into one
+# view per expert (and the compact load into one packed row band per expert).
+EXPERT_TENSORS = {
+    "blk.{i}.ffn_gate_inp.weight": "layers.{i}.mlp.gate.weight",  # the router, (E, D)
+    "blk.{i}.ffn_gate_exps.weight": "layers.{i}.mlp.experts.gate_proj.weight",
+    "blk.{i}.ffn_up_exps.weight": "layers.{i}.mlp.experts.up_proj.weight",
+    "blk.{i}.ffn_down_exps.weight": "layers.{i}.mlp.experts.down_proj.weight",
+}
+SHARED_EXPERT_TENSORS = {  # Qwen2-MoE's shared expert and its sigmoid gate ((D,) in the file)
+    "blk.{i}.ffn_gate_inp_shexp.weight": "layers.{i}.mlp.shared_expert_gate.weight",
+    "blk.{i}.ffn_gate_shexp.weight": "layers.{i}.mlp.shared_expert.gate_proj.weight",
+    "blk.{i}.ffn_up_shexp.weight": "layers.{i}.mlp.shared_expert.up_proj.weight",
+    "blk.{i}.ffn_down_shexp.weight": "layers.{i}.mlp.shared_expert.down_proj.weight",
+}
+EXPERT_KEYS = frozenset({"expert_count", "expert_used_count"})
+
+
+def moe_from_gguf(m: dict[str, Any], a: str, norm_topk_prob: bool) -> dict[str, Any]:
+    """``{a}.expert_count`` E and ``{a}.expert_used_count`` k → ModelConfig's expert fields; no
+    experts (absent or 0) → {}. llama.cpp hard-codes the renormalisation per architecture
+    (llm_build_*: ``build_moe_ffn(..., norm_w, ...)``) and so does the caller.
+
+    Raises:
+        UnsupportedModelError: one count without the other (llama.cpp asserts on both).
+    """
+    n, used = int(m.get(f"{a}.expert_count", 0)), int(m.get(f"{a}.expert_used_count", 0))
+    if bool(n) != bool(used):
+        key = f"{a}.expert_count" if n else f"{a}.expert_used_count"
+        raise UnsupportedModelError(
+            f"metadata key {key!r} = {n or used} needs {a}.expert_"
+            f"{'used_count' if n else 'count'} (a mixture of experts has both), which is "
+            "missing or 0"
+        )
+    if not n:
+        return {}
+    return dict(n_experts=n, n_experts_used=used, norm_topk_prob=norm_topk_prob)
+
+
 GGUFConfig = Callable[[dict[str, Any], str], dict[str, Any]]
 
 

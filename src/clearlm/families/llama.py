@@ -6,9 +6,9 @@ reference Llama's names, differing only in config (Llama is every default of Mod
 - Qwen2: + biases on the Q, K and V projections; optional sliding window (off by default).
 - Qwen3: + RMSNorm on each head's queries and keys; explicit head_dim.
 
-GGUF: llama.cpp writes Llama, Mistral and SmolLM2 as architecture "llama" (Q/K rows permuted
-for its RoPE layout; Llama 3.1+ carry their RoPE scaling in a ``rope_freqs.weight`` tensor),
-Qwen2/2.5 as "qwen2" and Qwen3 as "qwen3" (Q/K rows in transformers' order).
+GGUF: llama.cpp writes Llama, Mistral, SmolLM2 and Mixtral as architecture "llama" (Q/K rows
+permuted for its RoPE layout; Llama 3.1+ carry their RoPE scaling in a ``rope_freqs.weight``
+tensor), Qwen2/2.5 as "qwen2" and Qwen3 as "qwen3" (Q/K rows in transformers' order).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any
 
 from clearlm.families.base import (
     COMMON_TENSORS,
+    EXPERT_KEYS,
+    EXPERT_TENSORS,
     HEAD_KEYS,
     QK_NORMS,
     QKV_BIASES,
@@ -26,8 +28,10 @@ from clearlm.families.base import (
     HFConfig,
     activation_from_hf,
     decoder_core,
+    moe_from_gguf,
     rope_from_hf,
 )
+from clearlm.families.transforms import split_experts
 
 
 def llama_config(c: HFConfig) -> dict[str, Any]:
@@ -72,9 +76,14 @@ def qwen3_config(c: HFConfig) -> dict[str, Any]:
 def llama_gguf_config(m: dict[str, Any], a: str) -> dict[str, Any]:
     """GGUF "llama": ``attention.sliding_window``, which llama.cpp's converter never writes for
     this architecture, means Mistral's window on every layer (as transformers' Mistral reads
-    config.json's ``sliding_window``); 0 or absent means none."""
+    config.json's ``sliding_window``); 0 or absent means none. ``expert_count`` and
+    ``expert_used_count`` make it Mixtral (families/mixtral.py): experts of width
+    feed_forward_length in every layer, renormalised (llama.cpp's llm_build_llama)."""
     window = int(m.get(f"{a}.attention.sliding_window", 0))
-    return {"sliding_window": window} if window else {}
+    moe = moe_from_gguf(m, a, norm_topk_prob=True)
+    if moe:
+        moe["family"] = "Mixtral"
+    return {"sliding_window": window, **moe} if window else moe
 
 
 LLAMA = Family("Llama", ("llama",), llama_config)
@@ -84,13 +93,15 @@ QWEN3 = Family("Qwen3", ("qwen3",), qwen3_config)
 FAMILIES = (LLAMA, MISTRAL, QWEN2, QWEN3)
 
 GGUF_ARCHS = (
+    # Llama, Mistral, SmolLM2; Mixtral with expert_count and the stacked ffn_*_exps tensors
     GGUFArch(
         "llama",
-        COMMON_TENSORS,
+        {**COMMON_TENSORS, **EXPERT_TENSORS},
         unpermute_qk=True,
         family="Llama",
         config=llama_gguf_config,
-        keys=ROPE_KEYS | HEAD_KEYS | {"attention.sliding_window"},
+        convert=split_experts,
+        keys=ROPE_KEYS | HEAD_KEYS | EXPERT_KEYS | {"attention.sliding_window"},
         rope_freqs=True,
     ),
     # Qwen2/2.5: Q/K/V biases; Q/K rows are stored in transformers' order (no permutation).

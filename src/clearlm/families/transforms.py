@@ -8,6 +8,8 @@ the ones it needs (``Family.convert``, ``GGUFArch``); family-only quirks stay in
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
@@ -60,6 +62,35 @@ def split_gate_up(state: StateDict, config: ModelConfig) -> StateDict:
         gate, up = torch.chunk(t, 2, dim=0)  # (F, D) each
         out[name.replace("gate_up_proj", "gate_proj")] = gate.contiguous()
         out[name.replace("gate_up_proj", "up_proj")] = up.contiguous()
+    return out
+
+
+STACKED_EXPERTS = re.compile(r"\.mlp\.experts\.(gate|up|down)_proj\.weight$")
+
+
+def split_experts(state: StateDict, config: ModelConfig) -> StateDict:
+    """Split each stacked expert tensor ``layers.{i}.mlp.experts.{gate,up,down}_proj.weight``
+    (llama.cpp's ``ffn_*_exps``: (E, F, D) or (E, D, F), experts in order) into
+    ``experts.{e}.*_proj.weight``, one view of it per expert (no copy: each is a contiguous
+    slice of the stacked tensor). Other tensors pass through.
+
+    Raises:
+        InvalidModelFileError: a stacked tensor that is not 3-D with n_experts slices.
+    """
+    out: StateDict = {}
+    for name, t in state.items():
+        m = STACKED_EXPERTS.search(name)
+        if m is None:
+            out[name] = t
+            continue
+        if t.dim() != 3 or t.shape[0] != config.n_experts:
+            raise InvalidModelFileError(
+                f"stacked expert tensor {name} has shape {tuple(t.shape)}, expected "
+                f"({config.n_experts}, rows, columns): one matrix per expert"
+            )
+        prefix = name[: m.start()]
+        for e in range(config.n_experts):
+            out[f"{prefix}.mlp.experts.{e}.{m.group(1)}_proj.weight"] = t[e]  # (F, D) or (D, F)
     return out
 
 

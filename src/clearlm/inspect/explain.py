@@ -74,7 +74,7 @@ class Explanation:
         focus: per chosen layer and head, the keys the last token attends to most.
         resid_norms: (N,) L2 norm of blocks.i.resid_post at the last position.
         ffn_mean, ffn_std, ffn_positive: (N,) mean, std and fraction > 0 of blocks.i.ffn.act at
-            the last position (over its F units).
+            the last position (over its F units; a mixture-of-experts block: of ffn.out).
         lens_ids, lens_probs: (N + 1, T) the logit lens's top token and its probability at every
             position: row 0 reads block 0's input, row i the output of block i − 1.
         logits: (V,) float32 logits at the last position; probs: softmax of them.
@@ -165,7 +165,11 @@ def explain_data(
     names = ["embed", "logits", *lens_names(N)]
     if cfg.position != "rope":
         names.append("pos")
-    names += [f"blocks.{i}.ffn.act" for i in range(N)]
+    points = model.transformer.hooks.points
+    # a mixture-of-experts block has no single act (each expert has its own): its output
+    ffn = [f"blocks.{i}.ffn.act" if f"blocks.{i}.ffn.act" in points else f"blocks.{i}.ffn.out"
+           for i in range(N)]
+    names += ffn
     names += [f"blocks.{i}.attn.pattern" for i in layers]
     tr = model.run_with_trace(prompt, names)
 
@@ -182,7 +186,7 @@ def explain_data(
 
     last = torch.stack([tr[f"blocks.{i}.resid_post"][0, -1].float() for i in range(N)])  # (N, D)
     resid_norms = last.norm(dim=-1)  # (N,)
-    acts = torch.stack([tr[f"blocks.{i}.ffn.act"][0, -1].float() for i in range(N)])  # (N, F)
+    acts = [tr[name][0, -1].float() for name in ffn]  # N × (F,), or (D,) for a mixture
 
     lens_probs, lens_ids = tr.logit_lens().max(dim=-1)  # (N + 1, T, V) → (N + 1, T) each
 
@@ -217,9 +221,9 @@ def explain_data(
         patterns=patterns,
         focus=tuple(focus),
         resid_norms=resid_norms,
-        ffn_mean=acts.mean(dim=-1),
-        ffn_std=acts.std(dim=-1),
-        ffn_positive=(acts > 0).float().mean(dim=-1),
+        ffn_mean=torch.stack([a.mean() for a in acts]),
+        ffn_std=torch.stack([a.std() for a in acts]),
+        ffn_positive=torch.stack([(a > 0).float().mean() for a in acts]),
         lens_ids=lens_ids,
         lens_probs=lens_probs,
         logits=logits,

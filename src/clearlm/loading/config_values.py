@@ -30,8 +30,10 @@ GGUF_POSITIVE_INTS = (
     "vocab_size",
     "rope.dimension_count",
     "rope.scaling.original_context_length",
+    "expert_feed_forward_length",
+    "expert_shared_feed_forward_length",
 )
-GGUF_NON_NEGATIVE_INTS = ("attention.sliding_window",)
+GGUF_NON_NEGATIVE_INTS = ("attention.sliding_window", "expert_count", "expert_used_count")
 # Floats that must be finite and > 0.
 GGUF_POSITIVE_FLOATS = (
     "attention.layer_norm_rms_epsilon",
@@ -63,14 +65,24 @@ HF_POSITIVE_INTS = (
     "d_model",
     "attention_heads",
     "word_embed_proj_dim",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "decoder_sparse_step",
 )
-HF_NON_NEGATIVE_INTS = ("sliding_window", "max_window_layers")
+HF_NON_NEGATIVE_INTS = (
+    "sliding_window",
+    "max_window_layers",
+    "num_experts",
+    "shared_expert_intermediate_size",
+)
 HF_POSITIVE_FLOATS = (
     "rms_norm_eps",
     "layer_norm_eps",
     "layer_norm_epsilon",
     "rope_theta",
     "rope_local_base_freq",
+    "clip_qkv",
 )
 HF_ROPE_FLOATS = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor")
 

@@ -21,6 +21,9 @@ text -> tokens             ``clearlm/tokenizer/core.py``                   ``Tok
 again, autoregressively    ``clearlm/generation/loop.py``                  ``generate``
 =========================  ==============================================  ===================
 
+``moe.py`` is stage 3's FFN in a mixture-of-experts model (Mixtral, Qwen2/3-MoE, OLMoE): a
+router picks each token's experts, each a ``GatedFFN``.
+
 ``hooks.py`` names a point at every stage (``blocks.3.attn.pattern``...) so that the trace and
 explain views (:mod:`clearlm.inspect`) can read them; ``hook_aliases.py`` maps TransformerLens's
 names (``blocks.3.attn.hook_pattern``) and layouts onto them. Everything a model family changes is a

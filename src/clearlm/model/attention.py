@@ -71,10 +71,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.attn_bias)
         self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.attn_bias)
         self.o_proj = nn.Linear(self.n_heads * hd, d, bias=config.attn_out_bias)
+        # q/k-norm over each head's Hd values (Qwen3, Gemma 3) or over the whole projection
+        # before it is split into heads (OLMoE: q_norm over H·Hd, k_norm over K·Hd)
+        self.qk_norm_all = config.qk_norm and config.qk_norm_scope == "all"
         if config.qk_norm:
-            self.q_norm = make_norm(config, hd)
-            self.k_norm = make_norm(config, hd)
+            self.q_norm = make_norm(config, self.n_heads * hd if self.qk_norm_all else hd)
+            self.k_norm = make_norm(config, self.n_kv_heads * hd if self.qk_norm_all else hd)
         self.qk_norm = config.qk_norm
+        self.clip_qkv = config.clip_qkv  # OLMoE: q, k and v clamped to ±c after the norms
         self.scale = config.attn_scale if config.attn_scale is not None else hd**-0.5
         self.softcap = config.attn_softcap
         sliding = config.layer_types[layer_idx] == "sliding"
@@ -135,7 +139,7 @@ class Attention(nn.Module):
             y = self.qkv_proj(x)  # (B, T, (H + 2K)·Hd), or (B, T, (H + K)·Hd) without V
             v = y[..., (H + K) * Hd :] if len(self.qkv_split) == 3 else self.v_proj(x)
             v = v.view(B, T, K, Hd).transpose(1, 2)  # (B, K, T, Hd)
-            if not self.qk_norm:
+            if not self.qk_norm and self.clip_qkv is None:
                 qk = y[..., : (H + K) * Hd].view(B, T, H + K, Hd).transpose(1, 2)
                 if rope is not None:
                     qk = apply_rope(qk, *rope)  # (B, H + K, T, Hd)
@@ -144,8 +148,13 @@ class Attention(nn.Module):
         else:
             q, k = self.q_proj(x), self.k_proj(x)
             v = self.v_proj(x).view(B, T, K, Hd).transpose(1, 2)  # (B, K, T, Hd)
+        if self.qk_norm_all:  # over all heads at once: (B, T, H·Hd) and (B, T, K·Hd)
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip_qkv is not None:  # OLMoE (transformers' OlmoeAttention): after the norms
+            c = self.clip_qkv
+            q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         q, k = q.view(B, T, H, Hd), k.view(B, T, K, Hd)
-        if self.qk_norm:  # per head, over Hd, before the rotation
+        if self.qk_norm and not self.qk_norm_all:  # per head, over Hd, before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Hd), (B, K, T, Hd)
         if rope is not None:

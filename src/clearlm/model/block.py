@@ -10,6 +10,7 @@ from clearlm.model.attention import Attention
 from clearlm.model.ffn import make_ffn
 from clearlm.model.hooks import HookPoint
 from clearlm.model.kv_cache import CacheRows
+from clearlm.model.moe import MoE, is_moe_layer
 from clearlm.model.norms import make_norm
 
 
@@ -35,7 +36,8 @@ class Block(nn.Module):
         if self.kind == "sandwich":
             self.pre_feedforward_layernorm = make_norm(config)
             self.post_feedforward_layernorm = make_norm(config)
-        self.mlp = make_ffn(config)
+        # a mixture of experts (model/moe.py) where the config has one for this layer
+        self.mlp = MoE(config) if is_moe_layer(config, layer_idx) else make_ffn(config)
         self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
         self.hook_resid_post = HookPoint()
 

@@ -41,17 +41,24 @@ class GatedFFN(nn.Module):
     """Gated FFN (Shazeer 2020, "GLU Variants Improve Transformer"):
     W_down · (act(W_gate · x) ⊙ (W_up · x)); SwiGLU with SiLU (Llama), GeGLU with GELU (Gemma).
 
-    Shapes: (B, T, D) → (B, T, F) → (B, T, D).
+    Shapes: (B, T, D) → (B, T, F) → (B, T, D), or (N, D) → (N, D) for an expert's rows.
+    ``d_ff`` (default config.d_ff) sets F; ``hooks=False`` leaves out the hook points (the
+    experts of a mixture, model/moe.py, whose rows are a few tokens each: the mixture's own
+    points show what they did).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, d_ff: int | None = None, hooks: bool = True) -> None:
         super().__init__()
-        d, f, bias = config.d_model, config.d_ff, config.mlp_bias
+        d, bias = config.d_model, config.mlp_bias
+        f = config.d_ff if d_ff is None else d_ff
         self.gate_proj = nn.Linear(d, f, bias=bias)
         self.up_proj = nn.Linear(d, f, bias=bias)
         self.down_proj = nn.Linear(f, d, bias=bias)
         self.act = ACTIVATIONS[config.activation]
-        self.hook_pre_act, self.hook_act, self.hook_out = HookPoint(), HookPoint(), HookPoint()
+        if hooks:
+            self.hook_pre_act, self.hook_act, self.hook_out = HookPoint(), HookPoint(), HookPoint()
+        else:
+            self.hook_pre_act = self.hook_act = self.hook_out = _identity
         # (F, F) when gate and up are one compact matrix ``gate_up_proj`` (clearlm.quant.fuse)
         self.gate_up_split: tuple[int, ...] = ()
 
@@ -65,6 +72,10 @@ class GatedFFN(nn.Module):
         pre = self.hook_pre_act(gate)  # (B, T, F): the gate
         a = self.hook_act(self.act(pre).mul_(up))  # (B, T, F); in place: one (B, T, F) less
         return self.hook_out(self.down_proj(a))  # (B, T, D)
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 def make_ffn(config: ModelConfig) -> nn.Module:

@@ -10,7 +10,8 @@ module tree, as TransformerLens's ``HookedRootModule.setup()`` names its points 
 dropped, so ``layers.3.self_attn.hook_pattern`` is ``blocks.3.attn.pattern``.
 
 Shape letters: B batch, T tokens, S keys visible (= T without a cache), D d_model, H n_heads,
-K n_kv_heads, Hd head_dim, F d_ff, V vocab_size. ``{i}`` is the block index (0 … N−1).
+K n_kv_heads, Hd head_dim, F d_ff, V vocab_size, E n_experts, k n_experts_used. ``{i}`` is the
+block index (0 … N−1).
 Names follow TransformerLens's scheme, shortened; TransformerLens's own names
 (``blocks.0.attn.hook_pattern``) are accepted wherever a name is taken, in TransformerLens's
 layout (:mod:`clearlm.model.hook_aliases`).
@@ -54,7 +55,11 @@ HOOK_POINTS: dict[str, tuple[str, str]] = {
     "blocks.{i}.resid_mid": ("(B, T, D)", "residual stream between attention and FFN"),
     "blocks.{i}.ffn.pre_act": ("(B, T, F)", "input of the activation (the gate for gated FFNs)"),
     "blocks.{i}.ffn.act": ("(B, T, F)", "what enters down_proj: act(pre) (× up for gated FFNs)"),
-    "blocks.{i}.ffn.out": ("(B, T, D)", "FFN output after down_proj"),
+    "blocks.{i}.ffn.out": ("(B, T, D)", "FFN output after down_proj (a mixture: its sum)"),
+    # mixture-of-experts blocks (model/moe.py) have these three instead of pre_act and act
+    "blocks.{i}.ffn.router_logits": ("(B, T, E)", "the router's logits over the E experts"),
+    "blocks.{i}.ffn.expert_ids": ("(B, T, k)", "each token's k experts (int64), most likely first"),
+    "blocks.{i}.ffn.expert_weights": ("(B, T, k)", "the weights their outputs are summed with"),
     "blocks.{i}.resid_post": ("(B, T, D)", "the residual stream leaving block i"),
     "final_norm": ("(B, T, D)", "the residual stream after the final norm"),
     "logits": ("(B, T, V)", "output projection (after any final soft-cap)"),

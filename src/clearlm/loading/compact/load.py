@@ -11,6 +11,8 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    linear layer reads it (quant/tiles.py), and its module replaced by a QuantLinear /
    QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
    these matrices ever exists, and their file pages are dropped from the process once packed.
+   A mixture of experts' stacked ``ffn_*_exps`` tensor (E, F, D) is packed as one (E·F, D)
+   matrix and each expert's layer gets its row band (``row_bands``: views, no copy);
    The first such load keeps what it packed on disk and later loads of the unchanged file map
    that copy instead of packing (loading/compact/pack_cache.py; ``CLEARLM_PACK_CACHE=0``: off);
 3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
@@ -29,7 +31,7 @@ summation order of the products differs from ``weights="float32"``.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from gguf import GGMLQuantizationType
@@ -37,11 +39,11 @@ from torch import nn
 
 from clearlm.config import ModelConfig
 from clearlm.families import gguf_arch
-from clearlm.families.transforms import unpermute_qk, unshift_norm
+from clearlm.families.transforms import STACKED_EXPERTS, unpermute_qk, unshift_norm
 from clearlm.loading.compact import pack_cache
 from clearlm.loading.compact.from_file import pack_group, packed_nbytes, planned_tile
 from clearlm.loading.gguf import SUPPORTED_TENSOR_TYPES, dequantize_tensor, our_name, to_torch
-from clearlm.loading.gguf_file import GGUFFile
+from clearlm.loading.gguf_file import GGUFFile, GGUFTensor
 from clearlm.loading.held import NO_PACKER, NOT_READ, FormatUse, warn_float_held
 from clearlm.loading.load import check_shapes, skeleton
 from clearlm.model.transformer import Transformer
@@ -62,6 +64,7 @@ class CompactPlan:
 
     packed: dict[str, list[str]] = field(default_factory=dict)
     tiles: dict[str, int] = field(default_factory=dict)  # rows per row tile (quant/tiles.py)
+    experts: dict[str, int] = field(default_factory=dict)  # stacked (E, F, D) tensors → E
     packed_bytes: int = 0
     float_bytes: int = 0  # float tensors, at the load dtype's size
     formats: dict[tuple[str, str], FormatUse] = field(default_factory=dict)
@@ -100,10 +103,17 @@ def compact_plan(
         paths = [ours.removesuffix(".weight")] if ours.endswith(".weight") else []
         if t.name == TOKEN_EMBD and OUTPUT not in names and config.tie_word_embeddings:
             paths.append("lm_head")  # tied: the embedding matrix is the output projection
-        shape = tuple(reversed(t.shape))
-        if t.tensor_type in SUPPORTED and paths and all(_plain(model, p, shape) for p in paths):
+        shape = each = tuple(reversed(t.shape))
+        stacked = STACKED_EXPERTS.search(ours)
+        if stacked is not None and len(shape) == 3:  # (E, F, D): E experts' row bands
+            paths = [f"{ours[: stacked.start()]}.mlp.experts.{e}.{stacked.group(1)}_proj"
+                     for e in range(shape[0])]
+            each, shape = shape[1:], (shape[0] * shape[1], shape[2])
+        if t.tensor_type in SUPPORTED and paths and all(_plain(model, p, each) for p in paths):
             plan.packed[t.name] = paths
-            plan.tiles[t.name] = _tile(model, paths, shape, t.tensor_type)
+            if stacked is not None and len(paths) > 1:
+                plan.experts[t.name] = len(paths)
+            plan.tiles[t.name] = _tile(model, paths, each, t.tensor_type)
             held = packed_nbytes(t.tensor_type, shape,  # type: ignore[arg-type]
                                  plan.tiles[t.name])
             plan.packed_bytes += held
@@ -164,8 +174,12 @@ def load_compact(
         if fresh:
             done = [job.result() for job in futures]
     for members, packed_each in zip(jobs, done, strict=True):
-        for (_, _, paths), packed in zip(members, packed_each, strict=True):
-            _swap(model, packed, paths)
+        for (t, _, paths), packed in zip(members, packed_each, strict=True):
+            if t.name in plan.experts:  # one packed (E·F, D) matrix: a row band per expert
+                for path, band in zip(paths, row_bands(packed, len(paths)), strict=True):
+                    _swap(model, band, [path])
+            else:
+                _swap(model, packed, paths)
     state = arch.convert(state, config)
     tied_float = config.tie_word_embeddings and "embed_tokens.weight" in state
     if tied_float:
@@ -216,6 +230,8 @@ def pack_jobs(file: GGUFFile, plan: CompactPlan, arch, config: ModelConfig,
         if t.name not in plan.packed or our_name(t, arch, config, source) is None:
             continue
         paths = plan.packed[t.name]
+        if t.name in plan.experts:  # packed as one (E·F, D) matrix, split after (row_bands)
+            t = flat_experts(t)
         heads = _rope_heads(paths[0], config) if arch.unpermute_qk else None
         group = _fuse_group_of(paths)
         if group is None:
@@ -230,6 +246,25 @@ def pack_jobs(file: GGUFFile, plan: CompactPlan, arch, config: ModelConfig,
             jobs.append(sorted(groups.pop(group), key=_fuse_rank))
     # incomplete groups last (a V or up that is not packed), their members in fused order too
     return jobs + [sorted(members, key=_fuse_rank) for members in groups.values()]
+
+
+def flat_experts(t: GGUFTensor) -> GGUFTensor:
+    """A stacked expert tensor (GGUF shape (D, F, E), innermost first) seen as one (E·F, D)
+    matrix: the same bytes, each expert's F rows after the previous one's."""
+    k, f, e = t.shape
+    return replace(t, shape=(k, f * e), data=t.data.reshape(f * e, -1))
+
+
+def row_bands(p: Packed, n: int) -> list[Packed]:
+    """``p`` cut into n equal bands of rows (views: no copy), one per expert; each band is
+    whole row tiles, since the plan tiles a stacked tensor by one expert's rows."""
+    step = p.codes.shape[0] // n  # rows, or tiles of rows
+
+    def cut(a: torch.Tensor | None, i: int) -> torch.Tensor | None:
+        return None if a is None else a[i * step : (i + 1) * step]
+
+    return [Packed(cut(p.codes, i), cut(p.scale, i), cut(p.min, i), p.bits, p.block,  # type: ignore[arg-type]
+                   p.qtype) for i in range(n)]
 
 
 def _plain(model: nn.Module, path: str, shape: tuple[int, ...]) -> bool:

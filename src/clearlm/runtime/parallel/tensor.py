@@ -63,6 +63,12 @@ def vocab_range(vocab: int, rank: int, world: int) -> tuple[int, int]:
 def shard_plan(config: ModelConfig, rank: int, world: int) -> Plan:
     """What rank ``rank`` of ``world`` reads of each parameter (see the module doc)."""
     c = config
+    if c.n_experts or c.qk_norm_scope == "all":  # experts / norms that span every head
+        raise DistributedError(
+            f"--tensor-parallel does not split {c.family or c.architecture} (a mixture of "
+            "experts or a q/k norm over all heads); run it in one process or with "
+            "--pipeline-parallel"
+        )
     q_heads, kv_heads = head_split(c.n_heads, c.n_kv_heads, rank, world)
     q_rows, kv_rows = _rows(q_heads, c.head_dim), _rows(kv_heads, c.head_dim)
     f0, f1 = split_evenly(c.d_ff, world)[rank]
