@@ -81,6 +81,7 @@ class InspectStore:
             raise ValueError(f"keep must be >= 1 and ttl_s > 0, got {keep} and {ttl_s}")
         self.keep, self.ttl_s, self.clock = keep, ttl_s, clock
         self._records: OrderedDict[str, Record] = OrderedDict()  # oldest use first
+        self._made: OrderedDict[str, float] = OrderedDict()  # the same ids, oldest made first
         self._lock = threading.Lock()
 
     def put(
@@ -101,8 +102,11 @@ class InspectStore:
         with self._lock:
             self._records[completion_id] = record
             self._records.move_to_end(completion_id)
+            self._made.pop(completion_id, None)
+            self._made[completion_id] = record.created
             while len(self._records) > self.keep:
-                self._records.popitem(last=False)
+                dropped, _ = self._records.popitem(last=False)
+                del self._made[dropped]
             self._expire()
 
     def get(self, completion_id: str, key: bytes) -> Record | None:
@@ -127,7 +131,11 @@ class InspectStore:
             return sum(r.nbytes() for r in self._records.values())
 
     def _expire(self) -> None:
-        """Drop records older than ttl_s (lock held). Use order is not age order, so scan."""
+        """Drop records older than ttl_s (lock held): from the front of the age order, so a
+        request pays for the records it drops, never a scan of them all."""
         cutoff = self.clock() - self.ttl_s
-        for cid in [c for c, r in self._records.items() if r.created <= cutoff]:
-            del self._records[cid]
+        while self._made:
+            cid, made = next(iter(self._made.items()))
+            if made > cutoff:
+                break
+            del self._made[cid], self._records[cid]
