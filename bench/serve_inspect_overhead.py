@@ -5,7 +5,8 @@ one with ``--inspect`` (:class:`~clearlm.serve.inspect_store.InspectStore`), eac
 batching engine. The same ``--requests`` streaming completions (fixed prompts and seeds, sent
 together through the official client, as bench/serve_load.py sends them) go to one, then the
 other, alternately for ``--rounds`` rounds each, after a warm-up round on both. Printed: the
-median wall time of a round and the median time to first token per server, their ratio, and
+median wall time and process CPU time (all threads: the machine's other load counts less
+there) of a round and the median time to first token per server, their ratio, and
 the ratio within each round (the two runs of a round are next to each other in time, so a load
 that comes and goes on the machine skews a pair less than the medians);
 the answers of both servers must be equal (recording changes no token).
@@ -71,17 +72,21 @@ def main() -> None:
         "on": serve_in_thread(create_app(model, model_id="m", inspect=InspectStore())),
     }
     walls: dict[str, list[float]] = {"off": [], "on": []}
+    cpus: dict[str, list[float]] = {"off": [], "on": []}  # this process's CPU s (all threads)
     ttfts: dict[str, list[float]] = {"off": [], "on": []}
     texts: dict[str, list[str]] = {}
     for r in range(args.rounds + 1):  # round 0 warms both up and is not counted
         for name in ("off", "on") if r % 2 else ("on", "off"):
             url = servers[name][0]
+            cpu0 = time.process_time()
             outs, wall = asyncio.run(run_load(url, "m", args.requests, 1, args.max_tokens))
+            cpu = time.process_time() - cpu0
             failed = [o.error for o in outs if o.error]
             assert not failed, failed
             texts[name] = [o.text for o in outs]
             if r:
                 walls[name].append(wall)
+                cpus[name].append(cpu)
                 ttfts[name] += [o.ttft_s for o in outs]
     for _, server, thread in servers.values():
         server.should_exit = True  # type: ignore[attr-defined]
@@ -91,12 +96,13 @@ def main() -> None:
     off, on = statistics.median(walls["off"]), statistics.median(walls["on"])
     print(f"{args.model}: {args.requests} streaming completions at once, max_tokens "
           f"{args.max_tokens}, {args.rounds} rounds per server, alternating")  # fmt: skip
-    print("| server | round wall, median (s) | rounds (s) | TTFT median (s) |")
-    print("|---|---:|---|---:|")
+    print("| server | round wall, median (s) | rounds (s) | CPU s per round, median | "
+          "TTFT median (s) |")  # fmt: skip
+    print("|---|---:|---|---:|---:|")
     for name, label in (("off", "without --inspect"), ("on", "with --inspect")):
         rounds = " ".join(f"{w:.2f}" for w in walls[name])
         print(f"| {label} | {statistics.median(walls[name]):.3f} | {rounds} | "
-              f"{statistics.median(ttfts[name]):.3f} |")  # fmt: skip
+              f"{statistics.median(cpus[name]):.2f} | {statistics.median(ttfts[name]):.3f} |")
     pairs = [b / a for a, b in zip(walls["off"], walls["on"], strict=True)]  # same round
     print(f"with / without: {on / off:.3f} (medians); per round, side by side: "
           f"{' '.join(f'{x:.3f}' for x in pairs)}, median {statistics.median(pairs):.3f}")
