@@ -24,6 +24,7 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 from clearlm.serve import create_app
+from clearlm.serve.inspect_store import InspectStore
 
 pytest.importorskip("schemathesis")
 
@@ -43,7 +44,8 @@ def tiny(tmp_path_factory) -> clearlm.Model:
 
 @pytest.fixture(scope="module")
 def url(tiny):
-    with serving(create_app(tiny, model_id=MODEL)) as u:
+    # --inspect on: every fuzzed completion is also recorded, and /v1/inspect is fuzzed
+    with serving(create_app(tiny, model_id=MODEL, inspect=InspectStore())) as u:
         yield u.removesuffix("/v1")
 
 

@@ -24,6 +24,9 @@ from clearlm.cli.speculative import (
 )
 
 API_KEY_ENV = "CLEARLM_API_KEY"
+# clearlm.serve.inspect_store's defaults, written here so that the CLI's startup does not
+# import the server (tests/serve/test_serve_inspect.py checks they agree)
+INSPECT_KEEP, INSPECT_TTL_S = 256, 3600.0
 
 
 def is_loopback(host: str) -> bool:
@@ -77,6 +80,18 @@ def serve(
         typer.Option(help="Answer requests for any model name with this model (for clients "
                      "that insist on a name of their own); default: other names get a 404."),
     ] = False,
+    inspect: Annotated[
+        bool,
+        typer.Option("--inspect", help="Keep each completion's token ids so that GET "
+                     "/v1/inspect/ID shows its alternatives and logit lens (same API key only)."),
+    ] = False,
+    inspect_keep: Annotated[
+        int, typer.Option(min=1, help="With --inspect: most completions kept (least recently "
+                          "used dropped first; ~8 bytes a token).")
+    ] = INSPECT_KEEP,
+    inspect_ttl: Annotated[
+        float, typer.Option(min=1, help="With --inspect: seconds a completion is kept.")
+    ] = INSPECT_TTL_S,
     shutdown_timeout: Annotated[
         float, typer.Option(min=0, help="Seconds in-flight requests get to finish on shutdown.")
     ] = 10.0,
@@ -90,7 +105,8 @@ def serve(
     num_draft: NumDraftOpt = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible API: /v1/completions, /v1/chat/completions,
-    /v1/models and /health, on http://127.0.0.1:8000 unless told otherwise. With --draft or
+    /v1/models and /health, on http://127.0.0.1:8000 unless told otherwise (with --inspect,
+    also /v1/inspect/ID). With --draft or
     --prompt-lookup, requests are decoded speculatively, one at a time."""
     import logging
     import signal
@@ -146,9 +162,12 @@ def serve(
     if drafter is None and engine.max_seq_len < max_seq_len:  # capped by the engine: say so
         err.print(f"[yellow]warning: --max-seq-len {max_seq_len} is past the model's context "
                   f"length; each sequence holds {engine.max_seq_len} tokens[/]", soft_wrap=True)
+    from clearlm.serve.inspect_store import InspectStore
+
+    kept = InspectStore(inspect_keep, inspect_ttl) if inspect else None
     app_ = create_app(
         m, engine, model_id=model_id, api_key=api_key or None,
-        max_body=max_body, limits=Limits(max_n=max_n), any_model=any_model,
+        max_body=max_body, limits=Limits(max_n=max_n), any_model=any_model, inspect=kept,
     )  # fmt: skip
     log = logging.getLogger("clearlm.serve")
     if not quiet:

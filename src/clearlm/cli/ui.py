@@ -1,7 +1,9 @@
-"""`clearlm ui`: serve the interactive page on localhost (127.0.0.1 only)."""
+"""`clearlm ui`: serve the interactive page on localhost (127.0.0.1 only); with ``--server``, the
+page for the completions a ``clearlm serve --inspect`` answered (no model loaded here)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -22,17 +24,36 @@ def ui(
     weights: Weights = None,
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
+    server: Annotated[
+        str | None,
+        typer.Option(help="Instead of a local model: open completions a 'clearlm serve "
+                     "--inspect' at this address answered (e.g. http://127.0.0.1:8000).",
+                     show_default=False),
+    ] = None,  # fmt: skip
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="CLEARLM_API_KEY", show_default=False,
+                     help="With --server: the key the completions were made with."),
+    ] = None,  # fmt: skip
+    completion: Annotated[
+        str | None,
+        typer.Option("--id", help="With --server: the completion id to open.", show_default=False),
+    ] = None,
 ) -> None:
     """Serve a page on http://127.0.0.1:PORT: type a prompt and see its tokens, attention
     heatmaps per layer and head, the logit lens and the next-token distribution; move the
-    sampling sliders to see which tokens survive, and sample one to append it."""
-    import socket
-
+    sampling sliders to see which tokens survive, and sample one to append it. With --server,
+    open a served completion by id: each token's probability, alternatives and logit lens."""
     import uvicorn
 
     from clearlm.errors import ClearLMError
     from clearlm.ui import create_app
 
+    if server is not None and model is not None:
+        raise typer.BadParameter("--server shows what that server's model computed: leave "
+                                 "--model out", param_hint="'--model'")  # fmt: skip
+    if server is None and completion is not None:
+        raise typer.BadParameter("--id opens a served completion: give --server too")
     # Take the port before the (slow) load, so a busy port is one clear line, not a server log.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -41,9 +62,35 @@ def ui(
     except OSError as e:
         sock.close()
         raise ClearLMError(f"cannot serve on 127.0.0.1:{port}: {e.strerror}; try --port") from None
+    if server is not None:
+        serve_page(sock, port, server, api_key, completion)
+        return
     m = load_model(model, dtype, threads, quiet, weights=weights)
     label = model_label(model)  # the alias (or the path given), not a site-packages path
     err.print(f"serving {label} on http://127.0.0.1:{port}  (Ctrl+C to stop)", soft_wrap=True)
     page = create_app(m, title=Path(label).name)
-    server = uvicorn.Server(uvicorn.Config(page, host="127.0.0.1", port=port, log_level="warning"))
-    server.run(sockets=[sock])
+    srv = uvicorn.Server(uvicorn.Config(page, host="127.0.0.1", port=port, log_level="warning"))
+    srv.run(sockets=[sock])
+
+
+def serve_page(
+    sock: socket.socket, port: int, server: str, key: str | None, cid: str | None
+) -> None:
+    """``clearlm ui --server``: the served-completion page on ``sock`` (no model loaded)."""
+    import urllib.parse
+
+    import uvicorn
+
+    from clearlm.ui.served import create_served_app
+
+    try:
+        page = create_served_app(server, key)
+    except ValueError as e:
+        sock.close()
+        raise typer.BadParameter(str(e), param_hint="'--server'") from None
+    url = f"http://127.0.0.1:{port}"
+    if cid is not None:
+        url += "/?id=" + urllib.parse.quote(cid, safe="")
+    err.print(f"completions of {server} on {url}  (Ctrl+C to stop)", soft_wrap=True)
+    uv = uvicorn.Server(uvicorn.Config(page, host="127.0.0.1", port=port, log_level="warning"))
+    uv.run(sockets=[sock])

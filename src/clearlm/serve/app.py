@@ -2,11 +2,13 @@
 
 Routes: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``), ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (``stream: true`` gives server-sent events ending with
-``data: [DONE]``), ``GET /openapi.json`` (the API's OpenAPI description:
-:mod:`clearlm.serve.openapi`). The app only parses, checks and shapes; generation is the
-engine's, driven by one :class:`~clearlm.serve.runner.Runner` thread. The engine is an argument: the
-continuous-batching :class:`~clearlm.engine.scheduler.BatchEngine` by default, or any object with
-the :class:`~clearlm.engine.Engine` methods (the one-at-a-time
+``data: [DONE]``), ``GET /v1/inspect/{id}`` (with ``inspect``: a served completion's tokens,
+alternatives and logit lens, :mod:`clearlm.serve.inspect_api`), ``GET /openapi.json`` (the
+API's OpenAPI description: :mod:`clearlm.serve.openapi`). The app only parses, checks and
+shapes; generation is the engine's, driven by one :class:`~clearlm.serve.runner.Runner`
+thread. The engine is an argument: the continuous-batching
+:class:`~clearlm.engine.scheduler.BatchEngine` by default, or any object with the
+:class:`~clearlm.engine.Engine` methods (the one-at-a-time
 :class:`~clearlm.engine.serial.SerialEngine` serves as the unbatched reference in tests).
 
 Every refusal is OpenAI's error shape (:mod:`clearlm.serve.errors`): 400 for bad input (a body
@@ -40,6 +42,8 @@ from clearlm.engine import Engine
 from clearlm.engine.scheduler import build_engine
 from clearlm.serve.errors import APIError
 from clearlm.serve.handler import Session
+from clearlm.serve.inspect_api import add_inspect_route, recorder, request_key
+from clearlm.serve.inspect_store import InspectStore
 from clearlm.serve.logprobs import score_prompt
 from clearlm.serve.openapi import openapi_schema
 from clearlm.serve.requests import Limits, chat_job, completion_job
@@ -131,6 +135,7 @@ def create_app(
     max_body: int = MAX_BODY,
     limits: Limits | None = None,
     any_model: bool = False,
+    inspect: InspectStore | None = None,
 ) -> FastAPI:
     """The app serving ``model`` through ``engine``.
 
@@ -229,7 +234,8 @@ def create_app(
             job.scored = await asyncio.to_thread(
                 runner.exclusive, lambda: [score_prompt(model, p, k) for p in job.prompts]
             )
-        session = Session(runner, job, model.tokenizer, kind, fingerprint)
+        keep = None if inspect is None else recorder(inspect, request_key(request, bearer_token))
+        session = Session(runner, job, model.tokenizer, kind, fingerprint, keep)
         await session.start()
         if job.stream:
             return SessionStream(session, shown)
@@ -250,4 +256,5 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         return await generate(request, "chat")
 
+    add_inspect_route(app, model, runner, inspect, name, bearer_token)
     return app

@@ -40,12 +40,21 @@ class Session:
         tokenizer: for text and logprob pieces.
         kind: "completion" or "chat" (for ids, objects and the log line).
         fingerprint: the ``system_fingerprint`` of every response and chunk.
+        on_close: called once with the session when it ends, however it ends (``clearlm serve
+            --inspect`` keeps its ids then).
     """
 
     def __init__(
-        self, runner: Runner, job: Job, tokenizer: Tokenizer, kind: str, fingerprint: str = ""
+        self,
+        runner: Runner,
+        job: Job,
+        tokenizer: Tokenizer,
+        kind: str,
+        fingerprint: str = "",
+        on_close: Callable[[Session], None] | None = None,
     ) -> None:
         self.runner, self.job, self.kind, self.fingerprint = runner, job, kind, fingerprint
+        self.on_close = on_close
         prefix = "cmpl" if kind == "completion" else "chatcmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -123,11 +132,13 @@ class Session:
             self.close()
 
     def close(self) -> None:
-        """Abort the choices still running and write the log line (once)."""
+        """Abort the choices still running, write the log line and call ``on_close`` (once)."""
         self.runner.abort(self.running())
         if not self.closed:
             self.closed = True
             self.log()
+            if self.on_close is not None:
+                self.on_close(self)
 
     def usage(self) -> dict[str, int]:
         """Exact token counts: each prompt once, and every token each choice generated."""

@@ -7,7 +7,8 @@ needs: each POST route's body as the JSON schema of its pydantic model
 very models that check requests), the two media types a generation answers with
 (``application/json``, or ``text/event-stream`` with ``stream: true``), and every refusal the
 server can give, in OpenAI's error shape (``{"error": {"message", "type", "param", "code"}}``):
-400 for bad input, 401 when the server has an API key, 404 for an unknown model. FastAPI's 422
+400 for bad input, 401 when the server has an API key, 404 for an unknown model (and for
+``GET /v1/inspect/{completion_id}``, inspection off or an id not kept). FastAPI's 422
 is dropped: the server never answers it (its validation errors are 400s).
 """
 
@@ -19,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
+from clearlm.serve.inspect_api import PATH as INSPECT_PATH
 from clearlm.serve.requests import Limits
 from clearlm.serve.schemas import ChatBody, CompletionBody
 from clearlm.serve.settings import PENALTY_RANGE
@@ -49,7 +51,8 @@ REASONS = {
     400: "Bad input: the body is not UTF-8 JSON, a field is unknown, missing, mistyped or out "
     "of range, or the prompt does not fit the context",
     401: "Missing or wrong API key",
-    404: "Unknown route or model",
+    404: "Unknown route or model; for /v1/inspect, inspection off or no such completion kept "
+    "for this API key",
     405: "Method not allowed",
 }
 
@@ -167,6 +170,8 @@ def openapi_schema(
                             "properties": {"data": {"type": "string"}}}},  # fmt: skip
                     },
                 }
+                statuses += [400, 404]
+            elif path == INSPECT_PATH:  # choice, top or layers out of range; off or unknown
                 statuses += [400, 404]
             elif "{" in path:  # a path parameter: /v1/models/{model_name}
                 statuses.append(404)
