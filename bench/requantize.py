@@ -1,7 +1,7 @@
 """Write a copy of a GGUF whose matrices are requantized to a K-quant or i-quant, to measure
 clearlm's compact formats on a real model when no such file is at hand (no llama-quantize here).
 
-    python bench/requantize.py IN.gguf OUT.gguf TYPE      TYPE: Q2_K Q3_K Q5_K IQ4_XS IQ4_NL
+    python bench/requantize.py IN.gguf OUT.gguf TYPE      TYPE: Q2_K Q3_K Q5_K IQ4_XS IQ4_NL Q8_0
 
 Every 2-d tensor of a block type is dequantized (gguf.quants) and written as TYPE where its rows
 are whole 256-value blocks, else as the type llama.cpp falls back to for such rows
@@ -148,7 +148,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src")
     ap.add_argument("dst")
-    ap.add_argument("type", choices=[q.name for q in QUANTIZERS])
+    ap.add_argument("type", choices=[q.name for q in QUANTIZERS] + ["Q8_0"])  # Q8_0: gguf's
     a = ap.parse_args()
     target = Q[a.type]
     r = GGUFReader(a.src)
