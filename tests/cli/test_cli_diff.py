@@ -11,6 +11,9 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 
+# 12 tokens: at most 16 rows, compact layers multiply with their kernel (another summation order
+# than float32's); longer prompts dequantize a band at a time and match float32 exactly
+# (clearlm.quant.linear, SMALL_M)
 PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 

@@ -99,7 +99,8 @@ def diff(
     if plot is not None:
         from clearlm.inspect.diff_plot import diff_png
 
-        png, _ = diff_png(result, f"{labels[1]} against {labels[0]}: residual stream, "
+        names = [Path(label).name for label in labels]  # a path's folder adds nothing here
+        png, _ = diff_png(result, f"{names[1]} against {names[0]}: the residual stream's "
                           "relative error")
         try:
             plot.write_bytes(png)
@@ -144,8 +145,9 @@ def show_table(d: ModelDiff, labels: list[str]) -> None:
     t = Table(title=f"{labels[1]} against {labels[0]} · {len(d.tokens)} tokens · relative error "
               "‖a − b‖/‖a‖, max / mean over positions", title_justify="left",
               caption="emb: the embeddings (block 0's input); norm: the final norm's output",
-              caption_justify="left", box=box.SIMPLE_HEAD)
-    t.add_column("layer", justify="right")
+              caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              show_edge=False)
+    t.add_column("block", justify="right")
     for p in d.points:
         t.add_column(p, justify="right")
     t.add_row("emb", _cell(d.embed), "", "", "")

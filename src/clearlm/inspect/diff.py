@@ -36,9 +36,11 @@ from clearlm.model.transformer import Transformer
 
 BLOCK_POINTS = ("attn.out", "resid_mid", "ffn.out", "resid_post")  # P, in the order computed
 THRESHOLD_POINT = "resid_post"
-# One part in a hundred of the residual stream: 10⁴ times the float32 noise of compact weights
-# (SmolLM2 compact vs float32: ~1e-6) and about what one 8-bit rounding of every weight moves it
-# (Qwen2.5-Coder-0.5B, Q4_K_M vs its Q8_0 copy: docs/inspect.md, "Diff two models").
+# One part in a hundred of the residual stream: far above the float32 summation noise of compact
+# weights (SmolLM2, 12 tokens: below 1e-3 at most, mostly ~1e-6), about what rounding every weight
+# again to 8 bits moves it (Qwen2.5-Coder-0.5B Q4_K_M against its Q8_0 copy: 0.56-0.88% on
+# average, a few positions over), a tenth of a 4-bit rounding's (Q4_0 copy: 11-18%); measured in
+# docs/inspect.md, "Diff two models".
 DEFAULT_THRESHOLD = 0.01
 ROWS = 64  # logit rows compared at a time: (64, V) float64 bounds the memory, not T
 

@@ -42,7 +42,7 @@ def _draw(d: ModelDiff, title: str) -> tuple[bytes, np.ndarray]:
     hi = float(finite.max()) if finite.size else FLOOR * 10
     lo = max(FLOOR, float(finite.min())) if finite.size else FLOOR
     lo = min(lo, hi / 10)  # a range of at least one decade
-    fig = plt.figure(figsize=(max(8.0, 0.3 * t + 6), max(4.5, 0.16 * n + 2.8)),
+    fig = plt.figure(figsize=(min(16.0, max(8.0, 0.16 * t + 6)), max(4.5, 0.16 * n + 2.8)),
                      layout="constrained")
     spec = fig.add_gridspec(2, 2, width_ratios=(3, 1.2), height_ratios=(5, 1))
     heat, kl = fig.add_subplot(spec[0, 0]), fig.add_subplot(spec[1, 0])
@@ -66,8 +66,8 @@ def _draw(d: ModelDiff, title: str) -> tuple[bytes, np.ndarray]:
     kl.set_yticks([0, top] if top > 0 else [0], ["0", f"{top:.1e}"] if top > 0 else ["0"],
                   fontsize=7)
     kl.set_ylabel("KL", fontsize=8)
-    labels = [show(s) for s in d.text] if d.text and t <= MAX_LABELS else [""] * t
-    kl.set_xticks(range(t), labels, rotation=90, fontsize=7)
+    labels = [show(s) for s in d.text] if d.text and t <= 2 * MAX_LABELS else [""] * t
+    kl.set_xticks(range(t), labels, rotation=90, fontsize=7 if t <= MAX_LABELS else 5)
     kl.set_xlabel("position (the token read there); bars: KL(P_A ‖ P_B) of the next token, nats",
                   fontsize=8)
 
