@@ -46,6 +46,8 @@ def test_a_model_against_itself_diffs_to_zero(tiny):
     assert d.logits.max_abs_logit == 0.0 and d.logits.mean_kl == 0.0
     assert d.first_layer is None
     assert d.perplexity_a == d.perplexity_b
+    by_path = clearlm.diff(str(tiny), tiny, TEXT, dtype=("float32", "float32"))  # loaded here
+    assert torch.equal(by_path.blocks, d.blocks) and by_path.tokens == d.tokens
 
 
 def test_one_scaled_block_is_found_at_that_block(tiny):
