@@ -8,8 +8,10 @@ import subprocess
 import sys
 
 from tiny_gguf import write_tiny_llama
+from typer.testing import CliRunner
 
 import clearlm
+from clearlm.cli import app
 
 # 12 tokens: at most 16 rows, compact layers multiply with their kernel (another summation order
 # than float32's); longer prompts dequantize a band at a time and match float32 exactly
@@ -65,3 +67,18 @@ def test_different_shapes_are_refused_in_one_line(tmp_path):
         "one model (quantizations, weights, dtypes), not different models"
     ]
     assert proc.stdout == ""
+
+
+def test_usage_errors_before_any_load():
+    """No text, --weights three times, an unknown dtype: exit 2, said before a model is read
+    (the names A and B need not exist)."""
+    runner = CliRunner()
+    cases = {
+        ("a", "b"): "give the text to compare on",
+        ("a", "b", "x", "--weights", "compact", "--weights", "float32", "--weights", "compact"):
+            "give --weights once (both models) or twice (A, then B), not 3 times",
+        ("a", "b", "x", "--dtype", "float64"): "'float64' is not one of float32, bfloat16",
+    }
+    for args, needle in cases.items():
+        res = runner.invoke(app, ["diff", *args], prog_name="clearlm", env={"COLUMNS": "300"})
+        assert res.exit_code == 2 and needle in res.output, res.output

@@ -46,11 +46,12 @@ def _sides(values: list[str] | None, names: tuple[str, ...], option: str,
 
 @app.command()
 def diff(
-    model_a: Annotated[str, typer.Argument(metavar="A", help="The reference: a .gguf file, a "
-                                           "Hugging Face folder or an alias.")],
-    model_b: Annotated[str, typer.Argument(metavar="B", help="The model compared with A.")],
+    a: Annotated[str, typer.Argument(help="The reference: a .gguf file, a Hugging Face folder "
+                                     "or an alias.", show_default=False)],
+    b: Annotated[str, typer.Argument(help="The model compared with A.", show_default=False)],
     prompt: Annotated[str | None, typer.Argument(
-        metavar="PROMPT", help="The text both run ('-': standard input).")] = None,
+        metavar="PROMPT", show_default=False,
+        help="The text both run ('-': standard input).")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the text from FILE.")
                     ] = None,
     threshold: Annotated[
@@ -75,9 +76,6 @@ def diff(
     For two quantizations of one model, a GGUF and its HF folder, compact against float32
     weights, one model at two dtypes. Models with another vocabulary, tokenization or shape are
     refused (exit 2)."""
-    from clearlm.api.diff import diff as run_diff
-    from clearlm.inspect.diff import check_comparable
-
     text = resolve_prompt(prompt, file, "PROMPT")
     if text is None:
         raise typer.BadParameter("give the text to compare on: PROMPT, '-' or -f FILE",
@@ -86,16 +84,18 @@ def diff(
     dtypes = _sides(dtype, DTYPE_NAMES, "--dtype", "float32")
     if plot is not None:  # before the slow loads
         _check_writable(plot)
-    a = load_model(model_a, dtypes[0], threads, quiet, weights=weights_ab[0])
-    ids = a.encode(text)
+    from clearlm.api.diff import diff as run_diff  # torch: after the usage errors (~3 s)
+    from clearlm.inspect.diff import check_comparable
+    model_a = load_model(a, dtypes[0], threads, quiet, weights=weights_ab[0])
+    ids = model_a.encode(text)
 
     def comparable(header: Any) -> None:  # B's header, before its weights are read
-        check_comparable(a.config, header.config, ids, header.encode(text))
+        check_comparable(model_a.config, header.config, ids, header.encode(text))
 
-    b = load_model(model_b, dtypes[1], threads, quiet, check=comparable, weights=weights_ab[1])
-    loaded = [a, b]
-    result = run_diff(a, b, text, threshold)
-    labels = [model_label(model_a), model_label(model_b)]
+    model_b = load_model(b, dtypes[1], threads, quiet, check=comparable, weights=weights_ab[1])
+    loaded = [model_a, model_b]
+    result = run_diff(model_a, model_b, text, threshold)
+    labels = [model_label(a), model_label(b)]
     if plot is not None:
         from clearlm.inspect.diff_plot import diff_png
 
