@@ -10,6 +10,8 @@
 - ``walkthrough.py``      the seeds' worked examples, computed by the real layer code
 
 - ``distance.py``         how far two models' logits are apart on the same tokens
+- ``diff.py``             where two versions of one model part, hook point by hook point
+                          (``clearlm diff``); ``diff_plot.py`` its picture
 
 May import generation, model, sampling, config and errors. Nothing is imported here, so
 ``clearlm.api.model`` can use ``clearlm.inspect.trace`` without importing the views
