@@ -1,13 +1,14 @@
 """Write a copy of a GGUF whose matrices are requantized to a K-quant or i-quant, to measure
 clearlm's compact formats on a real model when no such file is at hand (no llama-quantize here).
 
-    python bench/requantize.py IN.gguf OUT.gguf TYPE      TYPE: Q2_K Q3_K Q5_K IQ4_XS IQ4_NL
+    python bench/requantize.py IN.gguf OUT.gguf TYPE   TYPE: Q2_K Q3_K Q5_K IQ4_XS IQ4_NL Q8_0 Q4_0
 
 Every 2-d tensor of a block type is dequantized (gguf.quants) and written as TYPE where its rows
 are whole 256-value blocks, else as the type llama.cpp falls back to for such rows
 (llama-quant.cpp: Q2_K, Q3_K, IQ4_XS → IQ4_NL; Q5_K → Q5_1): for SmolLM2-135M (d_model 576)
 only ffn_down is a K-quant, the rest IQ4_NL or Q5_1, as in the files llama.cpp writes. Other
-tensors and all metadata are copied.
+tensors and all metadata are copied. Q8_0 and Q4_0 (gguf.quants' own quantizers, blocks of 32)
+serve every matrix: a second quantization of a file to compare with it (``clearlm diff``).
 
 The quantizers are the plain ones (each sub-block's range, rounded codes; IQ4 codes the nearest
 codebook value), not llama.cpp's error-minimising searches: valid blocks of every field, fine for
@@ -134,6 +135,7 @@ def iq4_xs(x: np.ndarray) -> np.ndarray:
                       sl.astype(np.uint8), nibbles(q).reshape(-1, 128)])
 
 
+PLAIN = ["Q8_0", "Q4_0"]  # quantized by gguf.quants itself (any row of whole 32-value blocks)
 QUANTIZERS = {Q.Q2_K: q2_k, Q.Q3_K: q3_k, Q.Q5_K: q5_k, Q.IQ4_NL: iq4_nl, Q.IQ4_XS: iq4_xs}
 
 
@@ -148,7 +150,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src")
     ap.add_argument("dst")
-    ap.add_argument("type", choices=[q.name for q in QUANTIZERS])
+    ap.add_argument("type", choices=[q.name for q in QUANTIZERS] + PLAIN)
     a = ap.parse_args()
     target = Q[a.type]
     r = GGUFReader(a.src)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from clearlm.runtime import threads
 
 if TYPE_CHECKING:  # what the names below are, for type checkers and editors
+    from clearlm.api.diff import diff
     from clearlm.api.model import Model, load
     from clearlm.config import ModelConfig
     from clearlm.errors import (
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers and editors
 _WHERE = {
     "Model": "clearlm.api.model",
     "load": "clearlm.api.model",
+    "diff": "clearlm.api.diff",
     "ModelConfig": "clearlm.config",
     "Chunk": "clearlm.generation.loop",
     "GenerationResult": "clearlm.generation.loop",
@@ -82,6 +84,7 @@ __all__ = [
     "SamplingParams",
     "SamplingParamsError",
     "UnsupportedModelError",
+    "diff",
     "load",
     "threads",
 ]

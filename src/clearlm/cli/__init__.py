@@ -1,6 +1,7 @@
 """The ``clearlm`` command. One module per group of commands: generation (generate, chat),
 inspection (info, perplexity), model management (pull, models, rm), the explanations
-(walkthrough, explain, ui), serving (serve), and ollama's spellings (run: chat; list: models).
+(walkthrough, explain, ui, diff), serving (serve), and ollama's spellings (run: chat; list:
+models).
 ``--help`` lists them in that order.
 
 Every mistake ends as one line ``error: ...`` on stderr and a non-zero exit code: 2 for
@@ -93,6 +94,7 @@ def main() -> None:
 # Importing a module registers its commands; --help lists them in this order.
 from clearlm.cli import generate, inspect, manage  # noqa: E402,F401,I001
 from clearlm.cli import explain, patch, ui, walkthrough  # noqa: E402,F401
+from clearlm.cli import diff  # noqa: E402,F401
 from clearlm.cli import serve  # noqa: E402,F401
 from clearlm.cli import compile  # noqa: E402,F401  (listed after the everyday commands)
 from clearlm.cli import ollama  # noqa: E402,F401  (run, list: ollama's spellings)

@@ -11,6 +11,8 @@
 
 - ``distance.py``         how far two models' logits are apart on the same tokens
 - ``lens_vocab.py``       TransformerLens's vocabulary: the run_with_cache cache, cfg, hook args
+- ``diff.py``             where two versions of one model part, hook point by hook point
+                          (``clearlm diff``); ``diff_plot.py`` its picture
 
 May import generation, model, sampling, config and errors. Nothing is imported here, so
 ``clearlm.api.model`` can use ``clearlm.inspect.trace`` without importing the views
