@@ -167,3 +167,14 @@ def test_attach_warns_once_after_a_failed_build_and_eager_attaches_nothing(tiny,
         model.transformer.batch_decode_fn = None
     assert len(notices) == 1 and notices[0].startswith("warning: the compiled batched step "
                                                        "failed to build before (AOTError: no")
+
+
+def test_serve_takes_generates_decode_and_weight_options() -> None:
+    from typer.testing import CliRunner
+
+    from clearlm.cli import app
+
+    res = CliRunner().invoke(app, ["serve", "--compile", "--eager"])
+    assert res.exit_code == 2 and "--compile and --eager contradict" in res.output
+    res = CliRunner().invoke(app, ["serve", "--weights", "packed"])
+    assert res.exit_code == 2 and "compact" in res.output  # generate's --weights, its check
