@@ -100,7 +100,7 @@ def path_kind(request, monkeypatch) -> str:
 
 
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
-@pytest.mark.parametrize("t", [1, 3, 21])  # decode, kernel with several rows, chunked prefill
+@pytest.mark.parametrize("t", [1, 3, 8, 21])  # decode, kernel: 6 and 16 (SMALL_M) rows, prefill
 def test_quant_linear_matches_f_linear(qtype: Q, t: int, path_kind: str, monkeypatch) -> None:
     n, k = 80, 512
     monkeypatch.setattr(qlinear, "CHUNK_ELEMS", 32 * k)  # force several chunks on the prefill path

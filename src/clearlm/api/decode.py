@@ -27,6 +27,7 @@ from clearlm.errors import SamplingParamsError
 
 if TYPE_CHECKING:
     from clearlm.runtime.aot import AOTDecodeStep
+    from clearlm.runtime.aot_batch import BatchDecodeStep
 
 DECODE_MODES = ("auto", "compiled", "eager")
 ENV = "CLEARLM_DECODE"
@@ -103,3 +104,47 @@ def attach_decode(
 
     return compile_decode_aot(model.transformer, on_error=eager,
                               start_build=start if mode == "auto" else None)
+
+
+def attach_batch_decode(
+    model: Any, mode: str, notice: Callable[[str], None]
+) -> BatchDecodeStep | None:
+    """The serving engine's compiled step (:mod:`clearlm.runtime.aot_batch`), as
+    :func:`attach_decode` sets the one-row step: sets ``model.transformer.batch_decode_fn``
+    for ``mode`` and returns the step (None: eager). "auto" builds a package not on disk with
+    ``clearlm compile --batch`` in a background process (the engine decodes eagerly until it
+    appears); "compiled": the caller calls ``prepare()`` before serving. ``notice`` gets the
+    line to show (a background build started, or a ``warning:`` that decoding stays eager)."""
+    import torch
+
+    from clearlm.runtime.aot import failed_path, spawn_build
+    from clearlm.runtime.aot_batch import compile_batch_decode
+
+    if mode == "eager":
+        return None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        notice("warning: the compiled batched step runs in one process; a tensor- or "
+               "pipeline-parallel server decodes eagerly")
+        return None
+
+    def eager(e: Exception) -> None:
+        notice(f"warning: {e}; the server decodes eagerly")
+
+    def start(path: Any) -> None:
+        failed = failed_path(path)
+        if failed.exists():
+            why = (failed.read_text(errors="replace").strip().splitlines() or ["unknown"])[-1]
+            notice(f"warning: the compiled batched step failed to build before ({why[:160]}); "
+                   f"the server decodes eagerly; `clearlm compile --batch {model.path}` tries "
+                   "again")
+            return
+        log = spawn_build(path, [*compile_argv(model), "--batch"])
+        notice("building the compiled batched decode step in the background (2-5 minutes, "
+               f"once for this model; log {log}); decoding eagerly until it is ready")
+
+    step = compile_batch_decode(model.transformer, on_error=eager,
+                                start_build=start if mode == "auto" else None)
+    if mode == "auto" and not step.ready():  # start it (or warn) now, not at the first request
+        step.started = True
+        start(step.package_path())
+    return step

@@ -31,6 +31,10 @@ def compile(  # noqa: A001 (the command's name)
     matmul_precision: Precision = "highest",
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
+    batch: Annotated[
+        bool, typer.Option("--batch", help="Build the batched step `clearlm serve` decodes "
+                           "with (1-16 rows at once) instead of the one-row step.")
+    ] = False,
 ) -> None:
     """Build MODEL's compiled decode step now (1-3 minutes on 2 cores, once), so that no run
     decodes eagerly while it builds. Prints the package's path on stdout.
@@ -43,25 +47,30 @@ def compile(  # noqa: A001 (the command's name)
     m = load_model(model if model is not None else model_opt, dtype, threads, quiet,
                    weights=weights, matmul_precision=matmul_precision, activations=activations,
                    decode="eager")
-    print(build_step(m, quiet))
+    print(build_step(m, quiet, batch))
 
 
-def build_step(m: Any, quiet: bool) -> Path:
+def build_step(m: Any, quiet: bool, batch: bool = False) -> Path:
     """Build (or check) the compiled decode step of the loaded model ``m`` in this process,
     waiting for a build another process holds the lock of; a spinner on stderr unless quiet.
+
+    ``batch``: the batched step of the serving engine (clearlm.runtime.aot_batch).
 
     Returns: the package's path. Raises typer.Exit(1) after one ``error:`` line when the step
     cannot be built (remembered in ``<package>.failed``, so runs decode eagerly without trying
     again until this command is run).
     """
     from clearlm.runtime.aot import AOTDecodeStep, failed_path, release_lock, take_lock
+    from clearlm.runtime.aot_batch import BatchDecodeStep
 
     if m.config.n_experts:
         err.print(f"error: {m.config.family} is a mixture of experts, which always decodes "
                   "eagerly: it has no compiled step to build", soft_wrap=True, markup=False)
         raise typer.Exit(1)
     errors: list[Exception] = []
-    step = AOTDecodeStep(m.transformer, on_error=errors.append)
+    kind = BatchDecodeStep if batch else AOTDecodeStep
+    what = "batched decode step" if batch else "decode step"
+    step = kind(m.transformer, on_error=errors.append)
     path = step.package_path()
     if path.exists():
         step.prepare()  # checks that it loads
@@ -73,17 +82,18 @@ def build_step(m: Any, quiet: bool) -> Path:
         try:
             failed_path(path).unlink(missing_ok=True)  # this run tries again
             t0 = time.perf_counter()
-            with spinner("building the compiled decode step (1-3 minutes, once)…", not quiet):
+            with spinner(f"building the compiled {what} (1-3 minutes, once)…", not quiet):
                 step.prepare()
             if errors:
                 failed_path(path).write_text(f"{errors[0]}\n")
             elif not quiet:
                 took = time.perf_counter() - t0
-                err.print(f"[dim]built the compiled decode step in {took:.0f} s[/]")
+                err.print(f"[dim]built the compiled {what} in {took:.0f} s[/]")
         finally:
             release_lock(path)
     if errors:
-        err.print(f"error: {errors[0]}; generate and chat will decode eagerly", soft_wrap=True,
+        users = "serve" if batch else "generate and chat"
+        err.print(f"error: {errors[0]}; {users} will decode eagerly", soft_wrap=True,
                   markup=False)
         raise typer.Exit(1)
     return path

@@ -8,13 +8,15 @@ seconds, cancel the rest, and exit with status 0.
 from __future__ import annotations
 
 import ipaddress
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from clearlm.cli.app import Activations, DType, ModelOpt, Precision, app, err
-from clearlm.cli.loader import QuietOpt, ThreadsOpt, load_model
+from clearlm.cli.app import Activations, DType, ModelOpt, Precision, Weights, app, err
+from clearlm.cli.gen_options import CompileOpt, EagerOpt, decode_mode
+from clearlm.cli.loader import QuietOpt, ThreadsOpt, load_model, spinner
 from clearlm.cli.speculative import (
     DraftOpt,
     NumDraftOpt,
@@ -98,16 +100,20 @@ def serve(
     dtype: DType = "float32",
     threads: ThreadsOpt = None,
     quiet: QuietOpt = False,
+    weights: Weights = None,
     matmul_precision: Precision = "highest",
     activations: Activations = "float32",
+    compile_decode: CompileOpt = False,
+    eager: EagerOpt = False,
     draft: DraftOpt = None,
     prompt_lookup: PromptLookupOpt = False,
     num_draft: NumDraftOpt = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible API: /v1/completions, /v1/chat/completions,
     /v1/models and /health, on http://127.0.0.1:8000 unless told otherwise (with --inspect,
-    also /v1/inspect/ID). With --draft or
-    --prompt-lookup, requests are decoded speculatively, one at a time."""
+    also /v1/inspect/ID). Batches decode through the compiled batched step once it is built
+    (in the background on first use; --compile builds it before serving, --eager never). With
+    --draft or --prompt-lookup, requests are decoded speculatively, one at a time."""
     import logging
     import signal
     import socket
@@ -125,6 +131,7 @@ def serve(
         raise typer.BadParameter("give the model once: as MODEL or as --model")
     chosen = model_arg or model
     check_speculative(draft, prompt_lookup, num_draft)
+    decode = decode_mode(compile_decode, eager)
     if api_key == "":  # `--api-key "$KEY"` with KEY unset would serve with no key at all
         raise typer.BadParameter("the key is empty; give one, or leave --api-key out to serve "
                                  "without a key", param_hint="'--api-key'")
@@ -143,8 +150,8 @@ def serve(
         sock.close()
         reason = getattr(e, "strerror", None) or str(e)
         raise ClearLMError(f"cannot serve on {host}:{port}: {reason}; try --host/--port") from None
-    m = load_model(chosen, dtype, threads, quiet, matmul_precision=matmul_precision,
-                   activations=activations)
+    m = load_model(chosen, dtype, threads, quiet, weights=weights,
+                   matmul_precision=matmul_precision, activations=activations)
     model_id = name or Path(chosen or DEFAULT_MODEL).name  # an alias, or the file's name
     from clearlm.engine.scheduler import build_engine
     from clearlm.engine.speculative import SpeculativeEngine
@@ -159,6 +166,7 @@ def serve(
                       "(--max-batch and --max-seq-len are not used)[/]", soft_wrap=True)
     else:
         engine = build_engine(m.transformer, m.tokenizer.eos_ids, max_batch, max_seq_len)
+        set_batch_decode(m, decode, quiet)
     if drafter is None and engine.max_seq_len < max_seq_len:  # capped by the engine: say so
         err.print(f"[yellow]warning: --max-seq-len {max_seq_len} is past the model's context "
                   f"length; each sequence holds {engine.max_seq_len} tokens[/]", soft_wrap=True)
@@ -197,3 +205,31 @@ def serve(
             signal.signal(s, h)
     if not quiet:
         err.print("stopped", soft_wrap=True)
+
+
+def set_batch_decode(m: Any, mode: str, quiet: bool) -> None:
+    """Attach the serving engine's compiled step for ``mode`` (clearlm.api.decode.
+    attach_batch_decode), saying so on stderr (warnings always, other lines unless quiet);
+    "compiled" builds or loads it now, before serving, under a spinner."""
+    from clearlm.api.decode import attach_batch_decode
+
+    def notice(line: str) -> None:
+        warning = line.startswith("warning:")
+        if warning or not quiet:
+            err.print(line, style="yellow" if warning else "dim", markup=False, soft_wrap=True)
+
+    step = attach_batch_decode(m, mode, notice)
+    if mode != "compiled" or step is None:
+        return
+    if step.ready():
+        step.prepare()  # a package on disk: milliseconds
+        return
+    t0 = time.perf_counter()
+    label = "building the compiled batched decode step (2-5 minutes on 2 cores, once)…"
+    with spinner(label, enabled=not quiet and err.is_terminal):
+        if not quiet and not err.is_terminal:
+            err.print(label, style="dim", markup=False, soft_wrap=True)
+        step.prepare()
+    if not quiet and step.loader is not None:
+        err.print(f"built the compiled batched decode step in {time.perf_counter() - t0:.0f} s: "
+                  f"{step.path}", style="dim", markup=False, soft_wrap=True)

@@ -21,6 +21,10 @@ prompts, so running requests advance at every step while a long prompt is prefil
 a time. Decode reads the keys [0, n) with n the longest row's length rounded up to
 ``key_bucket`` (few distinct shapes; see clearlm.model.kv_cache.CacheRows for the measured cost of
 reading the whole buffer instead).
+
+The decode pass runs through the model's ``batch_decode_fn`` when one is attached (the compiled
+step ``clearlm serve`` attaches: clearlm.runtime.aot_batch; it returns None for a pass it cannot
+serve), else through the eager forward; both compute the same logits up to float32 rounding.
 """
 
 from __future__ import annotations
@@ -172,13 +176,16 @@ class BatchEngine:
             tokens[s.slot], positions[s.slot] = [s.pending], [s.cached]
         longest = max(s.cached for s in rows) + 1
         n_keys = min(self.max_seq_len, -(-longest // self.key_bucket) * self.key_bucket)
-        logits = self.model(
-            torch.tensor(tokens),  # (B, 1)
-            torch.tensor(positions),  # (B, 1)
-            cache=self.cache,
-            last_only=True,
-            n_keys=n_keys,
-        )[:, -1]  # (B, V)
+        tokens_t, positions_t = torch.tensor(tokens), torch.tensor(positions)  # (B, 1) each
+        # a compiled step where one is attached (clearlm.runtime.aot_batch); None: run eagerly
+        step = getattr(self.model, "batch_decode_fn", None)
+        logits = None if step is None else step(
+            self.model, tokens_t, positions_t, self.cache, n_keys
+        )  # fmt: skip
+        if logits is None:
+            logits = self.model(
+                tokens_t, positions_t, cache=self.cache, last_only=True, n_keys=n_keys
+            )[:, -1]  # (B, V)
         events = []
         for s in rows:
             s.cached += 1

@@ -237,7 +237,7 @@ def select_rows(p: Packed, rows: torch.Tensor) -> Packed:
         return s[t, :, r]  # (R, nb)
 
     mn = None if p.min is None else per_block(p.min)
-    return Packed(codes.reshape(len(rows), nb * bpb), per_block(p.scale), mn, p.bits, p.block,
+    return Packed(codes.reshape(rows.shape[0], nb * bpb), per_block(p.scale), mn, p.bits, p.block,
                   p.qtype)
 
 

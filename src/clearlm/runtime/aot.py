@@ -207,6 +207,10 @@ class AOTDecodeStep:
             self.start_build(self.package_path())
         return True
 
+    def build(self, path: Path) -> None:
+        """Compile the package into ``path`` (a subclass exports another program)."""
+        build_package(self.model, path)
+
     def _load(self) -> None:
         t = time.perf_counter()
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -218,7 +222,7 @@ class AOTDecodeStep:
         self.path = self.package_path()
         self.built = not self.path.exists()
         if self.built:
-            build_package(self.model, self.path)
+            self.build(self.path)
         try:
             # a package cut short would crash the process in the loader (SIGBUS): check first
             if checksum_path(self.path).read_text().strip() != digest_of(self.path):

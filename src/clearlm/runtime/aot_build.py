@@ -3,7 +3,7 @@
 The exported program is the eager forward of one decode step (``_Step``): token (1, 1),
 the cache lengths, the RoPE tables and the KV cache buffers in, logits out, the cache written in
 place. The RoPE tables are inputs, not constants: while exporting, each RotaryEmbedding is
-replaced by a stand-in that looks rows up in the tables it is given (``_tables_as_inputs``), so
+replaced by a stand-in that looks rows up in the tables it is given (``tables_as_inputs``), so
 the package serves tables of any length (a dynamic dimension) and holds no copy of them.
 """
 
@@ -72,7 +72,7 @@ class _Step(torch.nn.Module):
     *values) → logits (1, V); tables: cos, sin_rot (P, d) of each rope (:func:`rope_tables`);
     keys/values (1, K, S_max + 1, Hd) per layer, written in place.
 
-    Built inside :func:`_tables_as_inputs`, whose stand-ins take the tables in forward."""
+    Built inside :func:`tables_as_inputs`, whose stand-ins take the tables in forward."""
 
     def __init__(self, net: torch.nn.Module, rows: list[_TableRows]) -> None:
         super().__init__()
@@ -93,7 +93,7 @@ class _Step(torch.nn.Module):
 
 
 @contextlib.contextmanager
-def _tables_as_inputs(net: torch.nn.Module) -> Iterator[list[_TableRows]]:
+def tables_as_inputs(net: torch.nn.Module) -> Iterator[list[_TableRows]]:
     """While exporting: each RotaryEmbedding of ``net`` replaced by a _TableRows (so that its
     tables are not constants of the program), put back afterwards."""
     ropes = _ropes(net)
@@ -115,11 +115,6 @@ def max_columns(net: torch.nn.Module) -> int:
 def build_package(net: torch.nn.Module, path: Path) -> None:
     """Export the decode step of ``net`` and compile it into the package ``path`` (written to a
     temporary name, then renamed: a package on disk is always whole). Raises AOTError."""
-    import torch._inductor  # the build needs Inductor; loading a package does not
-
-    from clearlm.runtime.compiled import DECODE_INDUCTOR, _use_cache_dir
-
-    _use_cache_dir()  # Inductor's intermediate files in clearlm's cache too
     c = net.config
     if getattr(getattr(net, "rope", None), "dynamic", False):
         raise AOTError("dynamic RoPE scaling reads positions back to the host in every step")
@@ -134,13 +129,26 @@ def build_package(net: torch.nn.Module, path: Path) -> None:
          for i in range(len(tables) // 2)]
     dynamic = (None, None, tuple({0: p[i // 2]} for i in range(len(tables)))
                + tuple({2: s} for _ in range(2 * c.n_layers)))
+    with tables_as_inputs(net) as rows:
+        export_and_package(_Step(net, rows), args, dynamic, path)
+
+
+def export_and_package(step: torch.nn.Module, args: tuple, dynamic: tuple, path: Path) -> None:
+    """Export ``step`` (a module that takes the RoPE tables as inputs, built inside
+    :func:`tables_as_inputs`) on the example ``args`` with the ``dynamic`` shapes, and compile
+    it into the package ``path`` (a temporary name, then renamed: a package on disk is always
+    whole; its checksum written first). Raises AOTError."""
+    import torch._inductor  # the build needs Inductor; loading a package does not
+
+    from clearlm.runtime.compiled import DECODE_INDUCTOR, _use_cache_dir
+
+    _use_cache_dir()  # Inductor's intermediate files in clearlm's cache too
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.pt2")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)  # before the export: fail in ms, not 10 s
-        with torch.no_grad(), warnings.catch_warnings(), _tables_as_inputs(net) as rows:
+        with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, not ours
-            program = torch.export.export(_Step(net, rows).eval(), args,
-                                          dynamic_shapes=dynamic, strict=False)
+            program = torch.export.export(step.eval(), args, dynamic_shapes=dynamic, strict=False)
             torch._inductor.aoti_compile_and_package(
                 program, package_path=str(tmp),
                 # the weights stay out; loops read the thread count when they run (not one
