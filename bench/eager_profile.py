@@ -126,7 +126,8 @@ def run(name: str, threads: int, args: argparse.Namespace) -> None:
         print(f"| {key} | {ms:.3f} | {cnt:.0f} | {ms / total:.0%} |")
     print(f"| all ops | {total:.3f} | {len(events) / k:.0f} | |")
     if args.calls:
-        print("\ntorch calls by name:", ", ".join(f"{f} {c}" for f, c in counter.calls.most_common()))
+        named = counter.calls.most_common()
+        print("\ntorch calls by name:", ", ".join(f"{f} {c}" for f, c in named))
 
 
 def main() -> None:

@@ -98,9 +98,9 @@ class Attention(DirectCall):
         """x (B, T, D) → (B, T, D). With a cache, new keys/values are stored at their positions.
 
         rope: (cos, sin_rot), each (T, rope_dim) or per row (B, T, rope_dim) / (B, 1, T,
-        rope_dim), when the model uses RoPE, else None. positions: (T,) or (B, T) int64. mask: (B, 1, T, S) bool, built once per
-        forward pass by the Transformer; None (a block run on its own, without a cache) builds
-        the causal mask of ``positions`` here.
+        rope_dim), when the model uses RoPE, else None. positions: (T,) or (B, T) int64.
+        mask: (B, 1, T, S) bool, built once per forward pass by the Transformer; None (a block
+        run on its own, without a cache) builds the causal mask of ``positions`` here.
         """
         B, T, _ = x.shape
         H, Hd = self.n_heads, self.head_dim
