@@ -122,3 +122,26 @@ def test_cache_offset_moves_only_after_a_whole_pass(tiny):
         last = model(ids[:, -1:], cache=cache)[0, -1]
     assert cache.offset == T
     assert (last - full).abs().max().item() < 1e-5
+
+
+def test_torch_module_hooks_still_run_on_direct_call_modules() -> None:
+    """Blocks, attention, FFNs and norms skip nn.Module.__call__ (DirectCall) only while no
+    torch hook is registered: a forward hook, a pre-hook and a global hook still run, and a
+    hook's replacement output is what the caller gets."""
+    from clearlm.model.hooks import DirectCall
+    from clearlm.model.norms import RMSNorm
+
+    norm = RMSNorm(8, 1e-6)
+    assert isinstance(norm, DirectCall)
+    x = torch.randn(2, 8)
+    seen = []
+    pre = norm.register_forward_pre_hook(lambda m, args: seen.append("pre"))
+    post = norm.register_forward_hook(lambda m, args, out: out * 0)
+    assert torch.equal(norm(x), torch.zeros(2, 8)) and seen == ["pre"]
+    pre.remove(), post.remove()
+    assert torch.equal(norm(x), norm.forward(x))
+    glob = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: out + 1)
+    try:
+        assert torch.equal(norm(x), norm.forward(x) + 1)
+    finally:
+        glob.remove()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clearlm.config import ModelConfig
-from clearlm.model.hooks import HookPoint
+from clearlm.model.hooks import DirectCall, HookPoint
 from clearlm.model.kv_cache import CacheRows
 from clearlm.model.norms import make_norm
 from clearlm.model.positions import apply_rope
@@ -51,7 +51,7 @@ def attention_mask(
     return mask | ~mask.any(dim=-1, keepdim=True)
 
 
-class Attention(nn.Module):
+class Attention(DirectCall):
     """Multi-head causal self-attention with grouped-query heads (Ainslie et al. 2023, GQA).
 
     Each of the H query heads computes softmax(q·kᵀ · scale + mask) · v (Vaswani et al. 2017,
@@ -101,10 +101,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x (B, T, D) → (B, T, D). With a cache, new keys/values are stored at their positions.
 
-        rope: (cos, sin_rot), each (T, rope_dim) or (B, T, rope_dim), when the model uses RoPE,
-        else None. positions: (T,) or (B, T) int64. mask: (B, 1, T, S) bool, built once per
-        forward pass by the Transformer; None (a block run on its own, without a cache) builds
-        the causal mask of ``positions`` here.
+        rope: (cos, sin_rot), each (T, rope_dim) or per row (B, T, rope_dim) / (B, 1, T,
+        rope_dim), when the model uses RoPE, else None. positions: (T,) or (B, T) int64.
+        mask: (B, 1, T, S) bool, built once per forward pass by the Transformer; None (a block
+        run on its own, without a cache) builds the causal mask of ``positions`` here.
         """
         B, T, _ = x.shape
         H, Hd = self.n_heads, self.head_dim
@@ -175,8 +175,8 @@ class Attention(nn.Module):
         one thread), while written out it is a few µs (same values up to float32 summation
         order).
         """
-        decode_compiled = (
-            q.shape[2] == 1 and q.device.type == "cpu" and torch.compiler.is_compiling()
+        decode_compiled = (  # (is_compiling first: the eager step skips the other checks)
+            torch.compiler.is_compiling() and q.shape[2] == 1 and q.device.type == "cpu"
         )
         if self.softcap is None and not decode_compiled:
             return F.scaled_dot_product_attention(

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from clearlm.config import ModelConfig
 from clearlm.model.attention import Attention
 from clearlm.model.ffn import make_ffn
-from clearlm.model.hooks import HookPoint
+from clearlm.model.hooks import DirectCall, HookPoint
 from clearlm.model.kv_cache import CacheRows
 from clearlm.model.moe import MoE, is_moe_layer
 from clearlm.model.norms import make_norm
 
 
-class Block(nn.Module):
+class Block(DirectCall):
     """Attention then FFN, with residual connections and norms placed as the config says.
 
     - "pre" (GPT-2, Llama; Xiong et al. 2020): h = x + Attn(N1(x)); out = h + FFN(N2(h)).
@@ -49,8 +48,9 @@ class Block(nn.Module):
         cache: CacheRows | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (B, T, D) → (B, T, D); rope (cos, sin_rot) of (T or B×T, rope_dim) or None; positions
-        (T,) or (B, T); cache and mask as :meth:`clearlm.model.attention.Attention.forward`."""
+        """x (B, T, D) → (B, T, D); rope (cos, sin_rot) of (T, rope_dim), per row (B, T,
+        rope_dim) or (B, 1, T, rope_dim), or None; positions (T,) or (B, T); cache and mask as
+        :meth:`clearlm.model.attention.Attention.forward`."""
         x = self.hook_resid_pre(x)
         if self.kind == "pre":
             attn = self.self_attn(self.input_layernorm(x), rope, positions, cache, mask)

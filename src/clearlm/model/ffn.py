@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clearlm.config import ModelConfig
-from clearlm.model.hooks import HookPoint
+from clearlm.model.hooks import DirectCall, HookPoint
 
 ACTIVATIONS = {
     "relu": F.relu,  # max(0, x): the original Transformer, OPT
@@ -17,7 +17,7 @@ ACTIVATIONS = {
 }
 
 
-class MLP(nn.Module):
+class MLP(DirectCall):
     """FFN(x) = W2 · act(W1 · x + b1) + b2 (Vaswani et al. 2017, eq. 2); d_ff ≈ 4 · d_model.
 
     Named like transformers' gated MLPs: up_proj is W1, down_proj is W2.
@@ -37,7 +37,7 @@ class MLP(nn.Module):
         return self.hook_out(self.down_proj(a))  # (B, T, D)
 
 
-class GatedFFN(nn.Module):
+class GatedFFN(DirectCall):
     """Gated FFN (Shazeer 2020, "GLU Variants Improve Transformer"):
     W_down · (act(W_gate · x) ⊙ (W_up · x)); SwiGLU with SiLU (Llama), GeGLU with GELU (Gemma).
 

@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from clearlm.config import ModelConfig
+from clearlm.model.hooks import DirectCall
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(DirectCall):
     """Root-mean-square normalisation (Zhang & Sennrich 2019): y = x / √(mean(x²) + ε) · (w + o).
 
     Unlike LayerNorm it neither subtracts the mean nor adds a bias. ``offset`` o is 0 for Llama
@@ -41,7 +42,7 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-class LayerNorm(nn.Module):
+class LayerNorm(DirectCall):
     """Layer normalisation (Ba et al. 2016), the seeds' formula: y = γ · (z − μ) / √(σ² + ε) + β.
 
     μ and σ² are the mean and the population variance over the last axis. Shapes: z (..., dim)

@@ -195,8 +195,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_rot: torch.Tensor) -> torch.Tensor:
-    """Rotate queries or keys: x (B, n, T, Hd), cos/sin_rot (T, d) or per row (B, T, d)
-    → (B, n, T, Hd), x's dtype.
+    """Rotate queries or keys: x (B, n, T, Hd), cos/sin_rot (T, d), or per row (B, T, d) or
+    (B, 1, T, d) → (B, n, T, Hd), x's dtype.
 
     x·cos + rotate_half(x)·sin is the 2-D rotation [[cos, -sin], [sin, cos]] on every pair.
     It is computed as x·cos + roll(x, d/2)·sin_rot, with sin_rot = [−sin_1, sin_2] (the table

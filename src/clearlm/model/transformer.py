@@ -238,9 +238,23 @@ class Transformer(nn.Module):
                 )
             keys = positions  # the keys are the new tokens themselves
         masks = self.masks(positions, keys)  # built once, shared by the layers of each kind
-        rope = self.rope(positions, bound) if self.rope is not None else None  # cos, sin_rot
-        rope_local = self.rope_local(positions, bound) if self.rope_local is not None else rope
+        rope = self.rope_tables(self.rope, positions, bound)  # cos, sin_rot
+        rope_local = self.rope_tables(self.rope_local, positions, bound) or rope
         return tokens, positions, rows, bound, masks, rope, rope_local
+
+    @staticmethod
+    def rope_tables(
+        rope: RotaryEmbedding | None, positions: torch.Tensor, bound: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin_rot) of the positions, (T, d) or per row (B, 1, T, d): already broadcast
+        over the heads, once per pass rather than in every layer's apply_rope; None without
+        RoPE."""
+        if rope is None:
+            return None
+        cos, sin_rot = rope(positions, bound)
+        if cos.dim() == 3:  # (B, T, d) → (B, 1, T, d)
+            cos, sin_rot = cos[:, None], sin_rot[:, None]
+        return cos, sin_rot
 
     def masks(self, positions: torch.Tensor, keys: torch.Tensor | int) -> dict[str, torch.Tensor]:
         """One attention mask per layer kind ("full", "sliding"): (B or 1, 1, T, S) bool.
