@@ -7,6 +7,8 @@ Endpoints (all POST a JSON body holding the prompt, so any request can be replay
 - ``/api/sampling``  what temperature / top-k / top-p / min-p keep (explain_sampling)
 - ``/api/sample``    draw one token and return the prompt with it appended
 - ``/api/patch``     the activation-patching grid of a clean/corrupted pair (Model.patch)
+- ``/api/diff``      a second model (``--diff B``) against this one on a text (clearlm.diff;
+  :mod:`clearlm.ui.diff`); 400 when the page was started without one
 
 The server computes, the page renders. A prompt is run once and kept in a small LRU cache, so
 moving a slider only reruns the sampling chain on the cached last logits. Every error is JSON
@@ -31,8 +33,10 @@ from clearlm.api.model import Model
 from clearlm.errors import ClearLMError
 from clearlm.inspect import analysis
 from clearlm.inspect.analysis import Analysis
+from clearlm.inspect.diff import DEFAULT_THRESHOLD
 from clearlm.sampling.chain import SamplingParams
 from clearlm.text import clean_text
+from clearlm.ui.diff import diff_json
 
 CACHE_SIZE = 8
 
@@ -88,6 +92,15 @@ class PatchIn(BaseModel):
     points: str = "resid_pre"
 
 
+class DiffIn(BaseModel):
+    """A text for both models, and the relative error of the residual stream over which a
+    block counts as the first that drifted."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: Annotated[str, AfterValidator(clean_text)]
+    threshold: float = Field(default=DEFAULT_THRESHOLD, ge=0.0, allow_inf_nan=False)
+
+
 def _validation_message(exc: RequestValidationError) -> str:
     """Pydantic's error list as one line: ``top_k: Input should be a valid integer``."""
     parts = []
@@ -97,17 +110,27 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def create_app(model: Model, title: str | None = None) -> FastAPI:
+def create_app(
+    model: Model,
+    title: str | None = None,
+    diff: Model | None = None,
+    diff_title: str | None = None,
+) -> FastAPI:
     """A FastAPI app serving the page and the JSON API for ``model``.
 
     Args:
         model: a loaded :class:`~clearlm.api.model.Model`.
         title: shown in the page header; default the model file's name.
+        diff: a second Model for the Diff panel (``clearlm ui --diff B``), compared with
+            ``model`` as the reference; None: /api/diff answers 400 saying how to start one.
+            The caller checks the pair first (:func:`clearlm.ui.diff.check_pair`).
+        diff_title: its name on the page; default its file's name.
     """
     app = FastAPI(title="clearlm ui", docs_url=None, redoc_url=None, openapi_url=None)
     lock = threading.Lock()
     cache: OrderedDict[str, Analysis] = OrderedDict()
     name = title or str(model.path).rsplit("/", 1)[-1]
+    diff_name = None if diff is None else diff_title or str(diff.path).rsplit("/", 1)[-1]
     page = files("clearlm.ui").joinpath("static/index.html").read_bytes().decode("utf-8")
 
     def run(prompt: str) -> Analysis:
@@ -149,6 +172,7 @@ def create_app(model: Model, title: str | None = None) -> FastAPI:
             "n_heads": c.n_heads,
             "vocab_size": c.vocab_size,
             "max_prompt_tokens": min(analysis.MAX_PROMPT_TOKENS, c.context_length - 1),
+            "diff": diff_name,  # the second model's name, or None (no --diff)
         }
 
     @app.post("/api/analyze")
@@ -179,5 +203,11 @@ def create_app(model: Model, title: str | None = None) -> FastAPI:
             return analysis.patching(
                 model, body.clean, body.corrupted, body.answer, body.wrong, body.points
             )
+
+    @app.post("/api/diff")
+    def model_diff(body: DiffIn) -> dict[str, Any]:
+        with lock:  # both models' passes record into their hook registries
+            out = diff_json(model, diff, body.text, body.threshold)
+        return {"model_a": name, "model_b": diff_name, **out}
 
     return app
