@@ -37,7 +37,9 @@ def test_patch_returns_the_apis_grid(client, tiny):
     assert got["clean_tokens"] == want["clean_tokens"] and got["positions"] == list(range(9))
     assert torch.allclose(torch.tensor(got["recovery"]), torch.tensor(want["recovery"]), atol=1e-6)
     assert got["clean_diff"] == pytest.approx(want["clean_diff"], abs=1e-6)
-    assert got["recovery"][0][7] == pytest.approx(1.0, abs=1e-5)  # the differing token
+    # the differing token: patching it back is the clean run, up to float rounding (the patched
+    # rows run batched, the clean run alone; seen 2e-5 off on a busy 2-core machine)
+    assert got["recovery"][0][7] == pytest.approx(1.0, abs=1e-4)
 
 
 @pytest.mark.parametrize(
