@@ -65,6 +65,11 @@ def test_table_json_and_plot(cli, tiny, tmp_path):
         (["--corrupted", "hello"], 1, "error: the clean prompt is 9 tokens and the corrupted one"),
         (["--answer", "ab"], 1, "error: answer 'ab' is 2 tokens"),
         (["--points", "blocks.5.resid_pre"], 1, "hook point 'blocks.5.resid_pre'"),
+        (
+            ["--points", "resid_pre,blocks.0.hook_resid_pre"],
+            1,
+            "error: hook point 'blocks.0.resid_pre' is named more than once",
+        ),
         (["--positions", "1,x"], 2, "'1,x' is not a list of positions"),
     ],
 )

@@ -150,6 +150,17 @@ def test_table_and_dict(circuit):
         (("hello", "hellp", "blocks.7.attn.out"), {}, "hook point 'blocks.7.attn.out'"),
         (("hello", "hellp", "pos"), {}, "hook point 'pos' cannot be patched"),
         (("hello", "hellp", []), {}, "no hook points to patch"),
+        (
+            ("hello", "hellp", ["resid_pre"] * 2),
+            {},
+            "'blocks.0.resid_pre' is named more than once ('resid_pre' twice)",
+        ),
+        (
+            ("hello", "hellp", ["resid_pre", "blocks.1.hook_resid_pre"]),
+            {},
+            "'blocks.1.resid_pre' "
+            "is named more than once ('resid_pre' and 'blocks.1.hook_resid_pre')",
+        ),
         (("hello", "hellp", "embed", [3]), {}, "position 3 is outside the prompt's 3 tokens"),
         (("hello", "hello"), {}, "the clean and corrupted prompts give the same logit difference"),
     ],
@@ -158,6 +169,16 @@ def test_bad_input_is_one_line(tiny, args, kw, message):
     with pytest.raises(ClearLMError) as e:
         tiny.patch(*args, **{"answer": "l", "wrong": "o", **kw})
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_patch_activations_refuses_a_point_named_twice_after_aliases(tiny):
+    from clearlm.inspect.patching import patch_activations
+
+    ids = tiny.encode("hello")
+    with pytest.raises(ClearLMError, match="'blocks.0.attn.out' is named more than once"):
+        patch_activations(tiny.transformer, ids, ids, ["blocks.0.attn.out",
+                          "blocks.0.hook_attn_out"], [0], 1, 2)  # fmt: skip
+    assert not tiny.transformer.hooks.active
 
 
 def test_smollm2_factual_recall_moves_from_subject_to_last_position(smollm2):
