@@ -241,3 +241,17 @@ def test_a_transformerlens_notebook_runs_with_clearlm_load(smollm2, monkeypatch)
     assert torch.equal(ns["ablated_logits"][0], ours)
     assert ns["ablated_diff"] == ours[-1, ns["paris"]] - ours[-1, ns["rome"]]
     assert abs(ns["ablated_diff"] - ns["clean_diff"]) > 1e-3
+
+
+def test_lens_hooks_are_checked_in_their_own_layout(tiny, gpt2):
+    z = tiny.run_with_cache(PROMPT, names_filter=["blocks.0.attn.hook_z"])[1]["z", 0]
+    with pytest.raises(ClearLMError) as e:
+        tiny.run_with_hooks(PROMPT, fwd_hooks=[("blocks.0.attn.hook_z", lambda v, hook: v[0])])
+    got, want = tuple(z.shape[1:]), tuple(z.shape)  # [batch, pos, head_index, d_head]
+    assert str(e.value).startswith(f"hook on blocks.0.attn.hook_z returned {got} float32 on cpu; "
+                                   f"expected {want} float32")  # fmt: skip
+    # TransformerLens's [1, pos, d_model] position encoding replaces clearlm's (T, D)
+    lens = gpt2.run_with_hooks(PROMPT, fwd_hooks=[("hook_pos_embed", lambda p, hook: 2 * p)])
+    with gpt2.hooks({"pos": lambda p, _: 2 * p}):
+        ours = gpt2.logits(PROMPT)
+    assert torch.equal(lens[0], ours) and not gpt2.transformer.hooks.active

@@ -21,7 +21,8 @@ import torch
 
 from clearlm.config import ModelConfig
 from clearlm.errors import ClearLMError
-from clearlm.model.hooks import HookFn, check_hook_fn
+from clearlm.model.hook_checks import check_lens_fn
+from clearlm.model.hooks import HookFn
 
 # get_act_name's shorthand (TransformerLens utilities/components_utils.py, documented there)
 _ACT_ALIASES = {
@@ -166,7 +167,8 @@ def lens_hooks(
     a tensor, that replaces the activation.
 
     Raises:
-        ClearLMError: an entry is not a (name or filter, function) pair, or fn is not callable.
+        ClearLMError: an entry is not a (name or filter, function) pair, or fn cannot be
+            called as fn(activation, hook=...) (a clearlm-style fn(tensor, name), say).
     """
     out: list[tuple[str, HookFn]] = []
     for entry in fwd_hooks:
@@ -175,7 +177,7 @@ def lens_hooks(
         which, fn = entry
         if not isinstance(which, str) and not callable(which):
             raise ClearLMError(f"a hook's name is a string or a filter function, got {which!r}")
-        check_hook_fn(str(which), fn)
+        check_lens_fn(str(which), fn)  # ClearLMError: not fn(activation, hook=...)
         chosen = [which] if isinstance(which, str) else [n for n in names if which(n)]
         for name in chosen:
             info = HookInfo(name)
