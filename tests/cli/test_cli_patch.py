@@ -80,6 +80,13 @@ def test_mistakes_are_one_line(cli, tiny, extra, code, message):
     assert out == ""
 
 
+def test_answer_is_text_on_the_command_line(cli, tiny):
+    """The CLI reads --answer as text: its message does not offer an id."""
+    got, out, err = cli(*ARGS, "--answer", "100", "-m", str(tiny))
+    assert got == 1 and err.startswith("error: answer '100' is 3 tokens (1|0|0); give one token")
+    assert "id" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_the_heat_map_draws_the_grid(tiny):
     from clearlm.inspect.patch_plot import recovery_png
 

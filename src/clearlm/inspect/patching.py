@@ -21,6 +21,7 @@ forward passes. Shape letters: T prompt tokens, P hook points, Q positions, B ro
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -166,6 +167,28 @@ def refuse_duplicates(points: Sequence[str], given: Sequence[str]) -> None:
         first[name] = item
 
 
+def as_index(value: object) -> int | None:
+    """An int from an int or an integer scalar (numpy's, a 0-d integer torch tensor); None for
+    anything else (bools, floats, strings, lists)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:  # a float tensor or one of several elements
+        return None
+
+
+def check_batch_size(value: object) -> int:
+    """``batch_size`` as an int ≥ 1; ClearLMError (naming the value) otherwise."""
+    n = as_index(value)
+    if n is None or n < 1:
+        raise ClearLMError(
+            f"batch_size is a whole number of patched runs per forward pass, at least 1; got "
+            f"{value!r}"
+        )
+    return n
+
+
 def token_axis(name: str) -> int:
     """The axis of the token positions T in hook point ``name``'s tensor (HOOK_POINTS' shape):
     1 for (B, T, D), 2 for (B, H, T, Hd) and the attention scores and pattern (queries)."""
@@ -230,8 +253,7 @@ def patch_activations(
         ClearLMError: LD_clean = LD_corrupted (recovery undefined), a hook point the model
         lacks or one named twice (aliases resolved), batch_size < 1.
     """
-    if batch_size < 1:
-        raise ClearLMError(f"batch_size must be at least 1, got {batch_size}")
+    batch_size = check_batch_size(batch_size)
     hooks = transformer.hooks
     # ClearLMError for a name this model lacks, before any run; each point's own name after
     given, points = list(points), [hooks.point(name).name for name in points]
