@@ -102,6 +102,14 @@ class DeviceError(ClearLMError):
     exit_code = 10
 
 
+class CacheKeyError(ClearLMError, KeyError):
+    """A key that is not in an activation cache (``run_with_cache``'s), or a layer outside the
+    model's blocks. A KeyError too, so ``in`` and ``.get`` work as on any mapping; its message
+    is printed as written (KeyError would quote it)."""
+
+    __str__ = Exception.__str__
+
+
 class DistributedError(ClearLMError):
     """Running across processes failed: the rendezvous could not be reached, a rank died or
     stopped answering within the timeout, or the parallel options do not fit the launch."""

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
@@ -78,7 +79,28 @@ def test_usage_errors_before_any_load():
         ("a", "b", "x", "--weights", "compact", "--weights", "float32", "--weights", "compact"):
             "give --weights once (both models) or twice (A, then B), not 3 times",
         ("a", "b", "x", "--dtype", "float64"): "'float64' is not one of float32, bfloat16",
+        ("a", "b", ""): "the text to compare on is empty",
     }
     for args, needle in cases.items():
         res = runner.invoke(app, ["diff", *args], prog_name="clearlm", env={"COLUMNS": "300"})
         assert res.exit_code == 2 and needle in res.output, res.output
+
+
+def test_a_plot_path_that_cannot_be_written_is_refused_before_any_load(
+    tmp_path, monkeypatch, capsys
+):
+    """A missing folder, or a folder given as the file: exit 1, one line, before reading A
+    (which does not exist here). In this process, through main() as the console script."""
+    from clearlm.cli import main
+
+    cases = {
+        tmp_path / "nope" / "d.png": f"error: cannot write {tmp_path / 'nope' / 'd.png'}: no such",
+        tmp_path: f"error: cannot write {tmp_path}: it is a folder; give a file name such as",
+    }
+    for plot, needle in cases.items():
+        monkeypatch.setattr(sys, "argv", ["clearlm", "diff", "a", "b", "x", "--plot", str(plot)])
+        with pytest.raises(SystemExit) as e:
+            main()
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and err.startswith(needle), err
+        assert len(err.strip().splitlines()) == 1

@@ -65,6 +65,11 @@ def test_table_json_and_plot(cli, tiny, tmp_path):
         (["--corrupted", "hello"], 1, "error: the clean prompt is 9 tokens and the corrupted one"),
         (["--answer", "ab"], 1, "error: answer 'ab' is 2 tokens"),
         (["--points", "blocks.5.resid_pre"], 1, "hook point 'blocks.5.resid_pre'"),
+        (
+            ["--points", "resid_pre,blocks.0.hook_resid_pre"],
+            1,
+            "error: hook point 'blocks.0.resid_pre' is named more than once",
+        ),
         (["--positions", "1,x"], 2, "'1,x' is not a list of positions"),
     ],
 )
@@ -73,6 +78,13 @@ def test_mistakes_are_one_line(cli, tiny, extra, code, message):
     assert got == code
     assert message in err and len(err.strip().splitlines()) == 1
     assert out == ""
+
+
+def test_answer_is_text_on_the_command_line(cli, tiny):
+    """The CLI reads --answer as text: its message does not offer an id."""
+    got, out, err = cli(*ARGS, "--answer", "100", "-m", str(tiny))
+    assert got == 1 and err.startswith("error: answer '100' is 3 tokens (1|0|0); give one token")
+    assert "id" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_the_heat_map_draws_the_grid(tiny):

@@ -114,14 +114,18 @@ def test_pairs_that_cannot_be_compared_are_refused(tiny):
     ids = [1, 2, 3]
     check_comparable(c, c, ids, ids)  # the same: accepted
 
-    def other(**changed: int) -> SimpleNamespace:  # the three sizes check_comparable reads
-        return SimpleNamespace(**{"vocab_size": c.vocab_size, "n_layers": c.n_layers,
-                                  "d_model": c.d_model, **changed})
+    def other(**changed: int) -> SimpleNamespace:  # the sizes check_comparable reads
+        sizes = ("vocab_size", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff")
+        return SimpleNamespace(**{**{k: getattr(c, k) for k in sizes}, **changed})
 
     cases = {
         "vocabulary size (262 vs 300)": (other(vocab_size=300), ids),
         "number of blocks (4 vs 3)": (other(n_layers=3), ids),
         "d_model (64 vs 32)": (other(d_model=32), ids),
+        f"n_heads ({c.n_heads} vs 8)": (other(n_heads=8), ids),
+        f"n_kv_heads ({c.n_kv_heads} vs 1)": (other(n_kv_heads=1), ids),
+        f"head_dim ({c.head_dim} vs 8)": (other(head_dim=8), ids),
+        f"d_ff ({c.d_ff} vs 4)": (other(d_ff=4), ids),
         "token 1: 2 vs 9": (c, [1, 9, 3]),
         "token 3: end vs 4": (c, [1, 2, 3, 4]),
     }

@@ -241,3 +241,46 @@ def test_a_transformerlens_notebook_runs_with_clearlm_load(smollm2, monkeypatch)
     assert torch.equal(ns["ablated_logits"][0], ours)
     assert ns["ablated_diff"] == ours[-1, ns["paris"]] - ours[-1, ns["rome"]]
     assert abs(ns["ablated_diff"] - ns["clean_diff"]) > 1e-3
+
+
+def test_lens_hooks_are_checked_in_their_own_layout(tiny, gpt2):
+    z = tiny.run_with_cache(PROMPT, names_filter=["blocks.0.attn.hook_z"])[1]["z", 0]
+    with pytest.raises(ClearLMError) as e:
+        tiny.run_with_hooks(PROMPT, fwd_hooks=[("blocks.0.attn.hook_z", lambda v, hook: v[0])])
+    got, want = tuple(z.shape[1:]), tuple(z.shape)  # [batch, pos, head_index, d_head]
+    assert str(e.value).startswith(f"hook on blocks.0.attn.hook_z returned {got} float32 on cpu; "
+                                   f"expected {want} float32")  # fmt: skip
+    # TransformerLens's [1, pos, d_model] position encoding replaces clearlm's (T, D)
+    lens = gpt2.run_with_hooks(PROMPT, fwd_hooks=[("hook_pos_embed", lambda p, hook: 2 * p)])
+    with gpt2.hooks({"pos": lambda p, _: 2 * p}):
+        ours = gpt2.logits(PROMPT)
+    assert torch.equal(lens[0], ours) and not gpt2.transformer.hooks.active
+
+
+def test_run_with_cache_mistakes_are_one_line(tiny):
+    from clearlm.errors import DeviceError
+
+    with pytest.raises(DeviceError, match="unknown device 'gpu'"):
+        tiny.run_with_cache(PROMPT, device="gpu")
+    with pytest.raises(DeviceError, match="device 'cuda:99' is not available"):
+        tiny.run_with_cache(PROMPT, device="cuda:99")
+    with pytest.raises(ClearLMError, match="return_type='loss' needs at least 2 tokens.* is 1$"):
+        tiny.run_with_cache(torch.tensor([[5]]), return_type="loss")
+    _, cache = tiny.run_with_cache(PROMPT)
+    with pytest.raises(DeviceError, match="cannot move the cache to 'gpu'"):
+        cache.to("gpu")
+    # TransformerLens's "k1" is hook_k, which a RoPE model records as hook_rot_k (after RoPE)
+    with pytest.raises(KeyError) as e:
+        cache["k1"]
+    n, hint = len(cache), "did you mean 'blocks.1.attn.hook_rot_k'?"
+    assert str(e.value) == f"'blocks.1.attn.hook_k' is not in this cache ({n} names); {hint}"
+    assert isinstance(e.value, ClearLMError)
+    blocks = "the model has 2 blocks (0 … 1, or -2 … -1 from the end)"
+    with pytest.raises(ClearLMError) as e:
+        cache["pattern", -3]
+    assert str(e.value) == f"cache key ('pattern', -3): layer -3 does not exist, {blocks}"
+    with pytest.raises(ClearLMError) as e:
+        cache["k6"]
+    assert str(e.value) == f"cache key 'k6': layer 6 does not exist, {blocks}"
+    assert ("pattern", -3) not in cache and cache.get(("pattern", 2)) is None
+    assert torch.equal(cache["pattern", -2], cache["blocks.0.attn.hook_pattern"])

@@ -150,7 +150,25 @@ def test_table_and_dict(circuit):
         (("hello", "hellp", "blocks.7.attn.out"), {}, "hook point 'blocks.7.attn.out'"),
         (("hello", "hellp", "pos"), {}, "hook point 'pos' cannot be patched"),
         (("hello", "hellp", []), {}, "no hook points to patch"),
+        (
+            ("hello", "hellp", ["resid_pre"] * 2),
+            {},
+            "'blocks.0.resid_pre' is named more than once ('resid_pre' twice)",
+        ),
+        (
+            ("hello", "hellp", ["resid_pre", "blocks.1.hook_resid_pre"]),
+            {},
+            "'blocks.1.resid_pre' "
+            "is named more than once ('resid_pre' and 'blocks.1.hook_resid_pre')",
+        ),
         (("hello", "hellp", "embed", [3]), {}, "position 3 is outside the prompt's 3 tokens"),
+        (("hello", "hellp", "embed", []), {}, "no positions to patch; give some of 0 … 2"),
+        (("hello", "hellp", "embed", [1.5]), {}, "a position is a whole number, got 1.5"),
+        (("hello", "hellp", "embed", "1"), {}, "positions are a list of token positions, got '1'"),
+        (("hello", "hellp", "embed", 0), {"batch_size": 0}, "batch_size is a whole number"),
+        (("hello", "hellp", "embed", 0), {"batch_size": 2.0}, "at least 1; got 2.0"),
+        (("hello", "hellp", "embed", 0), {"batch_size": None}, "at least 1; got None"),
+        (("hello", "hellp"), {"answer": "ab"}, "' Paris'), or its id as an int"),
         (("hello", "hello"), {}, "the clean and corrupted prompts give the same logit difference"),
     ],
 )
@@ -158,6 +176,29 @@ def test_bad_input_is_one_line(tiny, args, kw, message):
     with pytest.raises(ClearLMError) as e:
         tiny.patch(*args, **{"answer": "l", "wrong": "o", **kw})
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_positions_and_ids_take_ints_and_integer_scalars(circuit):
+    """One position, numpy's and torch's integers: the same grid as plain ints."""
+    import numpy as np
+
+    y, q = circuit.encode("y")[0], circuit.encode("q")[0]
+    want = circuit.patch(CLEAN, CORRUPTED, "blocks.0.resid_pre", [2], answer=y, wrong=q)
+    for positions in (2, np.int64(2), torch.tensor(2), [np.int32(-2)], torch.tensor([2])):
+        got = circuit.patch(CLEAN, CORRUPTED, "blocks.0.resid_pre", positions, answer=np.int64(y),
+                            wrong=torch.tensor(q), batch_size=np.int64(3))  # fmt: skip
+        assert got.positions == [2] and torch.equal(got.recovery, want.recovery), positions
+    assert float(want.recovery[0, 0]) == pytest.approx(1.0, abs=1e-5)  # the token that differs
+
+
+def test_patch_activations_refuses_a_point_named_twice_after_aliases(tiny):
+    from clearlm.inspect.patching import patch_activations
+
+    ids = tiny.encode("hello")
+    with pytest.raises(ClearLMError, match="'blocks.0.attn.out' is named more than once"):
+        patch_activations(tiny.transformer, ids, ids, ["blocks.0.attn.out",
+                          "blocks.0.hook_attn_out"], [0], 1, 2)  # fmt: skip
+    assert not tiny.transformer.hooks.active
 
 
 def test_smollm2_factual_recall_moves_from_subject_to_last_position(smollm2):

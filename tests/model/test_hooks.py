@@ -145,3 +145,38 @@ def test_torch_module_hooks_still_run_on_direct_call_modules() -> None:
         assert torch.equal(norm(x), norm.forward(x) + 1)
     finally:
         glob.remove()
+
+
+def _shape(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on cpu"
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype", "str"])
+def test_a_hook_returning_the_wrong_value_is_one_line(tiny, bad):
+    """A replacement must be None or a tensor like the input; the message names the point and
+    both shapes (they come from the recorded pattern, the reference here)."""
+    pattern = tiny.run_with_trace("hello", names=["blocks.1.attn.pattern"])
+    x = pattern["blocks.1.attn.pattern"]  # (1, H, T, T): what the hook receives
+    ret = {"shape": x[..., :-1], "dtype": x.double(), "str": "oops"}[bad]
+    if bad == "str":
+        want = f"returned str; return a tensor of the input's shape {tuple(x.shape)}"
+    else:
+        want = f"returned {_shape(ret)}; expected {_shape(x)}"
+    with pytest.raises(ClearLMError) as e, tiny.hooks({"blocks.1.attn.pattern": lambda p, _: ret}):
+        tiny.logits("hello")
+    assert str(e.value).startswith("hook on blocks.1.attn.pattern " + want), str(e.value)
+    assert "\n" not in str(e.value)
+    assert not tiny.transformer.hooks.active
+
+
+def test_hook_signatures_are_checked_when_registered(tiny):
+    def lens_style(value, hook):
+        return value
+
+    with pytest.raises(ClearLMError, match=r"takes \(tensor, hook\), TransformerLens's signature"):
+        tiny.add_hook("blocks.0.resid_pre", lens_style)
+    with pytest.raises(ClearLMError, match=r"must take two arguments, fn\(tensor, name\)"):
+        tiny.hooks({"blocks.0.resid_pre": lambda x: x}).__enter__()
+    with pytest.raises(ClearLMError, match="fwd_hooks calls fn.activation, hook=hook."):
+        tiny.run_with_hooks("hi", fwd_hooks=[("blocks.0.resid_pre", lambda x, name: x)])
+    assert not tiny.transformer.hooks.active

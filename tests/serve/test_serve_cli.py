@@ -124,6 +124,23 @@ def test_an_empty_api_key_is_refused(gguf):
     err = proc.stderr.read().strip()
     assert "--api-key" in err and "the key is empty" in err and len(err.splitlines()) == 1
 
+def test_inspect_options_without_inspect_are_one_warning(tmp_path, monkeypatch, capsys):
+    """Said at startup, before the load (the missing model then stops it, exit 3)."""
+    from clearlm.cli import main
+
+    missing = str(tmp_path / "none.gguf")
+    argv = ["clearlm", "serve", missing, "--port", "0", "--inspect-keep", "5"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as e:
+        main()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 3 and lines[0] == (
+        "warning: --inspect-keep has no effect without --inspect; add --inspect to keep "
+        "completions for /v1/inspect/ID"
+    )
+    assert len(lines) == 2 and lines[1].startswith("error: model")
+
+
 def test_is_loopback():
     assert all(map(is_loopback, ["127.0.0.1", "127.5.0.1", "::1", "localhost"]))
     assert not any(map(is_loopback, ["0.0.0.0", "192.168.1.2", "::", "example.com"]))

@@ -61,7 +61,8 @@ def with_(base: dict, **changes) -> bytes:
 
 CASES = [  # (path, body, param, code, a piece of the message)
     ("completions", b'{"model": "tiny", "prompt": ', None, "invalid_json", "not valid JSON"),
-    ("completions", b"[1, 2]", None, "invalid_type", "must be a JSON object, got list"),
+    ("completions", b"[1, 2]", None, "invalid_type", "must be a JSON object, got an array"),
+    ("chat/completions", b"null", None, "invalid_type", "must be a JSON object, got null"),
     ("completions", b'{"prompt": ' + b"[" * 2000 + b"]" * 2000 + b"}", None, "invalid_json",
      "nested too deeply"),
     ("completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', None, "invalid_utf8",
@@ -156,10 +157,13 @@ CASES = [  # (path, body, param, code, a piece of the message)
     ("chat/completions", with_(CHAT, top_logprobs=2), "top_logprobs", "invalid_value",
      "needs logprobs: true"),
     # max_completion_tokens: the errors name the field the client sent, not max_tokens
-    ("chat/completions", with_(CHAT, max_completion_tokens=10**6), "max_completion_tokens",
+    ("chat/completions", with_(CHAT, max_tokens=None, max_completion_tokens=10**6),
+     "max_completion_tokens",
      "invalid_value", "max_completion_tokens is 1000000 but the model's context length is 128"),
     ("chat/completions", with_(CHAT, max_tokens=None, max_completion_tokens=-1),
      "max_completion_tokens", "invalid_value", "greater than or equal to 0"),
+    ("chat/completions", with_(CHAT, max_completion_tokens=4), "max_completion_tokens",
+     "invalid_value", "max_tokens (3) and max_completion_tokens (4) differ; send one"),
     # prompt + max_tokens past the context: OpenAI's 400, with the numbers (not a cut text)
     ("completions", with_(GOOD, prompt=[5] * 60, max_tokens=100), "prompt",
      "context_length_exceeded", "the model's context length is 128 tokens, but this request "
@@ -182,6 +186,12 @@ def test_bad_input_is_a_400_and_the_next_request_is_answered(url, path, body, pa
     assert r.json()["error"]["code"] == code
     good = post(url, path, json.dumps(CHAT if path.startswith("chat") else GOOD).encode())
     assert good.status_code == 200 and good.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_max_tokens_and_max_completion_tokens_may_agree(url):
+    r = post(url, "chat/completions", with_(CHAT, max_tokens=2, max_completion_tokens=2))
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
 
 
 @pytest.mark.parametrize("path", ["completions", "chat/completions"])

@@ -17,7 +17,7 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.cli.serve import INSPECT_KEEP, INSPECT_TTL_S
 from clearlm.serve import create_app
-from clearlm.serve.inspect_store import DEFAULT_KEEP, DEFAULT_TTL_S, InspectStore
+from clearlm.serve.inspect_store import DEFAULT_KEEP, DEFAULT_TTL_S, InspectStore, key_digest
 
 MODEL = "tiny"
 PROMPT = [72, 101, 108, 108, 111, 32]  # "Hello " as byte tokens
@@ -152,7 +152,7 @@ def test_off_by_default(tiny):
         check_error(inspect(u, cid), 404, "inspection_off", "clearlm serve --inspect")
         doc = httpx.get(u.removesuffix("/v1") + "/openapi.json", timeout=30).json()
     op = doc["paths"]["/v1/inspect/{completion_id}"]["get"]
-    assert set(op["responses"]) == {"200", "400", "404"}
+    assert set(op["responses"]) == {"200", "400", "404", "409"}
     assert {p["name"] for p in op["parameters"]} == {"completion_id", "choice", "top", "layers"}
 
 
@@ -172,3 +172,46 @@ def test_store_evicts_by_use_and_age():
     now[0] = 10.0  # a and c were made at 0: both expire at ttl_s
     assert len(store) == 0 and store.get("a", key) is None
     assert (INSPECT_KEEP, INSPECT_TTL_S) == (DEFAULT_KEEP, DEFAULT_TTL_S)  # the CLI's defaults
+
+
+class Watched(InspectStore):
+    """An InspectStore that logs begin and put, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    def begin(self, completion_id: str, key: bytes) -> None:
+        self.calls.append(("begin", completion_id))
+        super().begin(completion_id, key)
+
+    def put(self, completion_id: str, *args) -> None:
+        self.calls.append(("put", completion_id))
+        super().put(completion_id, *args)
+
+
+def test_a_completion_still_generating_is_a_409_and_long_ids_are_cut(tiny):
+    store = Watched()
+    with serving(create_app(tiny, model_id=MODEL, inspect=store)) as u:
+        cid = completion(u, max_tokens=1)["id"]
+        assert store.calls == [("begin", cid), ("put", cid)]  # pending while it generated
+        store.begin("cmpl-running", key_digest(b"alice"))  # as generate() does on start
+        check_error(inspect(u, "cmpl-running", key="alice"), 409, "completion_in_progress",
+                    "completion 'cmpl-running' is still being generated; ask again when")
+        check_error(inspect(u, "cmpl-running", key="bob"), 404, "completion_not_found", "")
+        long = "x" * 5000
+        r = inspect(u, long)
+        check_error(r, 404, "completion_not_found", f"no completion {'x' * 64!r}… is kept")
+        assert len(r.json()["error"]["message"]) < 300
+
+
+def test_pending_ids_end_when_kept_or_expired():
+    now = [0.0]
+    store = InspectStore(keep=2, ttl_s=10, clock=lambda: now[0])
+    store.begin("a", b"k")
+    store.begin("b", b"k")
+    assert store.in_progress("a", b"k") and not store.in_progress("a", b"other")
+    store.put("a", b"k", [[1]], [(0, [2])])
+    assert not store.in_progress("a", b"k") and store.get("a", b"k") is not None
+    now[0] = 10.0  # b never ended (a request that died): it goes at ttl_s
+    assert not store.in_progress("b", b"k")

@@ -51,8 +51,8 @@ def diff(
         top-1 agreement per position, both perplexities.
 
     Raises:
-        ModelsDifferError (exit code 2): different vocabulary sizes, token ids, block counts or
-        d_model. ContextLengthError: an empty text, or one longer than a model's context. And
+        ModelsDifferError (exit code 2): different vocabulary sizes, token ids, block counts,
+        d_model, heads or d_ff. ContextLengthError: an empty text, or one longer than a model's context. And
         what loading raises.
     """
     weights_ab, dtypes = _pair(weights), _pair(dtype)

@@ -31,6 +31,7 @@ from clearlm.inspect.lens_vocab import (
 )
 from clearlm.model.hook_aliases import lens_names_of
 from clearlm.model.hooks import resolve_names
+from clearlm.runtime.devices import resolve_device
 
 if TYPE_CHECKING:
     from clearlm.config import ModelConfig
@@ -131,18 +132,26 @@ class LensMixin:
         check_fits(ids.shape[1], self.config.context_length, new_tokens=0)
         return ids.to(self.transformer.device)  # (B, T)
 
+    @staticmethod
+    def _check_return_type(return_type: str | None, ids: torch.Tensor) -> None:
+        """ClearLMError, before any run, for an unknown return_type or a loss asked of fewer
+        than 2 tokens (no next token to predict: the mean would be NaN)."""
+        if return_type not in ("logits", "loss", None):
+            raise ClearLMError(f"return_type is 'logits', 'loss' or None, got {return_type!r}")
+        if return_type == "loss" and ids.shape[1] < 2:
+            raise ClearLMError(
+                f"return_type='loss' needs at least 2 tokens (each predicts the next); the "
+                f"input is {ids.shape[1]}"
+            )
+
     def _lens_output(self, logits: torch.Tensor, ids: torch.Tensor, return_type: str | None
                      ) -> torch.Tensor | None:
         """The logits (B, T, V), the mean next-token cross-entropy ("loss", a 0-d float32
-        tensor, TransformerLens's lm_cross_entropy_loss) or None."""
-        if return_type == "logits":
-            return logits
+        tensor, TransformerLens's lm_cross_entropy_loss) or None (_check_return_type first)."""
         if return_type == "loss":
             logp = F.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T - 1, V)
             return -logp.gather(-1, ids[:, 1:, None]).mean()
-        if return_type is None:
-            return None
-        raise ClearLMError(f"return_type is 'logits', 'loss' or None, got {return_type!r}")
+        return logits if return_type == "logits" else None
 
     def __call__(self, tokens: Tokens, return_type: str | None = "logits"
                  ) -> torch.Tensor | None:
@@ -177,9 +186,13 @@ class LensMixin:
 
         Raises:
             ClearLMError: an unknown name (the nearest suggested) or one with no clearlm
-                equivalent on this model. ContextLengthError: empty or too-long input.
+                equivalent on this model, a loss of a 1-token input. DeviceError: a `device`
+                this machine lacks. ContextLengthError: empty or too-long input.
         """
         ids = self._lens_batch(tokens)
+        self._check_return_type(return_type, ids)
+        if device is not None:
+            device = resolve_device(device)  # DeviceError before the pass
         wanted = names_wanted(names_filter, lens_names_of(self.config))
         resolve_names(wanted, self.config.n_layers)  # ClearLMError: unknown, nearest suggested
         with self.transformer.hooks.recording(set(wanted)) as recorded:
@@ -213,6 +226,7 @@ class LensMixin:
                 "forward hooks only, without gradients, removed after the pass)"
             )
         ids = self._lens_batch(tokens)
+        self._check_return_type(return_type, ids)
         pairs = lens_hooks(fwd_hooks, lens_names_of(self.config))
         with self.transformer.hooks.temporary(pairs):
             logits = self.transformer(ids)  # (B, T, V)

@@ -77,9 +77,10 @@ def diff(
     weights, one model at two dtypes. Models with another vocabulary, tokenization or shape are
     refused (exit 2)."""
     text = resolve_prompt(prompt, file, "PROMPT")
-    if text is None:
-        raise typer.BadParameter("give the text to compare on: PROMPT, '-' or -f FILE",
-                                 param_hint="'PROMPT'")
+    if not text:  # None: not given; "": nothing to run (refused before the loads)
+        raise typer.BadParameter(
+            "the text to compare on is empty" if text == "" else
+            "give the text to compare on: PROMPT, '-' or -f FILE", param_hint="'PROMPT'")
     weights_ab = _sides(weights, WEIGHT_NAMES, "--weights", None)
     dtypes = _sides(dtype, DTYPE_NAMES, "--dtype", "float32")
     if plot is not None:  # before the slow loads
@@ -117,9 +118,13 @@ def diff(
 
 
 def _check_writable(path: Path) -> None:
-    """The plot's folder exists and can be written (ClearLMError, one line, if not)."""
+    """The plot's folder exists and can be written, and the path is not a folder itself
+    (ClearLMError, one line, if not)."""
     import os
 
+    if path.is_dir():
+        raise ClearLMError(f"cannot write {path}: it is a folder; give a file name such as "
+                           f"{path / 'diff.png'}")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise ClearLMError(f"cannot write {path}: no such folder, or not writable")

@@ -74,7 +74,8 @@ def patch(
     # Every argument is checked on the model's header (tokenizer, config), before the weights.
     m = load_model(
         model, dtype, threads, quiet,
-        check=lambda h: h.patch_inputs(clean, corrupted, names, where, answer, wrong),
+        check=lambda h: h.patch_inputs(clean, corrupted, names, where, answer, wrong,
+                                        token_ids=False),
         placement=Placement(device),
         weights=weights,
     )  # fmt: skip

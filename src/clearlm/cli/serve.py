@@ -31,6 +31,20 @@ API_KEY_ENV = "CLEARLM_API_KEY"
 INSPECT_KEEP, INSPECT_TTL_S = 256, 3600.0
 
 
+def _warn_inspect_options(ctx: typer.Context, inspect: bool) -> None:
+    """One ``warning:`` line when --inspect-keep or --inspect-ttl is given without --inspect
+    (they would silently do nothing)."""
+    if inspect:
+        return
+    sources = {p: ctx.get_parameter_source(p) for p in ("inspect_keep", "inspect_ttl")}
+    given = [f"--{p.replace('_', '-')}" for p, source in sources.items()
+             if source is not None and source.name != "DEFAULT"]
+    if given:
+        err.print(f"[yellow]warning: {' and '.join(given)} {'has' if len(given) == 1 else 'have'}"
+                  " no effect without --inspect; add --inspect to keep completions for "
+                  "/v1/inspect/ID[/]", soft_wrap=True)
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost)."""
     if host == "localhost":
@@ -43,6 +57,7 @@ def is_loopback(host: str) -> bool:
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     model_arg: Annotated[
         str | None, typer.Argument(metavar="MODEL", help="Same as --model.", show_default=False)
     ] = None,
@@ -135,6 +150,7 @@ def serve(
     if api_key == "":  # `--api-key "$KEY"` with KEY unset would serve with no key at all
         raise typer.BadParameter("the key is empty; give one, or leave --api-key out to serve "
                                  "without a key", param_hint="'--api-key'")
+    _warn_inspect_options(ctx, inspect)
     if not api_key and not is_loopback(host):
         err.print(
             f"[yellow]warning: serving on {host} without an API key: anyone who can reach this "

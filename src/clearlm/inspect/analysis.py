@@ -194,7 +194,9 @@ def patching(
     check_prompt(model, clean)
     check_prompt(model, corrupted)
     names = [p.strip() for p in points.split(",") if p.strip()]
-    _, _, rows, cols, _, _ = model.patch_inputs(clean, corrupted, names, None, answer, wrong)
+    _, _, rows, cols, _, _ = model.patch_inputs(
+        clean, corrupted, names, None, answer, wrong, token_ids=False
+    )
     if len(rows) * len(cols) > MAX_PATCH_CELLS:
         raise UIError(
             f"the grid has {len(rows)} hook points × {len(cols)} positions; the page patches at "

@@ -162,12 +162,19 @@ def check_comparable(a: ModelConfig, b: ModelConfig, ids_a: Sequence[int],
         a, b: the two models' configs. ids_a, ids_b: the text encoded by each one's tokenizer.
 
     Raises:
-        ModelsDifferError: vocabulary sizes, token ids, block counts or d_model differ (one
-            line naming the first difference).
+        ModelsDifferError: vocabulary sizes, token ids, block counts, d_model, the attention's
+            heads (n_heads, n_kv_heads, head_dim) or d_ff differ (one line naming the first
+            difference). Every compared point is (T, D), so heads and d_ff would not make the
+            shapes differ; but with other heads or FFN widths the blocks compute other functions,
+            and their outputs are not one model's versions to compare point by point.
     """
     for what, x, y in (("vocabulary size", a.vocab_size, b.vocab_size),
                        ("number of blocks", a.n_layers, b.n_layers),
-                       ("d_model", a.d_model, b.d_model)):
+                       ("d_model", a.d_model, b.d_model),
+                       ("n_heads", a.n_heads, b.n_heads),
+                       ("n_kv_heads", a.n_kv_heads, b.n_kv_heads),
+                       ("head_dim", a.head_dim, b.head_dim),
+                       ("d_ff", a.d_ff, b.d_ff)):
         if x != y:
             raise ModelsDifferError(
                 f"the models differ in {what} ({x} vs {y}): diff compares two versions of one "

@@ -20,8 +20,10 @@ from typing import Any
 import torch
 
 from clearlm.config import ModelConfig
-from clearlm.errors import ClearLMError
-from clearlm.model.hooks import HookFn, check_hook_fn
+from clearlm.errors import CacheKeyError, ClearLMError, DeviceError
+from clearlm.model.hook_aliases import lens_target
+from clearlm.model.hook_checks import check_lens_fn
+from clearlm.model.hooks import HookFn
 
 # get_act_name's shorthand (TransformerLens utilities/components_utils.py, documented there)
 _ACT_ALIASES = {
@@ -82,23 +84,51 @@ class LensCache(Mapping[str, torch.Tensor]):
 
     def name_of(self, key: str | tuple[Any, ...]) -> str:
         """The full name a key stands for (a name, a shorthand, or a (name, layer, type)
-        tuple), as TransformerLens's ``ActivationCache.__getitem__`` reads it."""
+        tuple), as TransformerLens's ``ActivationCache.__getitem__`` reads it.
+
+        Raises CacheKeyError (a KeyError) for a key of another form, or a layer outside
+        −n_layers … n_layers − 1."""
         if isinstance(key, str):
-            return key if key in self.cache_dict else get_act_name(key)
-        if isinstance(key, tuple) and key and isinstance(key[0], str):
+            name = key if key in self.cache_dict else get_act_name(key)
+        elif isinstance(key, tuple) and key and isinstance(key[0], str):
             name, layer, *rest = (*key, None) if len(key) == 1 else key
-            if isinstance(layer, int) and layer < 0:  # cache["resid_post", -1]: the last block
-                layer += self.n_layers
-            return get_act_name(name, layer, *rest[:1])
-        raise KeyError(f"a cache key is a name or (name, layer[, layer_type]), got {key!r}")
+            if isinstance(layer, int) and not isinstance(layer, bool):
+                self._check_layer(layer, key)
+                layer %= self.n_layers  # cache["resid_post", -1]: the last block
+            name = get_act_name(name, layer, *rest[:1])
+        else:
+            raise CacheKeyError(
+                f"a cache key is a name or (name, layer[, layer_type]), got {key!r}"
+            )
+        m = re.match(r"blocks\.(\d+)\.", name)
+        if m and name not in self.cache_dict:
+            self._check_layer(int(m.group(1)), key)
+        return name
+
+    def _check_layer(self, layer: int, key: object) -> None:
+        """CacheKeyError naming the valid range unless −n_layers ≤ layer < n_layers."""
+        N = self.n_layers
+        if not -N <= layer < N:
+            raise CacheKeyError(
+                f"cache key {key!r}: layer {layer} does not exist, the model has {N} blocks "
+                f"(0 … {N - 1}, or -{N} … -1 from the end)"
+            )
 
     def __getitem__(self, key: str | tuple[Any, ...]) -> torch.Tensor:
         name = self.name_of(key)
         if name not in self.cache_dict:
-            near = difflib.get_close_matches(name, list(self.cache_dict), n=1, cutoff=0.6)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            raise KeyError(f"{name!r} is not in this cache ({len(self)} names){hint}")
+            hint = self._hint(name)
+            raise CacheKeyError(f"{name!r} is not in this cache ({len(self)} names){hint}")
         return self.cache_dict[name]
+
+    def _hint(self, name: str) -> str:
+        """``; did you mean ...?``: a key recorded from the same clearlm point (``hook_k`` →
+        ``hook_rot_k`` on a RoPE model, whose keys are after RoPE), else the nearest by
+        spelling; empty when nothing is close."""
+        target = lens_target(name) or name
+        same = [k for k in self.cache_dict if (lens_target(k) or k) == target]
+        near = same or difflib.get_close_matches(name, list(self.cache_dict), n=1, cutoff=0.6)
+        return f"; did you mean {near[0]!r}?" if near else ""
 
     def __contains__(self, key: object) -> bool:
         try:
@@ -127,8 +157,14 @@ class LensCache(Mapping[str, torch.Tensor]):
         return self
 
     def to(self, device: str | torch.device) -> LensCache:
-        """Move every tensor to `device`, in place; returns self."""
-        self.cache_dict = {k: t.to(device) for k, t in self.cache_dict.items()}
+        """Move every tensor to `device`, in place; returns self.
+
+        Raises DeviceError for a device torch does not know or this machine lacks."""
+        try:
+            self.cache_dict = {k: t.to(device) for k, t in self.cache_dict.items()}
+        except (RuntimeError, AssertionError, TypeError) as e:  # torch's "not compiled with"
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DeviceError(f"cannot move the cache to {device!r}: {reason}") from None
         return self
 
 
@@ -166,7 +202,8 @@ def lens_hooks(
     a tensor, that replaces the activation.
 
     Raises:
-        ClearLMError: an entry is not a (name or filter, function) pair, or fn is not callable.
+        ClearLMError: an entry is not a (name or filter, function) pair, or fn cannot be
+            called as fn(activation, hook=...) (a clearlm-style fn(tensor, name), say).
     """
     out: list[tuple[str, HookFn]] = []
     for entry in fwd_hooks:
@@ -175,7 +212,7 @@ def lens_hooks(
         which, fn = entry
         if not isinstance(which, str) and not callable(which):
             raise ClearLMError(f"a hook's name is a string or a filter function, got {which!r}")
-        check_hook_fn(str(which), fn)
+        check_lens_fn(str(which), fn)  # ClearLMError: not fn(activation, hook=...)
         chosen = [which] if isinstance(which, str) else [n for n in names if which(n)]
         for name in chosen:
             info = HookInfo(name)

@@ -21,6 +21,7 @@ forward passes. Shape letters: T prompt tokens, P hook points, Q positions, B ro
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from clearlm.errors import ClearLMError
+from clearlm.model.hook_aliases import lens_target
 from clearlm.model.hooks import HOOK_POINTS, check_hook_name
 from clearlm.model.transformer import Transformer
 
@@ -115,7 +117,8 @@ def expand_points(spec: str | Sequence[str], n_layers: int) -> list[str]:
 
     Raises:
         ClearLMError: an empty list, an unknown name or kind (naming the kinds), ``pos`` or
-        ``probs`` (no batch axis to patch: they are not computed per row).
+        ``probs`` (no batch axis to patch: they are not computed per row), a point named twice
+        (``resid_pre,resid_pre``, or a TransformerLens name and the clearlm name it stands for).
     """
     items = [spec] if isinstance(spec, str) else list(spec)
     if not items:
@@ -123,11 +126,13 @@ def expand_points(spec: str | Sequence[str], n_layers: int) -> list[str]:
             "no hook points to patch; name some, e.g. 'resid_pre' or 'blocks.0.attn.out'"
         )
     out: list[str] = []
+    given: list[str] = []  # the item each name of `out` came from
     for item in items:
         if not isinstance(item, str):
             raise ClearLMError(f"a hook point is a name such as 'resid_pre', got {item!r}")
         if item in BLOCK_KINDS:
             out += [f"blocks.{i}.{item}" for i in range(n_layers)]
+            given += [item] * n_layers
             continue
         if item in ("pos", "probs"):
             raise ClearLMError(
@@ -141,7 +146,47 @@ def expand_points(spec: str | Sequence[str], n_layers: int) -> list[str]:
                 f"{e} — or a kind patched in every block: {', '.join(BLOCK_KINDS)}"
             ) from None
         out.append(item)
+        given.append(item)
+    refuse_duplicates([lens_target(n) or n for n in out], given)
     return out
+
+
+def refuse_duplicates(points: Sequence[str], given: Sequence[str]) -> None:
+    """ClearLMError naming the first point that appears twice in ``points`` (clearlm names,
+    aliases resolved), and the two entries ``given`` (as typed) it came from.
+
+    Why: a patching batch keeps one hook per point, so a second entry would silently replace
+    the first one's hook and leave its rows unpatched."""
+    first: dict[str, str] = {}
+    for name, item in zip(points, given, strict=True):
+        if name in first:
+            how = f"{first[name]!r} and {item!r}" if first[name] != item else f"{item!r} twice"
+            raise ClearLMError(
+                f"hook point {name!r} is named more than once ({how}); name each point once"
+            )
+        first[name] = item
+
+
+def as_index(value: object) -> int | None:
+    """An int from an int or an integer scalar (numpy's, a 0-d integer torch tensor); None for
+    anything else (bools, floats, strings, lists)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:  # a float tensor or one of several elements
+        return None
+
+
+def check_batch_size(value: object) -> int:
+    """``batch_size`` as an int ≥ 1; ClearLMError (naming the value) otherwise."""
+    n = as_index(value)
+    if n is None or n < 1:
+        raise ClearLMError(
+            f"batch_size is a whole number of patched runs per forward pass, at least 1; got "
+            f"{value!r}"
+        )
+    return n
 
 
 def token_axis(name: str) -> int:
@@ -206,13 +251,13 @@ def patch_activations(
 
     Raises:
         ClearLMError: LD_clean = LD_corrupted (recovery undefined), a hook point the model
-        lacks, batch_size < 1.
+        lacks or one named twice (aliases resolved), batch_size < 1.
     """
-    if batch_size < 1:
-        raise ClearLMError(f"batch_size must be at least 1, got {batch_size}")
+    batch_size = check_batch_size(batch_size)
     hooks = transformer.hooks
     # ClearLMError for a name this model lacks, before any run; each point's own name after
-    points = [hooks.point(name).name for name in points]
+    given, points = list(points), [hooks.point(name).name for name in points]
+    refuse_duplicates(points, given)
     # Projecting only the last position saves a (T−1) × D × V product, unless a point at or
     # after the final norm is patched (its position axis is then the whole prompt).
     last_only = not {"final_norm", "logits"} & set(points)

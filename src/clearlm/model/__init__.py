@@ -26,7 +26,8 @@ router picks each token's experts, each a ``GatedFFN``.
 
 ``hooks.py`` names a point at every stage (``blocks.3.attn.pattern``...) so that the trace and
 explain views (:mod:`clearlm.inspect`) can read them; ``hook_aliases.py`` maps TransformerLens's
-names (``blocks.3.attn.hook_pattern``) and layouts onto them. Everything a model family changes is a
+names (``blocks.3.attn.hook_pattern``) and layouts onto them; ``hook_checks.py`` checks a hook
+function's signature and what it returns. Everything a model family changes is a
 field of the frozen :class:`clearlm.config.ModelConfig`; nothing here knows file formats.
 
 May import ``clearlm.config`` and ``clearlm.errors`` only (and torch).

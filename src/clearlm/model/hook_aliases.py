@@ -162,6 +162,17 @@ def match_lens_name(name: str) -> tuple[str, int | None] | None:
     return None
 
 
+def lens_target(name: str) -> str | None:
+    """The clearlm point a TransformerLens name stands for on models where it has one
+    (``blocks.3.hook_resid_pre`` → ``blocks.3.resid_pre``); None for any other name."""
+    found = match_lens_name(name)
+    if found is None or LENS_NAMES[found[0]].target is None:
+        return None
+    target = LENS_NAMES[found[0]].target
+    assert target is not None
+    return target if found[1] is None else target.replace("{i}", str(found[1]))
+
+
 def unavailable(template: str, config: ModelConfig) -> str | None:
     """Why a TransformerLens point that has a clearlm target is not that target on this model
     (None: it is)."""

@@ -31,12 +31,14 @@ from torch import nn
 from clearlm.errors import ClearLMError
 from clearlm.model.hook_aliases import (
     LENS_NAMES,
+    POS,
     Alias,
     check_lens_name,
     lens_alias,
     nearest_name,
     no_block_message,
 )
+from clearlm.model.hook_checks import check_hook_fn, check_output
 
 # name → (shape, what it is). The one place the naming scheme is documented.
 HOOK_POINTS: dict[str, tuple[str, str]] = {
@@ -106,14 +108,6 @@ def check_hook_name(name: str, n_layers: int) -> None:
     )
 
 
-def check_hook_fn(name: str, fn: object) -> None:
-    """Raise ClearLMError unless fn is callable (it would fail only when the pass reached it)."""
-    if not callable(fn):
-        raise ClearLMError(
-            f"the hook for {name!r} must be a function fn(tensor, name), got {type(fn).__name__}"
-        )
-
-
 def resolve_names(names: Iterable[str] | None, n_layers: int) -> set[str] | None:
     """Validate requested names (None = everything)."""
     if names is None:
@@ -151,8 +145,9 @@ class HookPoint(nn.Module):
     """The identity at one named point of the forward pass, unless hooks or a recording are set.
 
     ``fns`` run in the order added, each as fn(x, name); one that returns a tensor replaces x
-    (same shape). ``record``, when set, receives a detached copy of the final x under the
-    point's name. ``name`` is given by :class:`HookRegistry` from the module tree.
+    (same shape, dtype and device; anything else but None is a ClearLMError naming the point).
+    ``record``, when set, receives a detached copy of the final x under the point's name.
+    ``name`` is given by :class:`HookRegistry` from the module tree.
     """
 
     def __init__(self) -> None:
@@ -177,7 +172,8 @@ class HookPoint(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for fn in self.fns:
             out = fn(x, self.name)
-            if out is not None:
+            if out is not None and out is not x:  # `is`: an in-place edit costs no check
+                check_output(self.name, x, out)  # ClearLMError: not a tensor like x (~1.5 µs)
                 x = out
         if self.record is not None:
             self.record[self.name] = x.detach().clone()  # cache views change later: keep a copy
@@ -198,11 +194,18 @@ def hook_name(path: str) -> str:
 def lens_hook(alias: Alias, fn: HookFn) -> HookFn:
     """fn registered under a TransformerLens name: it receives the tensor in TransformerLens's
     layout (a view where possible, so in-place edits reach the pass) and the name it was
-    registered under; what it returns is converted back to clearlm's layout."""
+    registered under; what it returns (checked against what it received, in that layout) is
+    converted back to clearlm's layout."""
 
     def hook(x: torch.Tensor, _name: str) -> torch.Tensor | None:
-        out = fn(alias.to_lens(x), alias.name)
-        return None if out is None else alias.from_lens(out)
+        lens_x = alias.to_lens(x)
+        out = fn(lens_x, alias.name)
+        if out is None:
+            return None
+        check_output(alias.name, lens_x, out)  # ClearLMError, in the layout fn saw
+        back = alias.from_lens(out)
+        # a (1, T, D) position encoding given as (T, D): back to the point's own shape
+        return back.reshape(x.shape) if alias.layout == POS else back
 
     return hook
 

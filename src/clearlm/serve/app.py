@@ -234,9 +234,12 @@ def create_app(
             job.scored = await asyncio.to_thread(
                 runner.exclusive, lambda: [score_prompt(model, p, k) for p in job.prompts]
             )
-        keep = None if inspect is None else recorder(inspect, request_key(request, bearer_token))
+        key = None if inspect is None else request_key(request, bearer_token)
+        keep = None if inspect is None or key is None else recorder(inspect, key)
         session = Session(runner, job, model.tokenizer, kind, fingerprint, keep)
         await session.start()
+        if inspect is not None and key is not None:  # 409 for its id until close() keeps it
+            inspect.begin(session.id, key)
         if job.stream:
             return SessionStream(session, shown)
         try:

@@ -9,8 +9,10 @@ event loop. Query: ``choice`` (default 0), ``top`` alternatives per token (1–2
 
 Refusals, in OpenAI's error shape: 404 ``inspection_off`` when the server runs without
 ``--inspect``; 404 ``completion_not_found`` for an id that is unknown, expired, evicted or was
-made with another API key (the same answer, so a key cannot learn which ids exist); 400 for a
-``choice``, ``top`` or ``layers`` out of range.
+made with another API key (the same answer, so a key cannot learn which ids exist; the id is
+quoted up to MAX_ID_SHOWN characters); 409 ``completion_in_progress`` for one of this key's
+completions still being generated (a stream still open); 400 for a ``choice``, ``top`` or
+``layers`` out of range.
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ from clearlm.serve.inspect_view import MAX_TOP, check_top, inspect_choice, parse
 from clearlm.serve.runner import Runner
 
 PATH = "/v1/inspect/{completion_id}"
+MAX_ID_SHOWN = 64  # characters of an unknown id quoted back in the 404 (ours are ~41)
+
+
+def shown_id(completion_id: str) -> str:
+    """The id as a message quotes it: repr, cut to MAX_ID_SHOWN characters and "…"."""
+    if len(completion_id) <= MAX_ID_SHOWN:
+        return repr(completion_id)
+    return repr(completion_id[:MAX_ID_SHOWN]) + "…"
 
 
 def request_key(request: Request, bearer: Callable[[bytes], bytes | None]) -> bytes:
@@ -39,7 +49,8 @@ def request_key(request: Request, bearer: Callable[[bytes], bytes | None]) -> by
 
 def recorder(store: InspectStore, key: bytes) -> Callable[[Session], None]:
     """What keeps a session's ids in ``store`` when it ends: each prompt's ids, and each
-    choice's prompt index and generated ids (the token events it already holds)."""
+    choice's prompt index and generated ids (the token events it already holds). The caller
+    marks the session's id pending (``store.begin``) once it has started."""
 
     def record(session: Session) -> None:
         choices = [(session.prompt_of[c.index], [e.token for e in c.events])
@@ -79,10 +90,16 @@ def add_inspect_route(
                            code="inspection_off")  # fmt: skip
         check_top(top)
         rows = parse_layers(layers, model.config.n_layers)
-        record = store.get(completion_id, request_key(request, bearer))
+        key = request_key(request, bearer)
+        record = store.get(completion_id, key)
+        if record is None and store.in_progress(completion_id, key):
+            raise APIError(409, f"completion {shown_id(completion_id)} is still being "
+                           "generated; ask again when its response has ended", "completion_id",
+                           "completion_in_progress")  # fmt: skip
         if record is None:
-            raise APIError(404, f"no completion {completion_id!r} is kept for this API key: "
-                           f"unknown, made with another key, or dropped (the server keeps the "
+            shown = shown_id(completion_id)
+            raise APIError(404, f"no completion {shown} is kept for this API key: unknown, "
+                           "made with another key, or dropped (the server keeps the "
                            f"last {store.keep} for {store.ttl_s:g} s)", "completion_id",
                            "completion_not_found")  # fmt: skip
         view = await asyncio.to_thread(

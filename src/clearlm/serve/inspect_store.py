@@ -7,6 +7,9 @@ ids and each choice's generated ids (the end token and a stop string's tokens in
 Recording copies ids the handler already holds (each choice's token events) when the request
 ends, so a request pays one list copy per choice, never anything per step.
 
+While a completion is still being generated its id is *pending* (:meth:`InspectStore.begin`),
+so that asking for it too early is told apart from asking for an unknown id (409, not 404).
+
 The :class:`InspectStore` is bounded both ways: at most ``keep`` records (the least recently
 used goes first) and none older than ``ttl_s`` seconds. Ids are kept as ``array('q')``, 8
 bytes a token, so the memory is at most about ``keep × (prompt + every choice's generated
@@ -82,7 +85,24 @@ class InspectStore:
         self.keep, self.ttl_s, self.clock = keep, ttl_s, clock
         self._records: OrderedDict[str, Record] = OrderedDict()  # oldest use first
         self._made: OrderedDict[str, float] = OrderedDict()  # the same ids, oldest made first
+        # ids still generating: (key digest, when begun), oldest first; put() ends them
+        self._pending: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def begin(self, completion_id: str, key: bytes) -> None:
+        """Mark ``completion_id`` as being generated (until :meth:`put` keeps it, or ttl_s
+        passes: a request that never ends does not pin its entry)."""
+        with self._lock:
+            if completion_id not in self._records:
+                self._pending[completion_id] = (key, self.clock())
+
+    def in_progress(self, completion_id: str, key: bytes) -> bool:
+        """Whether ``completion_id`` is still being generated for this key (False for another
+        key's, as :meth:`get` answers None for it)."""
+        with self._lock:
+            self._expire()
+            entry = self._pending.get(completion_id)
+            return entry is not None and hmac.compare_digest(entry[0], key)
 
     def put(
         self,
@@ -100,6 +120,7 @@ class InspectStore:
             self.clock(),
         )
         with self._lock:
+            self._pending.pop(completion_id, None)
             self._records[completion_id] = record
             self._records.move_to_end(completion_id)
             self._made.pop(completion_id, None)
@@ -134,6 +155,8 @@ class InspectStore:
         """Drop records older than ttl_s (lock held): from the front of the age order, so a
         request pays for the records it drops, never a scan of them all."""
         cutoff = self.clock() - self.ttl_s
+        while self._pending and next(iter(self._pending.values()))[1] <= cutoff:
+            self._pending.popitem(last=False)
         while self._made:
             cid, made = next(iter(self._made.items()))
             if made > cutoff:

@@ -8,7 +8,8 @@ very models that check requests), the two media types a generation answers with
 (``application/json``, or ``text/event-stream`` with ``stream: true``), and every refusal the
 server can give, in OpenAI's error shape (``{"error": {"message", "type", "param", "code"}}``):
 400 for bad input, 401 when the server has an API key, 404 for an unknown model (and for
-``GET /v1/inspect/{completion_id}``, inspection off or an id not kept). FastAPI's 422
+``GET /v1/inspect/{completion_id}``, inspection off or an id not kept; 409 there for a
+completion still being generated). FastAPI's 422
 is dropped: the server never answers it (its validation errors are 400s).
 """
 
@@ -54,6 +55,7 @@ REASONS = {
     404: "Unknown route or model; for /v1/inspect, inspection off or no such completion kept "
     "for this API key",
     405: "Method not allowed",
+    409: "The completion is still being generated (its stream is open); ask again after",
 }
 
 
@@ -171,8 +173,8 @@ def openapi_schema(
                     },
                 }
                 statuses += [400, 404]
-            elif path == INSPECT_PATH:  # choice, top or layers out of range; off or unknown
-                statuses += [400, 404]
+            elif path == INSPECT_PATH:  # out of range; off or unknown; still generating
+                statuses += [400, 404, 409]
             elif "{" in path:  # a path parameter: /v1/models/{model_name}
                 statuses.append(404)
                 for param in op.get("parameters", []) if served is not None else []:

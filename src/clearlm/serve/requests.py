@@ -214,6 +214,10 @@ def chat_job(model: Model, body: ChatBody, limits: Limits) -> Job:
     except ClearLMError as e:
         raise from_clearlm(e, "messages") from None
     given = body.max_completion_tokens
+    if given is not None and body.max_tokens is not None and given != body.max_tokens:
+        raise APIError(400, f"max_tokens ({body.max_tokens}) and max_completion_tokens ({given}) "
+                       "differ; send one (max_completion_tokens is OpenAI's current name)",
+                       "max_completion_tokens", "invalid_value")  # fmt: skip
     max_tokens = body.max_tokens if given is None else given
     name = "max_tokens" if given is None else "max_completion_tokens"
     common = _common(model, body, max_tokens, limits, name)

@@ -182,6 +182,11 @@ def error_code(kind: str) -> str:
     return "invalid_value"
 
 
+# what json.loads gives → JSON's own name for it, as a client wrote it
+_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
+               str: "a string", list: "an array"}  # fmt: skip
+
+
 def parse(raw: bytes, kind: type[Body]) -> Body:
     """Decode, parse and check a request body.
 
@@ -211,9 +216,8 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
             code="invalid_json",
         ) from None  # fmt: skip
     if not isinstance(data, dict):
-        raise APIError(
-            400, f"the body must be a JSON object, got {type(data).__name__}", code="invalid_type"
-        )
+        got = _JSON_TYPES.get(type(data), type(data).__name__)
+        raise APIError(400, f"the body must be a JSON object, got {got}", code="invalid_type")
     try:
         return kind.model_validate(data)
     except ValidationError as e:
