@@ -52,8 +52,8 @@ def diff(
 
     Raises:
         ModelsDifferError (exit code 2): different vocabulary sizes, token ids, block counts,
-        d_model, heads or d_ff. ContextLengthError: an empty text, or one longer than a model's context. And
-        what loading raises.
+        d_model, heads or d_ff. ContextLengthError: an empty text, or one longer than a model's
+        context. And what loading raises.
     """
     weights_ab, dtypes = _pair(weights), _pair(dtype)
     models = [m if isinstance(m, Model) else load(m, dtype=d, weights=w, decode="eager")

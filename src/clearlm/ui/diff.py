@@ -1,12 +1,13 @@
 """The page's Diff panel: model B against model A on one text, as JSON (``POST /api/diff``).
 
 ``clearlm ui -m A --diff B`` loads B once, next to A, after :func:`check_pair` has refused a pair
-that :func:`clearlm.api.diff.diff` could never compare (another vocabulary, block count, d_model
-or tokenization of :data:`PROBE`). Each request then runs both models on the same tokens through
-that function and returns :meth:`ModelDiff.to_dict <clearlm.inspect.diff.ModelDiff.to_dict>`
-unchanged: per block and point (attn.out, resid_mid, ffn.out, resid_post) the relative error
-‖a − b‖/‖a‖ at every position, the first block over the threshold, the logits' KL, top-1
-agreement and both perplexities. The page draws what it gets; nothing is recomputed there.
+that :func:`clearlm.api.diff.diff` could never compare (another vocabulary, block count, d_model,
+n_heads, n_kv_heads, head_dim, d_ff or tokenization of :data:`PROBE`). Each request then runs
+both models on the same tokens through that function and returns
+:meth:`ModelDiff.to_dict <clearlm.inspect.diff.ModelDiff.to_dict>` unchanged: per block and
+point (attn.out, resid_mid, ffn.out, resid_post) the relative error ‖a − b‖/‖a‖ at every
+position, the first block over the threshold, the logits' KL, top-1 agreement and both
+perplexities. The page draws what it gets; nothing is recomputed there.
 
 A text is held to the page's bounds (:func:`clearlm.inspect.analysis.check_prompt`): not empty,
 at most ``MAX_PROMPT_CHARS`` characters and ``MAX_PROMPT_TOKENS`` tokens (or the context length
@@ -42,7 +43,8 @@ def check_pair(a: Any, b: Any) -> None:
             ``check`` callback (anything with ``.config`` and ``.encode``).
 
     Raises:
-        ModelsDifferError: vocabulary sizes, block counts or d_model differ, or the two
+        ModelsDifferError: vocabulary sizes, block counts, d_model, n_heads, n_kv_heads,
+            head_dim or d_ff differ, or the two
             tokenizers encode :data:`PROBE` differently (one line naming the difference).
     """
     check_comparable(a.config, b.config, a.encode(PROBE), b.encode(PROBE))
