@@ -95,7 +95,8 @@ class GGUFCheckpoint:
         if weights != "compact":
             return "float32", sum(t.n_elements for t in self.tensors) * 4, 0
         plan = self.plan()
-        return ("compact" if plan.packed else "float32"), plan.total_bytes, len(plan.packed)
+        n = len(plan.packed) + len(plan.half)
+        return ("compact" if n else "float32"), plan.total_bytes, n
 
     def weight_formats(self, weights: str) -> list[tuple[str, FormatUse]]:
         """(GGUF type, how a load with ``weights`` holds its tensors: count, file and memory
@@ -125,7 +126,7 @@ class GGUFCheckpoint:
         config, metadata, tensors, mode = self.config, self.metadata, self.tensors, "float32"
         if weights == "compact":
             model, plan = load_compact(self.reader, config, dtype, self.source)
-            mode = "compact" if plan.packed else "float32"  # nothing block-quantized: float
+            mode = "compact" if plan.packed or plan.half else "float32"  # all float: float
         else:
             model = assemble(config, load_tensors(self.reader, config, dtype, self.source),
                              self.source)
