@@ -19,7 +19,7 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 import clearlm.quant.half as half
-from clearlm.loading.checkpoint import GGUFCheckpoint, load_gguf_model
+from clearlm.loading.checkpoint import FolderCheckpoint, GGUFCheckpoint, load_gguf_model
 from clearlm.quant.half import HalfEmbedding, HalfLinear
 from clearlm.quant.kernels import load_kernels
 
@@ -137,3 +137,29 @@ def test_tiny_gguf_loads_16_bit_with_the_float32_logits(tmp_path, path: str, qty
     with torch.inference_mode():
         for tokens in (TOKENS, TOKENS[:, :1]):  # prefill-sized and decode-sized products
             torch.testing.assert_close(model(tokens), ref(tokens), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f16", "bf16"])
+def test_hf_folder_keeps_16_bit_matrices(tmp_path, dtype: torch.dtype) -> None:
+    """A Hugging Face folder saved in float16 / bfloat16: compact weights keep its matrices
+    16-bit (half the float32 bytes) with the float32 load's logits (same 16-bit values widened,
+    float32 summation order: ≤ 1e-5 on logits of ~1e-1); the norms are float32."""
+    from hf_tiny import TINY, save_tiny
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = save_tiny(LlamaForCausalLM, LlamaConfig(**TINY), tmp_path / "f32")
+    model.to(dtype).save_pretrained(tmp_path / "half")
+    ckpt = FolderCheckpoint(tmp_path / "half")
+    compact, ref = ckpt.load(weights="compact"), ckpt.load(weights="float32")
+    assert compact.weights == "compact" and ref.weights == "float32"
+    t = compact.model
+    assert isinstance(t.layers[0].self_attn.q_proj, HalfLinear)
+    assert isinstance(t.embed_tokens, HalfEmbedding) and t.lm_head.weight.dtype == dtype
+    assert t.layers[0].input_layernorm.weight.dtype == torch.float32
+    mode, planned, n = ckpt.planned_weights("compact")
+    assert (mode, n) == ("compact", 2 + 7 * 2)  # embedding, head, 7 matrices a layer
+    assert compact.weight_bytes == planned < ref.weight_bytes
+    ids = torch.tensor([[1, 5, 9, 200, 3]])
+    with torch.inference_mode():
+        for tokens in (ids, ids[:, :1]):
+            torch.testing.assert_close(t(tokens), ref.model(tokens), rtol=0, atol=1e-5)

@@ -23,6 +23,7 @@ from torch import nn
 
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import BAND_ROWS, CHUNK_ELEMS, SMALL_M
+from clearlm.quant.ops import _constant_result
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -60,9 +61,13 @@ class HalfLinear(nn.Module):
             x2 = x2.float()
         buf = self._buffers  # (a dict read: nn.Module.__getattr__ costs ~0.5 µs a read)
         w, bias = buf["weight"], buf["bias"]
-        if torch.compiler.is_compiling():  # a traced graph: Inductor fuses the widening
-            y = F.linear(x2, w.float(), bias)
-        elif x2.shape[0] <= SMALL_M and (kern := load_kernels()) is not None:
+        if torch.compiler.is_compiling():  # a traced graph: the kernel as one opaque node
+            if x2.shape[0] <= SMALL_M and _kernel_op():
+                y = torch.ops.clearlm_kernels.hmm(x2, w)  # (M, N)
+                y = y if bias is None else y + bias
+            else:
+                y = F.linear(x2, w.float(), bias)
+        elif x2.shape[0] <= SMALL_M and x2.is_cpu and (kern := load_kernels()) is not None:
             y = kern.hmm(x2, w)  # (M, N)
             if bias is not None:
                 y += bias
@@ -77,6 +82,25 @@ class HalfLinear(nn.Module):
             f"dtype={str(self.weight.dtype).removeprefix('torch.')}, "
             f"bias={self.bias is not None}"
         )
+
+
+_registered: list[bool] = []
+
+
+@_constant_result
+def _kernel_op() -> bool:
+    """Whether the C++ operator ``clearlm_kernels::hmm`` exists (csrc/qgemv_ops.cpp registers
+    it); registers its shape function once, so torch.compile traces it as one node."""
+    if not _registered:
+        ok = load_kernels() is not None and hasattr(torch.ops.clearlm_kernels, "hmm")
+        if ok:
+            torch.library.register_fake("clearlm_kernels::hmm")(_hmm_fake)
+        _registered.append(ok)
+    return _registered[0]
+
+
+def _hmm_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], w.shape[0])  # (M, N) float32, no data
 
 
 def banded_linear(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -43,3 +43,36 @@ def swap_half(model: nn.Module, weight: torch.Tensor, paths: list[str]) -> None:
         )
         parent, _, child = path.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def half_state_keys(state: dict[str, torch.Tensor], model: nn.Module) -> set[str]:
+    """The names in a Hugging Face state dict (ours, after the family's convert) to keep
+    16-bit: float16 / bfloat16 ``*.weight`` matrices of a plain ``nn.Linear`` / ``nn.Embedding``
+    of ``model`` (a skeleton; meta is fine) with the same shape."""
+    keep = set()
+    for name, v in state.items():
+        if v.dtype not in HALF_TYPES.values() or v.dim() != 2 or not name.endswith(".weight"):
+            continue
+        try:
+            m = model.get_submodule(name.removesuffix(".weight"))
+        except AttributeError:
+            continue
+        if type(m) in (nn.Linear, nn.Embedding) and tuple(m.weight.shape) == tuple(v.shape):
+            keep.add(name)
+    return keep
+
+
+def swap_half_modules(model: nn.Module) -> int:
+    """Replace every plain ``nn.Linear`` / ``nn.Embedding`` whose weight is float16 / bfloat16
+    (assigned as the file holds it) by a HalfLinear / HalfEmbedding over the same tensor (a tied
+    head's is the embedding's: still one table); returns how many."""
+    swapped = [(n, m) for n, m in model.named_modules()
+               if type(m) in (nn.Linear, nn.Embedding) and m.weight.dtype in HALF_TYPES.values()]
+    for path, old in swapped:
+        w = old.weight.detach()
+        bias = getattr(old, "bias", None)
+        new: nn.Module = (HalfEmbedding(w) if type(old) is nn.Embedding
+                          else HalfLinear(w, None if bias is None else bias.detach()))
+        parent, _, child = path.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, new)
+    return len(swapped)

@@ -95,6 +95,7 @@ void hmm_impl(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) 
 
 // x (M, K) float32, w (N, K) float16 or bfloat16 contiguous -> (M, N) float32.
 torch::Tensor hmm(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.is_cpu() && w.is_cpu(), "x and w must be on the CPU");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "w must be a contiguous (N, K) matrix");
   TORCH_CHECK(w.scalar_type() == torch::kHalf || w.scalar_type() == torch::kBFloat16,
               "w must be float16 or bfloat16");
