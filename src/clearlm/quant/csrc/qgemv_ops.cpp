@@ -152,7 +152,7 @@ torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn
   return out;
 }
 
-// The two operators as AOTInductor C shims: a package built with
+// The operators as AOTInductor C shims: a package built with
 // aot_inductor.custom_ops_to_c_shims (clearlm/aot_build.py) calls these directly, by the name
 // Inductor derives from the operator (aoti_torch_<device>_<name>), instead of going through
 // its proxy executor (an IValue stack and a boxed dispatcher call per product). The symbols are
@@ -181,6 +181,15 @@ AOTITorchError aoti_torch_cpu_qmm(AtenTensorHandle x, AtenTensorHandle codes,
                                   AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits,
                                   int64_t bs, AtenTensorHandle* ret0) {
   return as_shim<qmm>(x, codes, scale, mn, bits, bs, ret0);
+}
+
+// x (M, K) float32, w (N, K) float16 / bfloat16 -> (M, N) float32 (qgemv_half.cpp).
+AOTITorchError aoti_torch_cpu_hmm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    at::Tensor y = hmm(*tensor_handle_to_tensor_pointer(x), *tensor_handle_to_tensor_pointer(w));
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(y));
+  });
 }
 
 AOTITorchError aoti_torch_cpu_qmm_i8(AtenTensorHandle x, AtenTensorHandle codes,
