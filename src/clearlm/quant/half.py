@@ -114,9 +114,12 @@ def banded_linear(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) 
     if rows >= n:
         return F.linear(x2, w.float(), bias)
     y = x2.new_empty(x2.shape[0], n)  # (M, N)
+    # one float32 band reused: a fresh 4 MiB tensor per band is fresh pages, faulted in each
+    # time (a 4864 x 896 decode product: 7.5 ms with fresh bands, 2.6 ms reusing one)
+    buf = x2.new_empty(rows, k)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        w_t = w[r0:r1].float().t()  # (K, r1 - r0)
+        w_t = buf[: r1 - r0].copy_(w[r0:r1]).t()  # (K, r1 - r0)
         band = y[:, r0:r1]  # (M, r1 - r0), written in place
         if bias is None:
             torch.mm(x2, w_t, out=band)
