@@ -44,8 +44,10 @@ def engines(w: torch.Tensor) -> dict[str, tuple[int, Callable[[torch.Tensor], to
         lin = HalfLinear(w16)
         out[name] = (w16.nbytes, lin)
         out[f"{name} torch widen"] = (w16.nbytes, lambda x, w16=w16: banded_linear(x, w16, None))
-        out[f"{name} torch 16-bit*"] = (w16.nbytes, lambda x, w16=w16, dt=dt:
-                                        F.linear(x.to(dt), w16).float())
+        out[f"{name} torch 16-bit*"] = (
+            w16.nbytes,
+            lambda x, w16=w16, dt=dt: F.linear(x.to(dt), w16).float(),
+        )
     for qtype in (Q.Q8_0, Q.Q4_0):
         blocks = quantize(w.numpy(), qtype)
         p = tile_rows(pack_blocks(blocks, qtype, tuple(w.shape)), 8)
@@ -77,6 +79,7 @@ def bench(shape: tuple[int, int], copies: int, args) -> dict[str, tuple[int, Tim
         runs: dict[str, list[float]] = {name: [] for name in sets[0]}
         for _ in range(args.repeats):
             for name in sets[0]:
+
                 def one_pass(x, name=name):  # each copy once: weights from memory if cold
                     for s in sets:
                         s[name][1](x)
@@ -109,8 +112,10 @@ def main() -> None:
     ap.add_argument("--inner", type=int, default=3)
     args = ap.parse_args()
     print(f"kernel: {'built' if load_kernels() is not None else 'unavailable (torch fallback)'}")
-    print("| shape N×K | setting | format | weight MB | ms 1 thread | × float32 | ms 2 threads | "
-          "× float32 | max abs Δ |")
+    print(
+        "| shape N×K | setting | format | weight MB | ms 1 thread | × float32 | ms 2 threads | "
+        "× float32 | max abs Δ |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     cold = SHAPES[0]
     plan = [(s, "hot", 1) for s in SHAPES]
@@ -121,10 +126,13 @@ def main() -> None:
         base = res["float32"][1]
         for name, (nbytes, ms) in res.items():
             d = f"{delta[name]:.1e}" if name in delta else "-"
-            cells = [f"{ms[t][0]:.3f} / {ms[t][1]:.3f} | {ms[t][0] / base[t][0]:.2f}"
-                     for t in (1, 2)]
-            print(f"| {shape[0]}×{shape[1]} | {setting} ×{copies} | {name} | "
-                  f"{nbytes / 1e6:.2f} | {cells[0]} | {cells[1]} | {d} |")
+            cells = [
+                f"{ms[t][0]:.3f} / {ms[t][1]:.3f} | {ms[t][0] / base[t][0]:.2f}" for t in (1, 2)
+            ]
+            print(
+                f"| {shape[0]}×{shape[1]} | {setting} ×{copies} | {name} | "
+                f"{nbytes / 1e6:.2f} | {cells[0]} | {cells[1]} | {d} |"
+            )
     print("* x rounded to 16 bits: not exact (for speed only)")
 
 

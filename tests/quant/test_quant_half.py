@@ -27,8 +27,9 @@ DTYPES = [torch.float16, torch.bfloat16]
 TOKENS = torch.tensor([[1, 72, 101, 108, 108, 111, 32, 119, 2]])  # (B, T)
 
 
-def assert_within_float32_sum(y: torch.Tensor, x: torch.Tensor, w16: torch.Tensor,
-                              bias: torch.Tensor | None = None) -> None:
+def assert_within_float32_sum(
+    y: torch.Tensor, x: torch.Tensor, w16: torch.Tensor, bias: torch.Tensor | None = None
+) -> None:
     """y (M, N) against x (M, K) @ w16.float().T (+ bias) in float64, within K · 2^-24 · Σ|x w|
     (+ one rounding of the bias add)."""
     w = w16.double()
@@ -112,8 +113,9 @@ def test_tiny_gguf_loads_16_bit_with_the_float32_logits(tmp_path, path: str, qty
     BF16: the compact load keeps them 16-bit (the file's bytes, no warning) and gives the
     float32 load's logits within float32 summation order (its logits are ~1e-1, sums of 256
     products: a difference ≤ 1e-5)."""
-    gguf = write_tiny_llama(tmp_path / f"{qtype.name}.gguf", matrix_type=qtype, d_model=256,
-                            d_ff=256, seed=2)
+    gguf = write_tiny_llama(
+        tmp_path / f"{qtype.name}.gguf", matrix_type=qtype, d_model=256, d_ff=256, seed=2
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = clearlm.load(gguf, threads=1)
@@ -126,8 +128,11 @@ def test_tiny_gguf_loads_16_bit_with_the_float32_logits(tmp_path, path: str, qty
     # 262 x 256 embedding, 2 layers of 5 matrices of 256 x 256 and K, V of 128 x 256: 2 bytes
     # a value in memory as in the file
     n = 262 * 256 + 2 * (5 * 256 * 256 + 2 * 128 * 256)
-    halves = {id(m.weight): m.weight.nbytes for m in model.modules()
-              if isinstance(m, HalfLinear | HalfEmbedding)}
+    halves = {
+        id(m.weight): m.weight.nbytes
+        for m in model.modules()
+        if isinstance(m, HalfLinear | HalfEmbedding)
+    }
     assert sum(halves.values()) == 2 * n
     ckpt = GGUFCheckpoint(gguf)
     matrices = [t for t in ckpt.reader.tensors if t.tensor_type == qtype and len(t.shape) == 2]

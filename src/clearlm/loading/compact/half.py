@@ -66,13 +66,19 @@ def swap_half_modules(model: nn.Module) -> int:
     """Replace every plain ``nn.Linear`` / ``nn.Embedding`` whose weight is float16 / bfloat16
     (assigned as the file holds it) by a HalfLinear / HalfEmbedding over the same tensor (a tied
     head's is the embedding's: still one table); returns how many."""
-    swapped = [(n, m) for n, m in model.named_modules()
-               if type(m) in (nn.Linear, nn.Embedding) and m.weight.dtype in HALF_TYPES.values()]
+    swapped = [
+        (n, m)
+        for n, m in model.named_modules()
+        if type(m) in (nn.Linear, nn.Embedding) and m.weight.dtype in HALF_TYPES.values()
+    ]
     for path, old in swapped:
         w = old.weight.detach()
         bias = getattr(old, "bias", None)
-        new: nn.Module = (HalfEmbedding(w) if type(old) is nn.Embedding
-                          else HalfLinear(w, None if bias is None else bias.detach()))
+        new: nn.Module = (
+            HalfEmbedding(w)
+            if type(old) is nn.Embedding
+            else HalfLinear(w, None if bias is None else bias.detach())
+        )
         parent, _, child = path.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, new)
     return len(swapped)
