@@ -22,6 +22,7 @@ from clearlm.loading.checkpoint import GGUFCheckpoint, load_gguf_model
 from clearlm.loading.compact import from_file
 from clearlm.loading.compact.swap import quantize_model
 from clearlm.loading.gguf import open_gguf
+from clearlm.loading.held import NO_PACKER, FormatUse, warn_float_held
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.linear import QuantLinear
 
@@ -65,27 +66,32 @@ def test_compact_load_equals_the_swap(tmp_path, monkeypatch, qtype: Q, tied: boo
 
 
 def test_types_not_packed_are_dequantized_as_float32(tmp_path) -> None:
-    """BF16 matrices (no compact form) and F32 files load as the float32 path does; the BF16
-    ones with one warning naming the type, the count and the memory above the file's."""
-    for qtype in (Q.BF16, Q.F32):
-        path = write_tiny_llama(
-            tmp_path / f"{qtype.name}.gguf", matrix_type=qtype, d_model=256, d_ff=256, seed=2
-        )
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            got = clearlm.load(path, threads=1)
-        said = [str(w.message) for w in caught if str(w.message).startswith("clearlm: ")]
-        assert got.weights == "float32"
-        assert_same_model(got.transformer, load_gguf_model(path).model)
-        if qtype == Q.F32:  # float in the file too: nothing to say
-            assert said == []
-            continue
-        # the embedding (262 x 256) and 2 layers of 5 matrices of 256 x 256 and K, V of
-        # 128 x 256 (2 KV heads of 64): 2 bytes a value in the file, 4 in memory
-        n = 262 * 256 + 2 * (5 * 256 * 256 + 2 * 128 * 256)
-        assert n == 853_504  # 3.41 MB as float32, 1.71 MB as BF16
-        assert said == ["clearlm: 15 BF16 tensors have no compact form and are held as float32: "
-                        "3.4 MB instead of the file's 1.7 MB (+1.7 MB)"]
+    """F32 files load as the float32 path does, with nothing to say (F16 / BF16 matrices are
+    kept 16-bit: tests/quant/test_quant_half.py)."""
+    path = write_tiny_llama(tmp_path / "F32.gguf", matrix_type=Q.F32, d_model=256, d_ff=256,
+                            seed=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = clearlm.load(path, threads=1)
+    assert [str(w.message) for w in caught if str(w.message).startswith("clearlm: ")] == []
+    assert got.weights == "float32"
+    assert_same_model(got.transformer, load_gguf_model(path).model)
+
+
+def test_the_float_held_warning_names_count_and_memory() -> None:
+    """A type held as float32 for want of a compact form (an F16 / BF16 tensor a family
+    converts, stacked experts) says so in one line: the count and the memory above the file's.
+    The embedding (262 x 256) and 2 layers of 5 matrices of 256 x 256 and K, V of 128 x 256:
+    2 bytes a value in the file, 4 in memory."""
+    n = 262 * 256 + 2 * (5 * 256 * 256 + 2 * 128 * 256)
+    assert n == 853_504  # 3.41 MB as float32, 1.71 MB as BF16
+    use = FormatUse(NO_PACKER, count=15, file_bytes=2 * n, held_bytes=4 * n)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_float_held([("BF16", use)])
+    assert [str(w.message) for w in caught] == [
+        "clearlm: 15 BF16 tensors have no compact form and are held as float32: "
+        "3.4 MB instead of the file's 1.7 MB (+1.7 MB)"]
 
 
 def test_weights_values(tmp_path) -> None:

@@ -23,6 +23,7 @@ from clearlm.model.attention import Attention
 from clearlm.model.ffn import GatedFFN
 from clearlm.quant import fuse
 from clearlm.quant.fuse import fuse_projections, join_rows
+from clearlm.quant.half import HalfLinear
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import pack_blocks
@@ -137,7 +138,8 @@ def test_compact_load_fuses_without_a_copy(tmp_path, monkeypatch, qtype: Q,
     (quant/from_file.pack_group), so fusing them is a view: no buffer is held twice at the
     peak of the load. Also where the file lists attn_k before attn_q (real files sort names:
     packed in file order, K's rows came first and fusing Q, K, V copied them), and where V is
-    not packed (float16), so Q and K fuse alone (an incomplete group; a breaker's case)."""
+    not packed (F16: kept 16-bit, a HalfLinear), so Q and K fuse alone (an incomplete group; a
+    breaker's case)."""
     views = []
 
     def spy(parts):
@@ -152,6 +154,7 @@ def test_compact_load_fuses_without_a_copy(tmp_path, monkeypatch, qtype: Q,
     model = clearlm.load(path, threads=1).transformer
     attn = model.layers[0].self_attn
     assert len(attn.qkv_split) == (2 if v_type else 3) and model.layers[0].mlp.gate_up_split
+    assert isinstance(attn.v_proj, HalfLinear if v_type else QuantLinear)
     n_layers = len(model.layers)
     per = 3 if qtype == Q.Q4_1 else 2  # codes, scale (and min for Q4_1)
     assert len(views) == 2 * n_layers * per and all(views)

@@ -31,6 +31,7 @@ def info(
     import re
 
     from clearlm.loading.checkpoint import open_checkpoint
+    from clearlm.loading.held import HALF_HELD
     from clearlm.store.catalog import resolve_model
 
     if model is not None and model_opt is not None and model != model_opt:
@@ -49,7 +50,7 @@ def info(
     out.print(f"{n_params:,} parameters · {size / 2**20:.1f} MiB on disk", soft_wrap=True)
     mode, held, n_packed = ckpt.planned_weights(weights or "compact")
     if n_packed:
-        why = f"{n_packed} block-quantized matrices kept packed, the rest float32"
+        why = f"{n_packed} matrices kept compact (block-quantized or 16-bit), the rest float32"
     elif weights == "float32":
         why = "every tensor dequantized (the reference path)"
     else:
@@ -63,7 +64,8 @@ def info(
             wf.add_row(qtype, str(use.count), f"{use.file_bytes / 2**20:,.1f}",
                        f"{use.held_bytes / 2**20:,.1f}", held_as(qtype, use.held_as))
         out.print(wf)
-        if any(use.held_as == "packed" for _, use in ckpt.weight_formats(weights or "compact")):
+        if any(use.held_as in ("packed", HALF_HELD)
+               for _, use in ckpt.weight_formats(weights or "compact")):
             out.print(products_line(), soft_wrap=True)
 
     hp = Table(title="Hyper-parameters by seed stage", title_justify="left")

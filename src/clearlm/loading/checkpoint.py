@@ -95,7 +95,8 @@ class GGUFCheckpoint:
         if weights != "compact":
             return "float32", sum(t.n_elements for t in self.tensors) * 4, 0
         plan = self.plan()
-        return ("compact" if plan.packed else "float32"), plan.total_bytes, len(plan.packed)
+        n = len(plan.packed) + len(plan.half)
+        return ("compact" if n else "float32"), plan.total_bytes, n
 
     def weight_formats(self, weights: str) -> list[tuple[str, FormatUse]]:
         """(GGUF type, how a load with ``weights`` holds its tensors: count, file and memory
@@ -125,7 +126,7 @@ class GGUFCheckpoint:
         config, metadata, tensors, mode = self.config, self.metadata, self.tensors, "float32"
         if weights == "compact":
             model, plan = load_compact(self.reader, config, dtype, self.source)
-            mode = "compact" if plan.packed else "float32"  # nothing block-quantized: float
+            mode = "compact" if plan.packed or plan.half else "float32"  # all float: float
         else:
             model = assemble(config, load_tensors(self.reader, config, dtype, self.source),
                              self.source)
@@ -174,13 +175,18 @@ class FolderCheckpoint:
         return sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
 
     def planned_weights(self, weights: str) -> tuple[str, int, int]:
-        """(mode, bytes, packed matrices) a load holds: safetensors weights are float32."""
-        return "float32", sum(t.n_elements for t in self.tensors) * 4, 0
+        """(mode, bytes, matrices kept 16-bit) a load holds, from the headers: float32, but with
+        ``weights="compact"`` float16 / bfloat16 matrices (2-d) at their 2 bytes a value (a
+        matrix the family converts is counted so too: an estimate)."""
+        half = [t for t in self.tensors if weights == "compact" and len(t.shape) == 2
+                and t.type.upper() in ("F16", "BF16", "FLOAT16", "BFLOAT16")]
+        n = sum(t.n_elements for t in self.tensors) * 4 - sum(t.n_elements for t in half) * 2
+        return ("compact" if half else "float32"), n, len(half)
 
     def load(self, dtype: torch.dtype = torch.float32, weights: str = "float32") -> LoadedModel:
-        """config.json → safetensors → rename → convert → cast → tie → check shapes → assign.
-        Safetensors weights are float: ``weights`` changes nothing here."""
-        loaded = load_hf_model(self.path, dtype)
+        """config.json → safetensors → rename → convert → cast → tie → check shapes → assign;
+        ``weights="compact"`` keeps float16 / bfloat16 matrices 16-bit (loading/compact/half.py)."""
+        loaded = load_hf_model(self.path, dtype, compact=weights == "compact")
         loaded.weight_bytes = held_bytes(loaded.model)
         return loaded
 

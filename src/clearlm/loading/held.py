@@ -7,14 +7,16 @@ import warnings
 from dataclasses import dataclass
 
 NO_PACKER = "float32, no compact form"
+HALF_HELD = "compact: 16-bit, as stored"  # F16 / BF16 matrices (loading/compact/half.py)
 NOT_READ = "not read: clearlm has no dequantizer for it"
 
 
 @dataclass
 class FormatUse:
     """How a load holds the tensors of one GGUF type: how many, their bytes in the file and in
-    memory, and how (``packed``; ``float32`` where the type has no compact form; ``float32,
-    as its module needs`` for a packable type a family converts; ``float32, as stored``)."""
+    memory, and how (``packed``; HALF_HELD for F16 / BF16 kept 16-bit; ``float32`` where the
+    type has no compact form; ``float32, as its module needs`` for a packable type a family
+    converts; ``float32, as stored``)."""
 
     held_as: str
     count: int = 0

@@ -17,8 +17,9 @@ from clearlm.config import ModelConfig
 from clearlm.errors import InvalidModelFileError, ModelNotFoundError, UnsupportedModelError
 from clearlm.families import family_for
 from clearlm.families.base import Family, HFConfig
+from clearlm.loading.compact.half import half_state_keys, swap_half_modules
 from clearlm.loading.config_values import check_hf_values, config_errors
-from clearlm.loading.load import LoadedModel, TensorInfo, assemble
+from clearlm.loading.load import LoadedModel, TensorInfo, assemble, skeleton
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
@@ -115,13 +116,17 @@ def _config(folder: Path) -> tuple[Family, ModelConfig, dict[str, Any]]:
     return family, config, raw
 
 
-def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32,
+                  compact: bool = False) -> LoadedModel:
     """config.json → ModelConfig (through the family) → safetensors → rename → convert →
     cast → tie → check shapes → assign.
 
     Args:
         folder: a directory holding config.json and safetensors weights.
         dtype: parameter dtype.
+        compact: with dtype float32, keep float16 / bfloat16 matrices of plain linear and
+            embedding layers 16-bit as stored (loading/compact/half.py: HalfLinear /
+            HalfEmbedding, the file's bytes) instead of casting them.
 
     Raises:
         ModelNotFoundError, InvalidModelFileError, UnsupportedModelError.
@@ -132,6 +137,8 @@ def load_hf_model(folder: str | Path, dtype: torch.dtype = torch.float32) -> Loa
     state = {family.rename(k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if k}  # "" marks tensors we do not use
     state = family.convert(state, config)
-    state = {k: v.to(dtype) for k, v in state.items()}
+    keep = half_state_keys(state, skeleton(config)) if compact and dtype == torch.float32 else ()
+    state = {k: v if k in keep else v.to(dtype) for k, v in state.items()}
     model = assemble(config, state, folder.name)
-    return LoadedModel(model, config, {"hf.config": raw}, infos)
+    mode = "compact" if keep and swap_half_modules(model) else "float32"
+    return LoadedModel(model, config, {"hf.config": raw}, infos, mode)

@@ -25,9 +25,13 @@ from types import ModuleType
 from clearlm.store.catalog import default_cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "qgemv.cpp"
-SOURCES = (  # exact kernel; raw GGUF blocks; int8-activation variant; checks and bindings
-    SOURCE, SOURCE.with_name("qgemv_raw.cpp"), SOURCE.with_name("qgemv_i8.cpp"),
-    SOURCE.with_name("qgemv_ops.cpp"))
+SOURCES = (
+    SOURCE,  # exact kernel
+    SOURCE.with_name("qgemv_raw.cpp"),  # raw GGUF blocks
+    SOURCE.with_name("qgemv_i8.cpp"),  # int8-activation variant
+    SOURCE.with_name("qgemv_half.cpp"),  # float16 / bfloat16 weights
+    SOURCE.with_name("qgemv_ops.cpp"),  # checks and bindings
+)
 NAME = "clearlm_qgemv"
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
@@ -48,8 +52,8 @@ def build_dir() -> Path:
 
 
 def load_kernels(verbose: bool = False) -> ModuleType | None:
-    """The compiled module (``qmm``, ``qmm_i8``, ``qmm_i8_available``, ``dequant``), or None if
-    it cannot be built.
+    """The compiled module (``qmm``, ``qmm_i8``, ``qmm_i8_available``, ``hmm``, ``dequant``), or
+    None if it cannot be built.
 
     Set ``CLEARLM_NO_KERNELS=1`` to force the pure-torch fallback (used by the tests)."""
     if _loaded:

@@ -33,7 +33,8 @@ per-16 float32 scales: 1.52×) and for Q4_K's float32 scales (1.33×); keeping Q
 and K-quants' 6-bit sub-scales (scale = d·sc computed in the kernel) is the next step if the
 ≤ 1.15× target needs it. Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS keep the file's blocks as they
 are (quant/raw.py: their kernel rebuilds the two-level scales per block); other types
-(IQ2 / IQ3 / IQ1, TQ, BF16, F16) are not packed (:class:`UnsupportedQuantError`). Layouts:
+(IQ2 / IQ3 / IQ1, TQ, BF16, F16) are not packed (:class:`UnsupportedQuantError`; F16 and
+BF16 matrices stay 16-bit as stored instead: quant/half.py). Layouts:
 ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's quants.py. A compact load then
 arranges most matrices in row tiles (quant/tiles.py), where 5-bit codes become bit fields
 (quant/fields.py: the same codes, +8.6 % of their bytes at K = 896, read in four vector

@@ -169,11 +169,13 @@ def export_and_package(step: torch.nn.Module, args: tuple, dynamic: tuple, path:
             pass
 
 
-# The C++ kernel's two operators as AOTInductor C shims (csrc/qgemv_ops.cpp): the package calls
+# The C++ kernel's operators as AOTInductor C shims (csrc/qgemv_ops.cpp): the package calls
 # them directly instead of through its proxy executor.
 _SHIM = ("AOTITorchError aoti_torch_cpu_{}(AtenTensorHandle x, AtenTensorHandle codes, "
          "AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits, int64_t bs, "
          "AtenTensorHandle* ret0)")
+_HALF_SHIM = ("AOTITorchError aoti_torch_cpu_hmm(AtenTensorHandle x, AtenTensorHandle w, "
+              "AtenTensorHandle* ret0)")  # F16 / BF16 weights (csrc/qgemv_half.cpp)
 
 
 def kernel_shims() -> dict:
@@ -182,7 +184,8 @@ def kernel_shims() -> dict:
         return {}
     ops = torch.ops.clearlm_kernels
     return {"aot_inductor.custom_ops_to_c_shims": {
-        ops.qmm.default: [_SHIM.format("qmm")], ops.qmm_i8.default: [_SHIM.format("qmm_i8")]}}
+        ops.qmm.default: [_SHIM.format("qmm")], ops.qmm_i8.default: [_SHIM.format("qmm_i8")],
+        ops.hmm.default: [_HALF_SHIM]}}
 
 
 def checksum_path(path: Path) -> Path:

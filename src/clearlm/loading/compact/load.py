@@ -17,9 +17,11 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    that copy instead of packing (loading/compact/pack_cache.py; ``CLEARLM_PACK_CACHE=0``: off);
 3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
    fused projections the family splits) goes through the float32 loader's own steps
-   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place; a
-   type with no compact form (F16, BF16) held so costs one warning line per type, with the
-   count and the memory above the file's bytes (:func:`warn_float_held`);
+   (dequantize → un-permute → un-shift → the family's convert) and is assigned in place, but
+   an F16 / BF16 matrix of a plain module, kept 16-bit as stored (loading/compact/half.py:
+   HalfLinear / HalfEmbedding, the file's bytes); an F16 / BF16 tensor held as float32 all
+   the same (stacked experts, a matrix the family converts) costs one warning line per type,
+   with the count and the memory above the file's bytes (:func:`warn_float_held`);
 4. a block's Q/K/V and gate/up with the same packed layout become one matrix each
    (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it),
    packed into shared buffers as a group (quant/from_file.pack_group), so fusing copies nothing.
@@ -42,9 +44,10 @@ from clearlm.families import gguf_arch
 from clearlm.families.transforms import STACKED_EXPERTS, unpermute_qk, unshift_norm
 from clearlm.loading.compact import pack_cache
 from clearlm.loading.compact.from_file import pack_group, packed_nbytes, planned_tile
+from clearlm.loading.compact.half import HALF_TYPES, half_weight, swap_half
 from clearlm.loading.gguf import SUPPORTED_TENSOR_TYPES, dequantize_tensor, our_name, to_torch
 from clearlm.loading.gguf_file import GGUFFile, GGUFTensor
-from clearlm.loading.held import NO_PACKER, NOT_READ, FormatUse, warn_float_held
+from clearlm.loading.held import HALF_HELD, NO_PACKER, NOT_READ, FormatUse, warn_float_held
 from clearlm.loading.load import check_shapes, skeleton
 from clearlm.model.transformer import Transformer
 from clearlm.quant.embedding import QuantEmbedding
@@ -58,14 +61,15 @@ TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
 
 @dataclass
 class CompactPlan:
-    """Which file tensors stay packed: GGUF name → the module paths (ours) that hold it (two
-    for a tied embedding + head), and the bytes the weights will hold in memory, in all and
-    per (GGUF type, how it is held)."""
+    """Which file tensors stay packed (``packed``) or 16-bit (``half``): GGUF name → the module
+    paths (ours) that hold it (two for a tied embedding + head), and the bytes the weights will
+    hold in memory, in all and per (GGUF type, how it is held)."""
 
     packed: dict[str, list[str]] = field(default_factory=dict)
+    half: dict[str, list[str]] = field(default_factory=dict)  # F16 / BF16 kept 16-bit
     tiles: dict[str, int] = field(default_factory=dict)  # rows per row tile (quant/tiles.py)
     experts: dict[str, int] = field(default_factory=dict)  # stacked (E, F, D) tensors → E
-    packed_bytes: int = 0
+    packed_bytes: int = 0  # packed matrices and 16-bit ones (half), in memory
     float_bytes: int = 0  # float tensors, at the load dtype's size
     formats: dict[tuple[str, str], FormatUse] = field(default_factory=dict)
 
@@ -118,11 +122,18 @@ def compact_plan(
                                  plan.tiles[t.name])
             plan.packed_bytes += held
             how = "packed"
+        elif t.tensor_type in HALF_TYPES and paths and stacked is None and all(
+                _plain(model, p, each) for p in paths):
+            plan.half[t.name] = paths
+            held = t.n_elements * 2  # the file's bytes
+            plan.packed_bytes += held
+            how = HALF_HELD
         else:
             held = t.n_elements * dtype.itemsize
             plan.float_bytes += held
             how = (f"{dtype_name(dtype)}, as stored" if t.tensor_type in FLOAT_AS_STORED
                    else f"{dtype_name(dtype)}, as its module needs" if t.tensor_type in SUPPORTED
+                   or (t.tensor_type in HALF_TYPES and len(t.shape) == 1)  # norms, biases
                    else NO_PACKER if t.tensor_type in SUPPORTED_TENSOR_TYPES
                    else NOT_READ)  # the load refuses the file, naming the type
         plan.note(t.tensor_type.name, how, t.n_bytes, held)
@@ -165,6 +176,11 @@ def load_compact(
             ours = our_name(t, arch, config, source)
             if ours is None or t.name in plan.packed:
                 continue
+            if t.name in plan.half:  # kept 16-bit: the file's bytes, rows un-permuted
+                swap_half(model, half_weight(t, ours, arch.unpermute_qk, config),
+                          plan.half[t.name])
+                file.release(t.data_offset, t.n_bytes)
+                continue
             w = dequantize_tensor(t, source)  # (out, in) float32, as loading/gguf.py
             if arch.unpermute_qk:
                 w = unpermute_qk(ours, w, config)
@@ -192,7 +208,7 @@ def load_compact(
         model.lm_head.weight = model.embed_tokens.weight
     model.init_derived()
     fuse_projections(model)  # Q/K/V and gate/up as one kernel call each where formats agree
-    if plan.packed:
+    if plan.packed or plan.half:
         load_kernels()  # built here on first use (a minute, said on stderr), not in the prefill
     warn_float_held(plan.without_packer())  # once the file is known good: no line before an error
     return model.eval(), plan

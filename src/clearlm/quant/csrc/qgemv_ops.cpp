@@ -1,6 +1,7 @@
 // The extension's Python and torch-operator entry points: argument checks, then the kernels of
 // qgemv.cpp (exact float32 activations), qgemv_raw.cpp (GGUF blocks kept as the file stores
-// them: Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS) and qgemv_i8.cpp (int8 activations).
+// them: Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS), qgemv_i8.cpp (int8 activations) and qgemv_half.cpp
+// (float16 / bfloat16 weights).
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/extension.h>
 #include <cstdint>
@@ -26,6 +27,9 @@ void qmm_raw_run(const torch::Tensor& x, const torch::Tensor& codes, const torch
 void dequant_raw_run(const torch::Tensor& codes, const torch::Tensor& scale,
                      const torch::Tensor& mn, int64_t bits, int64_t T, int64_t r0,
                      torch::Tensor& out);
+
+// qgemv_half.cpp
+torch::Tensor hmm(torch::Tensor x, torch::Tensor w);
 
 namespace {
 
@@ -148,7 +152,7 @@ torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn
   return out;
 }
 
-// The two operators as AOTInductor C shims: a package built with
+// The operators as AOTInductor C shims: a package built with
 // aot_inductor.custom_ops_to_c_shims (clearlm/aot_build.py) calls these directly, by the name
 // Inductor derives from the operator (aoti_torch_<device>_<name>), instead of going through
 // its proxy executor (an IValue stack and a boxed dispatcher call per product). The symbols are
@@ -179,6 +183,15 @@ AOTITorchError aoti_torch_cpu_qmm(AtenTensorHandle x, AtenTensorHandle codes,
   return as_shim<qmm>(x, codes, scale, mn, bits, bs, ret0);
 }
 
+// x (M, K) float32, w (N, K) float16 / bfloat16 -> (M, N) float32 (qgemv_half.cpp).
+AOTITorchError aoti_torch_cpu_hmm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    at::Tensor y = hmm(*tensor_handle_to_tensor_pointer(x), *tensor_handle_to_tensor_pointer(w));
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(y));
+  });
+}
+
 AOTITorchError aoti_torch_cpu_qmm_i8(AtenTensorHandle x, AtenTensorHandle codes,
                                      AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits,
                                      int64_t bs, AtenTensorHandle* ret0) {
@@ -192,11 +205,13 @@ AOTITorchError aoti_torch_cpu_qmm_i8(AtenTensorHandle x, AtenTensorHandle codes,
 TORCH_LIBRARY(clearlm_kernels, m) {
   m.def("qmm(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
   m.def("qmm_i8(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
+  m.def("hmm(Tensor x, Tensor w) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(clearlm_kernels, CPU, m) {
   m.impl("qmm", &qmm);
   m.impl("qmm_i8", &qmm_i8);
+  m.impl("hmm", &hmm);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -204,6 +219,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qmm_i8", &qmm_i8,
         "qmm with activations rounded to int8 per block of 32 (AVX-512 VNNI or AVX2)");
   m.def("qmm_i8_available", &qmm_i8_available, "whether qmm_i8 was built (AVX-512 VNNI or AVX2)");
+  m.def("hmm", &hmm, "y = x @ W.T for W float16 or bfloat16 (N, K), x float32 (M, K)");
   m.def("dequant", &dequant, "rows [r0, r1) of dequant(W) as float32");
   m.def("fields_preferred", &qgemv_fields_preferred,
         "whether row tiles hold 5-bit codes as bit fields on this build (not on AVX-512)");
