@@ -11,9 +11,11 @@ import pytest
 
 # The tests are laid out like the package (tests/<package>/test_*.py). Shared builders (tiny
 # models and files, servers, reference loaders) live in tests/helpers/; the family tests' CASES
-# tables and the tokenizer tests' trainers are reused by tests of other packages.
+# tables, the tokenizer tests' trainers, the compact-load tests' token ids and the CLI tests'
+# runner are reused by tests of other packages (so those run alone too, not only after their
+# folder was collected).
 _HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(_HERE / d) for d in ("helpers", "families", "tokenizer")]
+sys.path[:0] = [str(_HERE / d) for d in ("helpers", "families", "tokenizer", "loading", "cli")]
 
 # Loads pack every file instead of keeping a packed copy in the user's cache
 # (loading/compact/pack_cache.py); tests/loading/test_pack_cache.py turns the copy on in a folder of
