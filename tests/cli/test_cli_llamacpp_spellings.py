@@ -19,7 +19,7 @@ import clearlm
 from clearlm.cli import app
 from clearlm.cli.loader import model_label, threads_warning
 from clearlm.cli.prompt_input import drop_last_newline
-from clearlm.cli.repl import describe_sampling
+from clearlm.cli.repl import banner, describe_sampling
 from clearlm.errors import ModelNotFoundError
 from clearlm.sampling.chain import SamplingParams
 from clearlm.store.catalog import DEFAULT_MODEL
@@ -241,3 +241,17 @@ def test_the_conversation_banner_says_how_it_samples():
     assert describe_sampling(SamplingParams(temperature=0, top_k=40)) == "greedy"
     assert describe_sampling(SamplingParams(temperature=0, repetition_penalty=1.3)) == (
         "greedy · repetition penalty 1.3")
+
+
+def test_the_conversation_banner_is_dim_text_not_markup():
+    """The banner is styled as a whole (no literal ``[dim]``) and a path with brackets stays."""
+    from rich.console import Console
+
+    line = banner("models/[q4]/m.gguf", SamplingParams(temperature=0))
+    assert line.style == "dim"
+    console = Console(force_terminal=True, color_system="standard", width=400)
+    with console.capture() as cap:
+        console.print(line, soft_wrap=True)
+    shown = cap.get()
+    assert "[dim]" not in shown and "chat with models/[q4]/m.gguf · greedy · /reset" in shown
+    assert "\x1b[2m" in shown  # the terminal's dim attribute
