@@ -133,8 +133,10 @@ def test_run_with_a_message_for_a_model_says_the_model_comes_first(tiny_path):
     lines = proc.stderr.decode().splitlines()
     assert proc.returncode == 3 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: model 'What is 2+2?' not found: not a file")
-    assert lines[0].endswith("; `run` takes the model first: clearlm run MODEL [PROMPT] "
-                             "(the default model: clearlm chat 'What is 2+2?')")
+    assert lines[0].endswith(
+        "; `run` takes the model first: clearlm run MODEL [PROMPT] "
+        "(the default model: clearlm chat 'What is 2+2?')"
+    )
     proc = cli("run", "llama3", "-n", "1")  # model-like: the plain line
     assert proc.returncode == 3 and b"takes the model first" not in proc.stderr
 
