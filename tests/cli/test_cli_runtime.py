@@ -131,6 +131,11 @@ def test_loading_line_names_model_size_time_and_threads(tiny):
     # (a warning line may come first on a busy machine: 2 threads beyond the cores free now)
     loading = next(x for x in proc.stderr.splitlines() if x.startswith("loading"))
     assert loading.endswith(f" s · 2 threads · float32 weights {held}")
+    # --dtype bfloat16: the label names the dtype the weights are held in, at 2 bytes a value
+    proc = cli("generate", "hello", "-m", str(tiny), "-n", "1", "-t", "1", "--dtype", "bfloat16")
+    half = loader.human_size(2 * sum(t.n_elements for t in GGUFCheckpoint(tiny).tensors))
+    loading = next(x for x in proc.stderr.splitlines() if x.startswith("loading"))
+    assert loading.endswith(f" s · 1 thread · bfloat16 weights {half}"), loading
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])

@@ -76,7 +76,7 @@ CASES = [  # (path, body, param, code, a piece of the message)
     ("chat/completions", with_(CHAT, messages=[{"role": "user"}]), "messages.0.content",
      "missing_required_parameter", "Field required"),
     ("completions", with_(GOOD, temprature=0.5), "temprature", "unknown_parameter",
-     "unknown field"),
+     "unknown field; see docs/serving.md (Routes and request fields) for the supported ones"),
     ("chat/completions", with_(CHAT, messages=[{"role": "user", "content": "x", "rol": "y"}]),
      "messages.0.rol", "unknown_parameter", "unknown field"),
     ("completions", with_(GOOD, temperature="hot"), "temperature", "invalid_type", "valid number"),

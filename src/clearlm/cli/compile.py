@@ -82,7 +82,8 @@ def build_step(m: Any, quiet: bool, batch: bool = False) -> Path:
         try:
             failed_path(path).unlink(missing_ok=True)  # this run tries again
             t0 = time.perf_counter()
-            with spinner(f"building the compiled {what} (1-3 minutes, once)…", not quiet):
+            took_min = "2-5" if batch else "1-3"  # SmolLM2 on 2 cores (docs/serving.md)
+            with spinner(f"building the compiled {what} ({took_min} minutes, once)…", not quiet):
                 step.prepare()
             if errors:
                 failed_path(path).write_text(f"{errors[0]}\n")

@@ -183,9 +183,11 @@ def load_model(
                   "AVX2), which is not built here; decode stays exact float32[/]", soft_wrap=True)
     if not quiet:
         s = "" if n_threads == 1 else "s"
+        # dense weights are held in the dtype asked (bfloat16's are half float32's bytes)
+        held = "compact" if model.weights == "compact" else str(torch_dtype).removeprefix("torch.")
         err.print(
             f"[dim]{label}… done in {time.perf_counter() - start:.1f} s · {n_threads} thread{s}"
-            f" · {model.weights} weights {human_size(model.weight_bytes)}"
+            f" · {held} weights {human_size(model.weight_bytes)}"
             + precision_note(matmul_precision, scoped, dtype)
             + (" · int8 activations" if model.activations == "int8" else "") + "[/]",
             soft_wrap=True,

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from rich.text import Text
+
 from clearlm.cli.app import err
 from clearlm.cli.context_size import context_limit, generate_within, warn_past_model
 from clearlm.cli.loader import compile_seconds, load_model, model_label, set_decode
@@ -27,6 +29,12 @@ HELP = (
     "/reset forget the conversation · /system TEXT set the system message (empty: none) · "
     "/help · /bye or Ctrl-D leave · Ctrl-C stops an answer"
 )
+
+
+def banner(label: str, params: SamplingParams) -> Text:
+    """The dim line a terminal conversation opens with: the model, how it samples, the commands.
+    A rich ``Text`` styled as a whole, so a ``[...]`` in a model's path prints as itself."""
+    return Text(f"chat with {label} · {describe_sampling(params)} · {HELP}", style="dim")
 
 
 class Conversation:
@@ -135,8 +143,7 @@ def run_repl(
         except ImportError:  # not on every platform; input() still works
             pass
         if not quiet:
-            said = f"chat with {label or model.path} · {describe_sampling(params)}"
-            err.print(f"[dim]{said} · {HELP}[/]", soft_wrap=True, markup=False)
+            err.print(banner(label or str(model.path), params), soft_wrap=True)
     while True:
         try:
             line = _read_line(interactive)

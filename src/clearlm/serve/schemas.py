@@ -225,7 +225,10 @@ def parse(raw: bytes, kind: type[Body]) -> Body:
         where = _where(first.get("loc", ()))
         msg = first.get("msg", "invalid").removeprefix("Value error, ")  # our validators' own
         if first.get("type") == "extra_forbidden":
-            msg = "unknown field; see the API reference in README.md for the supported ones"
+            msg = (
+                "unknown field; see docs/serving.md (Routes and request fields) for the "
+                "supported ones"
+            )
         # the other fields at fault, named (a missing "model" used to hide the real mistake)
         others = dict.fromkeys(_where(x.get("loc", ())) or "body" for x in e.errors()[1:])
         others.pop(where or "body", None)
