@@ -96,6 +96,8 @@ def test_a_plot_path_that_cannot_be_written_is_refused_before_any_load(
     cases = {
         tmp_path / "nope" / "d.png": f"error: cannot write {tmp_path / 'nope' / 'd.png'}: no such",
         tmp_path: f"error: cannot write {tmp_path}: it is a folder; give a file name such as",
+        # a PNG written over a model file (or any file not named .png) is refused
+        tmp_path / "model.gguf": "error: --plot writes a PNG: give a file name ending in .png",
     }
     for plot, needle in cases.items():
         monkeypatch.setattr(sys, "argv", ["clearlm", "diff", "a", "b", "x", "--plot", str(plot)])

@@ -22,6 +22,7 @@ from clearlm.inspect.diff import (
     BLOCK_POINTS,
     DEFAULT_THRESHOLD,
     ModelsDifferError,
+    NonFiniteError,
     check_comparable,
     relative_error,
 )
@@ -89,6 +90,15 @@ def test_one_scaled_block_is_found_at_that_block(tiny):
     png, grid = diff_png(d)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert (grid == d.point("resid_post").numpy()).all()
+
+
+def test_a_model_with_nan_weights_is_refused_not_reported_as_equal(tiny):
+    """A NaN passes every max and threshold silently (max KL 0, first layer none): refused."""
+    a, b = clearlm.load(tiny), clearlm.load(tiny)
+    with torch.no_grad():
+        b.transformer.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="model B's logits contain NaN or inf at position 0"):
+        clearlm.diff(a, b, TEXT)
 
 
 def test_threshold_moves_the_first_layer(tiny):

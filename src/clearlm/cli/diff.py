@@ -120,6 +120,10 @@ def diff(
 def _check_writable(path: Path) -> None:
     """The plot's folder exists and can be written, and the path is not a folder itself
     (ClearLMError, one line, if not)."""
+    if not path.is_dir() and path.suffix.lower() != ".png":  # never a model file overwritten
+        raise ClearLMError(
+            f"--plot writes a PNG: give a file name ending in .png, not {path.name}"
+        )
     import os
 
     if path.is_dir():

@@ -97,6 +97,10 @@ def patch(
 
 def _writable(file: Path) -> None:
     """ClearLMError (one line) unless ``file`` can be written: its folder is created if needed."""
+    if not file.is_dir() and file.suffix.lower() != ".png":  # never a model file overwritten
+        raise ClearLMError(
+            f"--plot writes a PNG: give a file name ending in .png, not {file.name}"
+        )
     import os
 
     try:

@@ -45,6 +45,10 @@ DEFAULT_THRESHOLD = 0.01
 ROWS = 64  # logit rows compared at a time: (64, V) float64 bounds the memory, not T
 
 
+class NonFiniteError(ClearLMError):
+    """A model's logits hold NaN or ±inf on the text (broken weights, or a 16-bit overflow)."""
+
+
 class ModelsDifferError(ClearLMError):
     """The two models cannot be compared position by position: different tokenizers (vocabulary
     size or the ids of the text) or shapes (blocks, d_model). Exit code 2, a usage error."""
@@ -92,7 +96,8 @@ class ModelDiff:
     def first_layer(self) -> int | None:
         """The first block whose residual stream out (resid_post) differs by more than the
         threshold at some position; None when none does."""
-        over = (self.point(THRESHOLD_POINT) > self.threshold).any(dim=1)  # (N,)
+        err = self.point(THRESHOLD_POINT)  # (N, T); NaN counts as over (compare refuses them)
+        over = ((err > self.threshold) | err.isnan()).any(dim=1)  # (N,)
         return int(over.nonzero()[0]) if bool(over.any()) else None
 
     @property
@@ -238,8 +243,20 @@ def compare(
 
     Raises:
         ModelsDifferError: a point's shape differs between the two (not one model's versions).
+        NonFiniteError: a model's logits hold NaN or ±inf (no KL, top-1 or perplexity exists:
+            a NaN would silently pass every maximum and threshold).
         KeyError: a point of diff_names was not recorded.
     """
+    for which, logits in (("A", logits_a), ("B", logits_b)):
+        bad = ~torch.isfinite(logits).all(dim=-1)  # (T,)
+        if bool(bad.any()):
+            t = int(bad.nonzero()[0])
+            at = f" ({text[t]!r})" if t < len(text) else ""
+            raise NonFiniteError(
+                f"model {which}'s logits contain NaN or inf at position {t}{at}, so there is no "
+                "distribution to compare; check that model's weights (or use --dtype float32: "
+                "float16 and bfloat16 can overflow)"
+            )
     n_layers = sum(name.endswith(".resid_post") for name in recorded_a)
 
     def err(name: str) -> torch.Tensor:
