@@ -26,7 +26,7 @@ NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 if [[ "${LLAMACPP_AMX:-0}" == 1 ]]; then NO_AMX=""; fi
 BUILD="$ROOT/build${NO_AMX:+-noamx}"
 BENCH="$BUILD/bin/llama-bench"
-TOOLS=(llama-bench llama-perplexity llama-quantize llama-server)
+TOOLS=(llama-bench llama-quantize llama-server llama-perplexity)
 
 missing=()
 for tool in "${TOOLS[@]}"; do
