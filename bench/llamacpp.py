@@ -241,8 +241,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=MODELS, help="aliases or GGUF paths")
     ap.add_argument("--formats", nargs="+", type=lambda s: s if s in ("source", "all")
-                    else s.upper(), help="each model's llama-quantize copies (bench/"
-                    "quantize_models.py): source, Q2_K, Q3_K_M, Q5_K_M, IQ4_NL, IQ4_XS or all")
+                    else s.upper().replace("-PURE", "-pure"),
+                    help="each model's llama-quantize copies (bench/quantize_models.py): "
+                    "source, Q2_K, Q3_K_M, Q5_K_M, IQ4_NL, IQ4_XS, Q2_K-pure, Q3_K-pure or all")
     ap.add_argument("--weights", choices=["compact", "float32", "both"], default="compact")
     ap.add_argument("--matmul-precision", choices=["highest", "medium", "both"],
                     default="highest",

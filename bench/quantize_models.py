@@ -8,8 +8,12 @@ source model, one copy per format into ``$CLEARLM_CACHE/quantized/`` (default
     llama-quantize --allow-requantize SOURCE.gguf OUT.gguf FORMAT THREADS
 
 Formats: Q2_K, Q3_K_M, Q5_K_M, IQ4_NL, IQ4_XS (none of them needs an importance matrix; the
-IQ2 / IQ1 types, which do, are not made). Sources: Qwen2.5-Coder-0.5B-Instruct Q4_K_M and
-SmolLM2-135M-Instruct Q4_1, the only files that ship (``clearlm pull``); no float16 or float32
+IQ2 / IQ1 types, which do, are not made), and Q2_K-pure, Q3_K-pure: ``llama-quantize --pure``,
+every matrix in that one type where its rows allow. The pure copies exist because llama.cpp's
+mixes hold none of their namesake's blocks on these models: its "Q2_K" puts ffn_down (the only
+matrices whose rows are whole 256-value blocks) in Q3_K and the rest in the Q4_0 fallback, its
+"Q3_K_M" puts them in Q4_K / Q5_K, so only the pure copies carry Q2_K and Q3_K blocks.
+Sources: Qwen2.5-Coder-0.5B-Instruct Q4_K_M and SmolLM2-135M-Instruct Q4_1, the only files that ship (``clearlm pull``); no float16 or float32
 original is at hand, and a Q8_0 or float16 copy of a 4-bit file would carry the same values
 plus one more rounding, so llama-quantize reads the shipped file itself: it dequantizes every
 tensor to float32 (exact) and quantizes that, which is what ``--allow-requantize`` means. The
@@ -40,7 +44,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FORMATS = ["Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_NL", "IQ4_XS"]
+FORMATS = ["Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_NL", "IQ4_XS", "Q2_K-pure", "Q3_K-pure"]
+PURE = "-pure"  # a format's suffix: llama-quantize --pure
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 
 
@@ -93,8 +98,9 @@ def quantize(binary: str, source: Path, fmt: str, threads: int) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     t = time.perf_counter()
-    proc = subprocess.run([binary, "--allow-requantize", str(source), str(tmp), fmt,
-                           str(threads)], capture_output=True, text=True)
+    pure = ["--pure"] if fmt.endswith(PURE) else []
+    proc = subprocess.run([binary, "--allow-requantize", *pure, str(source), str(tmp),
+                           fmt.removesuffix(PURE), str(threads)], capture_output=True, text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         last = ([ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
@@ -110,7 +116,8 @@ def quantize(binary: str, source: Path, fmt: str, threads: int) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=MODELS, help="aliases or GGUF paths")
-    ap.add_argument("--formats", nargs="+", default=FORMATS, type=str.upper,
+    ap.add_argument("--formats", nargs="+", default=FORMATS,
+                    type=lambda f: f.upper().replace("-PURE", PURE),
                     help=f"llama-quantize types (default: {' '.join(FORMATS)})")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-quantize", help="a llama-quantize binary (default: build/cache one)")

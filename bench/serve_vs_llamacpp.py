@@ -81,7 +81,10 @@ async def load(url: str, n_clients: int, n_requests: int, max_tokens: int, timeo
     PROMPTS[i % len]). Returns (outcomes in request order, wall seconds)."""
     queue = list(range(n_requests))
     done: dict[int, Outcome] = {}
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    # a new connection per request: a kept-alive one that the server has closed meanwhile
+    # (llama-server closes idle ones) would fail the next request on it
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
         async def worker() -> None:
             while queue:
