@@ -16,10 +16,10 @@ in Q4_K / Q5_K, so only the pure copies carry Q2_K and Q3_K blocks.
 Sources: Qwen2.5-Coder-0.5B-Instruct Q4_K_M and SmolLM2-135M-Instruct Q4_1, the only files that ship
 (``clearlm pull``); no float16 or float32 original is at hand, and a Q8_0 or float16 copy of a 4-bit
 file would carry the same values plus one more rounding, so llama-quantize reads the shipped file
-itself: it dequantizes every tensor to float32 (exact) and quantizes that, which is what ``--allow-
-requantize`` means. The copies therefore approximate the 4-bit values, not the original model's;
-fine for testing clearlm's formats against transformers on the same file and for speed and memory,
-not for judging the formats' quality.
+itself: it dequantizes every tensor to float32 (exact) and quantizes that, which is what
+``--allow-requantize`` means. The copies therefore approximate the 4-bit values, not the
+original model's; fine for testing clearlm's formats against transformers on the same file and
+for speed and memory, not for judging the formats' quality.
 
 Where a matrix's rows are not whole 256-value blocks (Qwen 0.5B's d_model 896, SmolLM2's 576),
 llama-quantize falls back to a 32-block type (IQ4_NL, Q4_0, Q5_0, Q5_1 or Q8_0: llama-quant.cpp), so
