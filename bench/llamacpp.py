@@ -3,8 +3,8 @@
 ``make bench-llamacpp`` (or ``python bench/llamacpp.py``) first makes sure llama-bench is built
 (bench/build_llamacpp.sh: once, about 15 minutes on two cores, cached in
 ~/.cache/clearlm/llama.cpp/<version>/), then, for each repeat and each file, runs alternately
-- ``llama-bench -m FILE -t THREADS -p 512 -n 128 -o json`` (its pp512 / tg128 tok/s, each the
-  mean of llama-bench's own 5 repetitions), and
+- ``llama-bench -m FILE -t THREADS -p 512 -n 128 -o json -r N`` (its pp512 / tg128 tok/s, each
+  the mean of llama-bench's own ``--llama-reps`` repetitions, default 5), and
 - clearlm in a fresh process per weight mode (bench/clearlm_run.py: load time, one 512-token
   prefill, 128 decode steps from an empty cache, same thread count),
 reading each child's peak RSS from its own rusage (``os.wait4``). It prints the Markdown table
@@ -14,7 +14,7 @@ of medians with clearlm / llama.cpp ratios, the commit and the date (bench/llama
                              [--weights compact|float32|both]
                              [--matmul-precision highest|medium|both]
                              [--decode default eager compiled aot | both] [--int8 off|on|both]
-                             [--repeats 3] [--threads 2] [--llama-bench PATH]
+                             [--repeats 3] [--threads 2] [--llama-reps 5] [--llama-bench PATH]
 
 ``--decode default`` (the default) measures what a user gets with no flag: ``clearlm.load``'s
 ``decode="auto"``, which decodes through the AOT-compiled step when ``clearlm compile MODEL`` has
@@ -107,8 +107,9 @@ def run_child(cmd: list[str]) -> tuple[str, float]:
     return out, usage.ru_maxrss / 1024
 
 
-def llama_bench(binary: str, path: Path, threads: int) -> Run:
-    cmd = [binary, "-m", str(path), "-t", str(threads), "-p", "512", "-n", "128", "-o", "json"]
+def llama_bench(binary: str, path: Path, threads: int, reps: int = 5) -> Run:
+    cmd = [binary, "-m", str(path), "-t", str(threads), "-p", "512", "-n", "128", "-o", "json",
+           "-r", str(reps)]
     out, rss = run_child(cmd)
     pp, tg = parse_llama_bench(json.loads(out))
     return Run(pp, tg, rss)
@@ -200,6 +201,8 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.threads < 1:
         ap.error(f"--threads must be at least 1, got {args.threads}")
+    if args.llama_reps < 1:
+        ap.error(f"--llama-reps must be at least 1, got {args.llama_reps}")
     if args.llama_bench and not (os.path.isfile(args.llama_bench)
                                  and os.access(args.llama_bench, os.X_OK)):
         ap.error(f"--llama-bench {args.llama_bench}: not an executable file")
@@ -213,7 +216,7 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def measure(binary: str, paths: list[Path], modes: list[Mode], threads: int,
-            repeats: int) -> dict[tuple[Path, Mode | str], list[Run]]:
+            repeats: int, llama_reps: int = 5) -> dict[tuple[Path, Mode | str], list[Run]]:
     """Every run, llama-bench and clearlm's modes alternating per file, ``repeats`` times (each
     AOT package built once first, untimed: the timed runs load it; the default path's package
     with ``clearlm compile`` before its first run).
@@ -228,7 +231,8 @@ def measure(binary: str, paths: list[Path], modes: list[Mode], threads: int,
     runs: dict[tuple[Path, Mode | str], list[Run]] = {}
     for rep in range(repeats):
         for path in paths:
-            runs.setdefault((path, "llama.cpp"), []).append(llama_bench(binary, path, threads))
+            runs.setdefault((path, "llama.cpp"), []).append(
+                llama_bench(binary, path, threads, llama_reps))
             for mode in modes:
                 if mode.decode == "default" and rep == 0:  # untimed: the package, once
                     compile_default(path, mode, threads)
@@ -250,6 +254,8 @@ def main() -> None:
                     help="clearlm's matmul precision (clearlm.runtime.precision)")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per file (median)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-reps", type=int, default=5,
+                    help="llama-bench's own repetitions per run (its -r; its mean is used)")
     ap.add_argument("--llama-bench", help="a llama-bench binary (default: build/cache one)")
     ap.add_argument("--decode", nargs="+",
                     choices=["default", "eager", "compiled", "aot", "both"],
@@ -277,7 +283,7 @@ def main() -> None:
     if args.formats:
         paths = with_formats(paths, args.formats)
     try:
-        runs = measure(binary, paths, modes, args.threads, args.repeats)
+        runs = measure(binary, paths, modes, args.threads, args.repeats, args.llama_reps)
     except RuntimeError as e:  # a child failed: its last line, not a traceback of ours
         sys.exit(f"error: {e}")
     rows = [
