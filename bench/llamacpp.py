@@ -21,8 +21,9 @@ of medians with clearlm / llama.cpp ratios, the commit and the date (bench/llama
 built its package; the bench runs ``clearlm compile`` for each file first (untimed; its time on
 stderr), so the timed runs load the package, and warns if a run decoded eagerly after all.
 ``--formats`` replaces each model by its llama-quantize copies (bench/quantize_models.py, ``make
-quantize-models``): ``source`` is the model's own file, ``all`` the file and all five copies
-(Q2_K Q3_K_M Q5_K_M IQ4_NL IQ4_XS); each file is a row, measured in the same alternating run.
+quantize-models``): ``source`` is the model's own file, ``all`` the file and every copy
+(Q2_K Q3_K_M Q5_K_M IQ4_NL IQ4_XS Q2_K-pure Q3_K-pure); each file is a row, measured in the same
+alternating run.
 
 With ``--matmul-precision medium`` (or both) clearlm also runs with bfloat16 products for its
 prefill (clearlm.runtime.precision); its rows say "compact, medium" in the weights column. With
