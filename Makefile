@@ -9,7 +9,8 @@ PIP    := $(PY) -m pip install -q --disable-pip-version-check
 RUNTIME_STAMP := $(VENV)/.installed-runtime
 TEST_STAMP    := $(VENV)/.installed-test
 
-.PHONY: demo test test-large lint docs bench bench-llamacpp clean setup setup-test kernels
+.PHONY: demo test test-large lint docs bench bench-llamacpp quantize-models bench-serve-llamacpp \
+	clean setup setup-test kernels
 
 setup: $(RUNTIME_STAMP)
 setup-test: $(TEST_STAMP)
@@ -66,7 +67,8 @@ docs: $(TEST_STAMP)
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check src tests bench
 
-# Tests marked `large` need the 1.1 GB Qwen2.5-Coder-1.5B; they skip unless CLEARLM_TEST_LARGE=1.
+# Tests marked `large` need the 1.1 GB Qwen2.5-Coder-1.5B (and, for tests/real/test_real_quantized.py,
+# the copies of `make quantize-models`: each skips when absent); they skip unless CLEARLM_TEST_LARGE=1.
 test-large: $(TEST_STAMP)
 	$(VENV)/bin/clearlm pull gemma3-270m --no-compile
 	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct --no-compile
@@ -85,6 +87,22 @@ bench-llamacpp: $(RUNTIME_STAMP)
 	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct --no-compile
 	PYTHON=$(PY) bash bench/build_llamacpp.sh
 	$(PY) bench/llamacpp.py $(BENCH_ARGS)
+
+# Copies of the shipped models in Q2_K, Q3_K_M, Q5_K_M, IQ4_NL and IQ4_XS, written by llama.cpp's
+# own llama-quantize (built by bench/build_llamacpp.sh, as above) into ~/.cache/clearlm/quantized/
+# (never part of `make test`; idempotent: a copy already there is kept). `make test-large` then
+# checks each against transformers (tests/real/test_real_quantized.py), and `make bench-llamacpp
+# BENCH_ARGS="--formats all"` measures them beside llama-bench.
+quantize-models: $(RUNTIME_STAMP)
+	$(VENV)/bin/clearlm pull qwen2.5-coder-0.5b-instruct --no-compile
+	PYTHON=$(PY) bash bench/build_llamacpp.sh
+	$(PY) bench/quantize_models.py $(QUANT_ARGS)
+
+# clearlm serve against llama.cpp's llama-server on the same GGUF: concurrent greedy completions,
+# aggregate tokens/s, requests/s and time to first token (bench/serve_vs_llamacpp.py).
+bench-serve-llamacpp: $(RUNTIME_STAMP)
+	PYTHON=$(PY) bash bench/build_llamacpp.sh
+	$(PY) bench/serve_vs_llamacpp.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build site src/*.egg-info

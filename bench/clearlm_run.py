@@ -1,15 +1,21 @@
 """One clearlm measurement in a fresh process, for bench/llamacpp.py (which reads its peak RSS).
 
     python bench/clearlm_run.py MODEL WEIGHTS THREADS [--precision highest|medium]
-                                [--decode eager|compiled|aot] [--int8]   →   one JSON line on stdout
+                                [--decode default|eager|compiled|aot] [--int8]
+                                                                   →   one JSON line on stdout
 
 --precision: the matmul precision, "highest" (default, exact float32) or "medium" (bfloat16
 products for prefills: clearlm.runtime.precision). --decode compiled: the decode steps run
 clearlm.runtime.compiled's step (torch.compile, Inductor's C++ wrapper), compiled during the warm-up
 (its time reported apart as compile_s). --decode aot: clearlm.runtime.aot's ahead-of-time compiled
 step, its package loaded during the warm-up (the load time joins load_s; a package this process
-had to build first reports its build time as compile_s). --int8: compact layers round decode
-activations to int8 (clearlm.quant.linear.set_int8_activations; opt-in, not exact).
+had to build first reports its build time as compile_s). --decode default: what a user gets
+with no flag, ``clearlm.load(MODEL, threads=THREADS, decode="auto")`` (clearlm.api.decode: the
+AOT step when ``clearlm compile MODEL`` has built its package, else eager while a background
+build runs; bench/llamacpp.py builds the package first), decoding through the step the load
+attached; ``"compiled"`` in the JSON says whether the timed steps ran compiled. --int8: compact
+layers round decode activations to int8 (clearlm.quant.linear.set_int8_activations; opt-in,
+not exact).
 
 Measured as llama-bench measures (llama.cpp tools/llama-bench): after an untimed warm-up,
 - load_s: seconds of ``clearlm.load(MODEL, weights=WEIGHTS, threads=THREADS)`` (file to usable
@@ -48,14 +54,17 @@ N_PROMPT, N_GEN = 512, 128
 def main(model: str, weights: str, threads: int, precision: str = "highest",
          decode: str = "eager", int8: bool = False) -> dict[str, float | None]:
     t0 = time.perf_counter()
-    m = clearlm.load(model, weights=weights, threads=threads)
+    auto = {"decode": "auto"} if decode == "default" else {}  # the CLI's default, env aside
+    m = clearlm.load(model, weights=weights, threads=threads, **auto)
     set_matmul_precision(m.transformer, precision)  # what clearlm.load(matmul_precision=) does
     load_s = time.perf_counter() - t0
     net = m.transformer
     if int8:
         set_int8_activations(net)
     step = decode_step
-    if decode == "compiled":
+    if decode == "default":  # the step clearlm.load attached (None: eager)
+        step = getattr(net, "decode_fn", None) or decode_step
+    elif decode == "compiled":
         from clearlm.runtime.compiled import CompiledDecodeStep
 
         step = CompiledDecodeStep(net)
@@ -86,9 +95,11 @@ def main(model: str, weights: str, threads: int, precision: str = "highest",
         step(net, token, cache)  # (1, V) logits
     tg = N_GEN / (time.perf_counter() - t)
     compile_s = getattr(step, "compile_s", None)
-    if decode == "aot" and not step.built:  # loaded, not compiled: part of the load
-        load_s, compile_s = load_s + compile_s, None
-    return {"load_s": load_s, "pp512": pp, "tg128": tg, "compile_s": compile_s}
+    if decode in ("aot", "default") and compile_s is not None and not step.built:
+        load_s, compile_s = load_s + compile_s, None  # loaded, not compiled: part of the load
+    compiled = getattr(step, "loader", None) is not None or decode == "compiled"
+    return {"load_s": load_s, "pp512": pp, "tg128": tg, "compile_s": compile_s,
+            "compiled": compiled}
 
 
 if __name__ == "__main__":
@@ -97,7 +108,8 @@ if __name__ == "__main__":
     ap.add_argument("weights", choices=["compact", "float32"])
     ap.add_argument("threads", type=int)
     ap.add_argument("--precision", choices=["highest", "medium"], default="highest")
-    ap.add_argument("--decode", choices=["eager", "compiled", "aot"], default="eager")
+    ap.add_argument("--decode", choices=["default", "eager", "compiled", "aot"],
+                    default="eager")
     ap.add_argument("--int8", action="store_true")
     a = ap.parse_args()
     try:  # the library's own rules, before the load: int8 is a compact mode, threads in range

@@ -65,15 +65,35 @@ def test_parse_llama_bench_json():
 BUILD = Path(__file__).resolve().parents[2] / "bench" / "build_llamacpp.sh"
 
 
+TOOLS = ["llama-bench", "llama-perplexity", "llama-quantize", "llama-server"]
+
+
+def _fake_tools(tmp_path: Path, names: list[str]) -> Path:
+    bin_dir = tmp_path / "llama.cpp" / "11434.0.0" / "build-noamx" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in names:
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
 def test_build_script_is_idempotent(tmp_path):
-    """With the binary in the cache the script only prints its path (no download, no build)."""
-    binary = tmp_path / "llama.cpp" / "11434.0.0" / "build-noamx" / "bin" / "llama-bench"
-    binary.parent.mkdir(parents=True)
-    binary.write_text("#!/bin/sh\n")
-    binary.chmod(0o755)
+    """With every tool in the cache the script only prints llama-bench's path (no download, no
+    build)."""
+    bin_dir = _fake_tools(tmp_path, TOOLS)
     env = {"CLEARLM_CACHE": str(tmp_path), "PATH": "/nonexistent"}  # no pip, cmake: not needed
     out = subprocess.run(["/bin/bash", str(BUILD)], env=env, capture_output=True, text=True)
-    assert out.returncode == 0 and out.stdout.strip() == str(binary) and out.stderr == ""
+    assert out.returncode == 0 and out.stderr == ""
+    assert out.stdout.strip() == str(bin_dir / "llama-bench")
+
+
+def test_build_script_builds_a_missing_tool(tmp_path):
+    """Idempotent per binary: llama-bench alone (an older build) is not enough; the script goes
+    on to build llama-quantize and llama-server (here it stops at the missing cmake)."""
+    _fake_tools(tmp_path, ["llama-bench"])
+    env = {"CLEARLM_CACHE": str(tmp_path), "PATH": "/nonexistent"}
+    out = subprocess.run(["/bin/bash", str(BUILD)], env=env, capture_output=True, text=True)
+    assert out.returncode == 1 and "'cmake' was not found" in out.stderr
 
 
 def test_build_script_names_a_missing_tool(tmp_path):
