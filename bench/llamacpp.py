@@ -51,6 +51,7 @@ from pathlib import Path
 
 from llamacpp_table import Run, markdown, median_run, parse_llama_bench, table_row
 from quantize_models import FORMATS, copy_path
+from quantize_models import resolve as resolve_models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,17 +64,10 @@ LABELS = {  # file name → the label of issue 10's table
 
 
 def resolve(models: list[str]) -> list[Path]:
-    """Aliases or paths → GGUF paths, as clearlm.store.catalog.resolve_model, in a child process:
-    this process must stay small, because a child's ru_maxrss starts from its parent's peak
-    (the fork's copy counts until exec), so importing torch here would inflate every RSS."""
-    code = ("import sys; from clearlm.store.catalog import resolve_model; "
-            "print('\\n'.join(str(resolve_model(m)) for m in sys.argv[1:]))")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-c", code, *models], env=env,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"error: {(proc.stderr.strip().splitlines() or ['cannot resolve'])[-1]}")
-    paths = [Path(line) for line in proc.stdout.splitlines()]
+    """Aliases or paths → GGUF paths (bench/quantize_models.py's resolve, in a child process:
+    this process must stay small, because a child's ru_maxrss starts from its parent's peak,
+    so importing torch here would inflate every RSS); exits naming a file that is missing."""
+    paths = resolve_models(models)
     for path in paths:  # a path is passed through as it is: llama-bench would fail on it later
         if not path.is_file():
             sys.exit(f"error: model file not found: {path}")

@@ -62,14 +62,17 @@ def copy_path(source: Path, fmt: str) -> Path:
 
 def resolve(models: list[str]) -> list[Path]:
     """Aliases or paths → GGUF paths (clearlm.store.catalog.resolve_model, in a child process,
-    so that this script imports no torch). Exits with one line when one is missing."""
+    so that this script imports no torch: bench/llamacpp.py measures its children's peak RSS,
+    which starts from the parent's). Exits with one line when one is missing."""
     code = ("import sys; from clearlm.store.catalog import resolve_model; "
             "print('\\n'.join(str(resolve_model(m)) for m in sys.argv[1:]))")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.run([sys.executable, "-c", code, *models], env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit((proc.stderr.strip().splitlines() or ["error: cannot resolve"])[-1])
+        last = (proc.stderr.strip().splitlines() or ["cannot resolve"])[-1]
+        kind, _, message = last.partition(": ")  # "clearlm.errors.ModelNotFoundError: ..."
+        sys.exit(f"error: {message if kind.endswith('Error') and message else last}")
     return [Path(line) for line in proc.stdout.splitlines()]
 
 
