@@ -19,6 +19,7 @@ from tiny_gguf import write_tiny_llama
 
 import clearlm
 import clearlm.quant.half as half
+import clearlm.quant.linear as qlinear
 from clearlm.loading.checkpoint import FolderCheckpoint, GGUFCheckpoint, load_gguf_model
 from clearlm.quant.half import HalfEmbedding, HalfLinear
 from clearlm.quant.kernels import load_kernels
@@ -71,7 +72,7 @@ def test_products_equal_the_float32_reference(path: str, dtype: torch.dtype) -> 
 def test_bands_equal_one_product(monkeypatch) -> None:
     """Prefill widens a band of rows at a time (CHUNK_ELEMS values): cut into 3 bands of 64
     rows (and a remainder) the product is the same as F.linear on the whole widened matrix."""
-    monkeypatch.setattr(half, "CHUNK_ELEMS", 64 * 96)
+    monkeypatch.setattr(qlinear, "CHUNK_ELEMS", 64 * 96)  # band_rows reads it there
     g = torch.Generator().manual_seed(1)
     w = torch.randn(150, 96, generator=g).to(torch.bfloat16)
     x = torch.randn(40, 96, generator=g)

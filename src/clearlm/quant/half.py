@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clearlm.quant.kernels import load_kernels
-from clearlm.quant.linear import BAND_ROWS, CHUNK_ELEMS, SMALL_M
+from clearlm.quant.linear import SMALL_M, band_rows
 from clearlm.quant.ops import _constant_result
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -105,12 +105,10 @@ def _hmm_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def banded_linear(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """(M, K) float32 × w (N, K) 16-bit → (M, N) float32: w widened to float32 a band of rows
-    at a time (bands as QuantLinear._chunked cuts them: equal rows, whole BAND_ROWS), so the
+    at a time (bands of :func:`~clearlm.quant.linear.band_rows`, as QuantLinear's), so the
     float32 copy stays about CHUNK_ELEMS values, not the matrix."""
     n, k = w.shape
-    bands = max(1, -(-n * k // CHUNK_ELEMS))  # ceil
-    per_band = -(-n // bands)
-    rows = -(-per_band // BAND_ROWS) * BAND_ROWS  # rounded up to whole 64s (alignment)
+    rows = band_rows(n, k)
     if rows >= n:
         return F.linear(x2, w.float(), bias)
     y = x2.new_empty(x2.shape[0], n)  # (M, N)

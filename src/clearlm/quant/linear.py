@@ -37,6 +37,15 @@ CHUNK_ELEMS = 1 << 20
 BAND_ROWS = 64
 
 
+def band_rows(n: int, k: int) -> int:
+    """Rows per band when an (n, k) weight is widened to float32 a band at a time: the fewest
+    bands of about CHUNK_ELEMS values, equal rows rounded up to whole BAND_ROWS (alignment);
+    the last band takes what is left. ``>= n``: one band, the whole matrix."""
+    bands = max(1, -(-n * k // CHUNK_ELEMS))  # ceil
+    per_band = -(-n // bands)
+    return -(-per_band // BAND_ROWS) * BAND_ROWS
+
+
 class QuantLinear(PackedModule):
     """y = x @ W.T + b with W (out_features, in_features) held as a :class:`Packed` weight.
 
@@ -100,9 +109,7 @@ class QuantLinear(PackedModule):
         The N rows are cut into the fewest bands of about CHUNK_ELEMS values (equal rows, rounded
         up to whole BAND_ROWS; the last band takes what is left)."""
         n = self.out_features
-        bands = max(1, -(-n * self.in_features // CHUNK_ELEMS))  # ceil: bands of equal rows,
-        per_band = -(-n // bands)
-        rows = -(-per_band // BAND_ROWS) * BAND_ROWS  # rounded up to whole 64s (alignment)
+        rows = band_rows(n, self.in_features)
         if rows >= n:
             return F.linear(x2, self.dequantized(), self.bias)
         y = x2.new_empty(x2.shape[0], n)  # (M, N)
