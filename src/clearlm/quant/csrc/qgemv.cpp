@@ -10,11 +10,16 @@
 //             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
 //   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
 //             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh).
-// Scales and mins are float32 or float16 tensors (N, K/bs).
+// Scales and mins are float32 or float16 tensors (N, K/bs), or, for Q4_K (bits = 4, bs = 32),
+// the file's super-block heads (quant/kheads.py): scale uint8 (N, K/256, 16) = d, dmin (float16)
+// and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; expand_k4_heads turns a band's
+// heads into the float32 scale d*sc and min -(dmin*m) of each 32-value block (exact products),
+// so the products below see the same float32 scales and mins as before.
 // Two arrangements of the same blocks (quant/tiles.py: tile_rows):
 //   row-major: codes (N, row_bytes), scales (N, nb), nb = K / bs: row n's block b at
 //              n * row_bytes + b * bpb (bpb: the bytes of one block's codes);
-//   row tiles of T rows: codes (N/T, nb, T * bpb), scales (N/T, nb, T): the blocks b of rows
+//   row tiles of T rows: codes (N/T, nb, T * bpb), scales (N/T, nb, T) (Q4_K's heads
+//              (N/T, K/256, T, 16)): the blocks b of rows
 //              nT .. nT + T - 1 lie side by side, so R = T rows read one sequential stream
 //              (as ggml's repacked q4_0x8 / q8_0x8 layouts): on an AMD Zen 4, a 262144 x 640 Q8_0
 //              product read 7.5 GB/s on one core from row-major streams, 11.6 GB/s from one.
@@ -753,6 +758,33 @@ void widen(const at::Half* src, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = to_f(src[i]);
 }
 
+// Q4_K heads (quant/kheads.py; ggml's get_scale_min_k4) of `rows` rows from a tile's first
+// row (h: that row's head 0) → the float32 scales d*sc and mins -(dmin*m) of their 32-value
+// blocks, arranged as float scales are (T = 1: (rows, nb); tiles: (rows / T, nb, T)). The heads
+// lie (rows / T, nS, T, 16), row-major (rows, nS, 16) where T = 1. Both products are exact
+// (11 x 6 bits), as gguf.quants computes them.
+void expand_k4_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* s, float* m) {
+  const int64_t nb = ns * 8;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = i % T, t0 = i - r;  // row within its tile, the tile's first row
+    for (int64_t j = 0; j < ns; ++j) {
+      const uint8_t* p = h + (t0 * ns + j * T + r) * 16;
+      at::Half d, dmin;
+      std::memcpy(&d, p, 2), std::memcpy(&dmin, p + 2, 2);
+      const float df = to_f(d), mf = to_f(dmin);
+      const uint8_t* q = p + 4;  // sc / m of sub-blocks 0-3 in q[0..7]; 4-7 split over q[8..11]
+      UNROLL
+      for (int k = 0; k < 8; ++k) {
+        const int sc = k < 4 ? q[k] & 63 : (q[k + 4] & 15) | ((q[k - 4] >> 6) << 4);
+        const int mm = k < 4 ? q[k + 4] & 63 : (q[k + 4] >> 4) | ((q[k] >> 6) << 4);
+        const int64_t o = t0 * nb + (j * 8 + k) * T + r;
+        s[o] = df * static_cast<float>(sc);
+        m[o] = -(mf * static_cast<float>(mm));
+      }
+    }
+  }
+}
+
 template <int BITS, int BS, typename S>
 void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
               const torch::Tensor& mn, int64_t T, torch::Tensor& y) {
@@ -777,22 +809,28 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
     // in cache): converting them per block inside the loop (load, vcvtph2ps, register
     // broadcast) cost ~35% of the time. A band of whole tiles keeps the tiles' arrangement.
     constexpr int64_t band = 64;
+    // Q4_K's heads (S = uint8_t): 16 bytes per 8 blocks, expanded a band at a time the same way
+    constexpr bool heads = std::is_same_v<S, uint8_t>;
+    const int64_t srow = heads ? nb * 2 : nb * int64_t(sizeof(S));  // scale bytes per row
     std::vector<float> sbuf, mbuf;
     if constexpr (!std::is_same_v<S, float>) {
       sbuf.resize(band * nb);
-      if (mp) mbuf.resize(band * nb);
+      if (mp || heads) mbuf.resize(band * nb);
     }
     for (int64_t b0 = n0; b0 < n1; b0 += band) {
       const int64_t b1 = b0 + band < n1 ? b0 + band : n1;
       if (b1 < n1) {  // the next band's scales and mins (codes: in dot_rows)
-        const int64_t next = (b1 + band < n1 ? band : n1 - b1) * nb * int64_t(sizeof(S));
-        prefetch_range(sp + b1 * nb, next);
+        const int64_t next = (b1 + band < n1 ? band : n1 - b1) * srow;
+        prefetch_range(reinterpret_cast<const uint8_t*>(sp) + b1 * srow, next);
         if (mp) prefetch_range(mp + b1 * nb, next);
       }
       const float* sf;
       const float* mf;
       if constexpr (std::is_same_v<S, float>) {
         sf = sp + b0 * nb, mf = mp ? mp + b0 * nb : nullptr;
+      } else if constexpr (heads) {
+        expand_k4_heads(sp + b0 * srow, b1 - b0, T, nb / 8, sbuf.data(), mbuf.data());
+        sf = sbuf.data(), mf = mbuf.data();
       } else {
         widen(sp + b0 * nb, (b1 - b0) * nb, sbuf.data());
         if (mp) widen(mp + b0 * nb, (b1 - b0) * nb, mbuf.data());
@@ -836,21 +874,33 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
   const S* mp = mn.numel() ? mn.data_ptr<S>() : nullptr;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, out.size(0), 16, [&](int64_t a, int64_t b) {
+    std::vector<float> hs, hm;  // Q4_K: the current tile's expanded heads, (nb, T) each
+    int64_t tile = -1;
     for (int64_t i = a; i < b; ++i) {
       const int64_t n = r0 + i, s = A.scale_at(n);
-      if (fields) {
+      if constexpr (std::is_same_v<S, uint8_t>) {
+        if (n - n % T != tile) {  // rows come in order: each tile is expanded once
+          tile = n - n % T;
+          hs.resize(T * nb), hm.resize(T * nb);
+          expand_k4_heads(sp + tile * nb * 2, T, T, nb / 8, hs.data(), hm.data());
+        }
+        dequant_row_fast<BITS, BS, float>(cp + A.code_at(n), hs.data() + n % T,
+                                          hm.data() + n % T, L, K, op + i * K);
+      } else if (fields) {
         dequant_row_fields<S>(cp + A.code_at(n), sp + s, mp ? mp + s : nullptr, L, nb,
                               op + i * K);
-        continue;
+      } else {
+        dequant_row_fast<BITS, BS, S>(cp + A.code_at(n), sp + s, mp ? mp + s : nullptr, L, K,
+                                      op + i * K);
       }
-      dequant_row_fast<BITS, BS, S>(cp + A.code_at(n), sp + s, mp ? mp + s : nullptr, L, K,
-                                    op + i * K);
     }
   });
 }
 
 #define DISPATCH(bits, bs, scale, FN, ...)                                         \
-  if (scale.scalar_type() == torch::kFloat) {                                     \
+  if (scale.scalar_type() == torch::kByte) {  /* Q4_K's heads */                  \
+    FN<4, 32, uint8_t>(__VA_ARGS__);                                              \
+  } else if (scale.scalar_type() == torch::kFloat) {                              \
     if (bits == 8 && bs == 16) FN<8, 16, float>(__VA_ARGS__);                     \
     else if (bits == 8) FN<8, 32, float>(__VA_ARGS__);                            \
     else if (bits == 5) FN<5, 32, float>(__VA_ARGS__);                            \
@@ -864,7 +914,11 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 
 }  // namespace
 
-// Entry points for qgemv_ops.cpp (which checks the arguments first).
+// Entry points for qgemv_ops.cpp (which checks the arguments first) and qgemv_i8.cpp.
+void qgemv_expand_k4_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* s,
+                           float* m) {
+  expand_k4_heads(h, rows, T, ns, s, m);
+}
 int64_t qgemv_row_bytes(int64_t bits, int64_t K) { return row_bytes_of(static_cast<int>(bits), K); }
 // 32-byte words per row of nb blocks of 5-bit codes held as bit fields (in row tiles), and
 // whether a weight's codes are such fields.
