@@ -29,7 +29,8 @@
 #include <utility>
 #include <vector>
 
-// qgemv.cpp: Q4_K's super-block heads of `rows` rows → float32 scales and mins (its layout).
+// qgemv.cpp: the Q4_K heads of `rows` rows → float32 scales and mins, arranged as a tile's
+// float scales are ((rows / T, nb, T); T = 1: row-major).
 void qgemv_expand_k4_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* s,
                            float* m);
 
