@@ -35,7 +35,7 @@ from collections.abc import Collection
 import torch
 
 from clearlm.engine import Request, TokenEvent
-from clearlm.engine.running import Running
+from clearlm.engine.running import Running, pick_greedy_rows
 from clearlm.errors import ClearLMError, ContextLengthError, SamplingParamsError
 from clearlm.generation.loop import check_fits, new_cache
 from clearlm.model.transformer import Transformer
@@ -92,13 +92,25 @@ class BatchEngine:
 
         Raises:
             ClearLMError: the id is already live, or a token id is outside the vocabulary.
-            ContextLengthError: an empty prompt, or one that leaves no room in a slot.
-            SamplingParamsError: max_new_tokens < 1 or top_logprobs < 0 (or not ints), or a
-                logit_bias id outside the vocabulary.
+            ContextLengthError, SamplingParamsError: as :meth:`check`.
         """
         rid = request.request_id
         if rid in self.running or any(q.request_id == rid for q in self.queue):
             raise ClearLMError(f"request id {rid!r} is already queued or running")
+        self.check(request)
+        self.queue.append(request)
+
+    def check(self, request: Request) -> None:
+        """Raise unless :meth:`add` would take the request (all but the live-id check). Reads
+        only the engine's fixed sizes, so another thread may call it while a step runs (the
+        server checks a request there, then hands it to the engine thread: clearlm.serve.runner).
+
+        Raises:
+            ClearLMError: a token id is outside the vocabulary.
+            ContextLengthError: an empty prompt, or one that leaves no room in a slot.
+            SamplingParamsError: max_new_tokens < 1 or top_logprobs < 0 (or not ints), or a
+                logit_bias id outside the vocabulary.
+        """
         if not is_int(request.max_new_tokens) or request.max_new_tokens < 1:
             raise SamplingParamsError(
                 f"max_new_tokens must be an integer ≥ 1, got {request.max_new_tokens!r}"
@@ -109,7 +121,6 @@ class BatchEngine:
             )
         check_logit_bias(request.params.logit_bias, self.model.config.vocab_size)
         self.check_prompt(request.prompt)
-        self.queue.append(request)
 
     def abort(self, request_id: str) -> None:
         """Drop a queued or running request and free its slot now (unknown ids: nothing)."""
@@ -186,11 +197,16 @@ class BatchEngine:
             logits = self.model(
                 tokens_t, positions_t, cache=self.cache, last_only=True, n_keys=n_keys
             )[:, -1]  # (B, V)
-        events = []
         for s in rows:
             s.cached += 1
-            events.append(s.sample(logits[s.slot : s.slot + 1], self.eos_ids, self.max_seq_len))
-        return events
+        plain = [s for s in rows if s.plain_greedy]  # one argmax for all (running.py)
+        picked = pick_greedy_rows(plain, logits, self.eos_ids, self.max_seq_len) if plain else []
+        by_row = dict(zip(map(id, plain), picked, strict=True))
+        return [
+            by_row[id(s)] if s.plain_greedy
+            else s.sample(logits[s.slot : s.slot + 1], self.eos_ids, self.max_seq_len)
+            for s in rows
+        ]  # fmt: skip
 
     def prefill(self) -> list[TokenEvent]:
         """Up to prefill_chunk prompt tokens, oldest request first (one pass per request)."""
