@@ -30,7 +30,7 @@ serve), else through the eager forward; both compute the same logits up to float
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -129,16 +129,21 @@ class BatchEngine:
             return
         self.queue = deque(q for q in self.queue if q.request_id != request_id)
 
-    def step(self) -> list[TokenEvent]:
-        """Admit, decode every running sequence once, prefill up to one chunk; the tokens made."""
+    def step(self, emit: Callable[[TokenEvent], None] | None = None) -> list[TokenEvent]:
+        """Admit, decode every running sequence once, prefill up to one chunk; the tokens made.
+
+        ``emit``: called with each first token as soon as its prompt is in, and that event is
+        then left out of the list returned (the server streams it at once: each prompt is a
+        pass of its own, so the first of 8 requests arriving together would otherwise wait for
+        the 7 other prefills before its first token left, ~50 to 90 ms each for SmolLM2)."""
         self.admit()
         with torch.inference_mode():
-            events = self.decode()
-            events += self.prefill()
-        for event in events:
+            decoded = self.decode()
+            firsts = self.prefill(emit)
+        for event in decoded + firsts:
             if event.finish_reason is not None:
                 self.release(self.running.pop(event.request_id))
-        return events
+        return decoded if emit is not None else decoded + firsts
 
     def has_work(self) -> bool:
         """Whether a request is queued or running."""
@@ -208,8 +213,9 @@ class BatchEngine:
             for s in rows
         ]  # fmt: skip
 
-    def prefill(self) -> list[TokenEvent]:
-        """Up to prefill_chunk prompt tokens, oldest request first (one pass per request)."""
+    def prefill(self, emit: Callable[[TokenEvent], None] | None = None) -> list[TokenEvent]:
+        """Up to prefill_chunk prompt tokens, oldest request first (one pass per request); the
+        first tokens, each also given to ``emit`` as soon as made."""
         budget, events = self.prefill_chunk, []
         for s in self.running.values():
             if budget == 0:
@@ -227,6 +233,8 @@ class BatchEngine:
             budget -= n
             if not s.prefilling:  # the prompt is in: its first token
                 events.append(s.sample(logits, self.eos_ids, self.max_seq_len))
+                if emit is not None:
+                    emit(events[-1])
         return events
 
 
