@@ -4,14 +4,6 @@ Sampling is per request, exactly as single-sequence generation does it
 (clearlm.generation.loop.generate_step): the request's sampler (``make_sampler(params)``, which owns
 its own seeded ``torch.Generator``) sees the request's logits (1, V) and its own history, so its
 tokens do not depend on which other requests share the batch.
-
-Plain greedy rows (temperature 0 and nothing else: no penalty, bias, grammar or alternatives,
-what a benchmark or an eval sends) take a shortcut, :func:`pick_greedy_rows`: one check and one
-argmax over all of them, then each row's logprob from its own (1, V) logits as the sampler
-computes it, so tokens and logprobs are the sampler's bit for bit (an argmax has no rounding;
-a sum over a (1, V) row is split across threads, over (R, V) rows it is not, so the logprobs are
-not summed together). It cost 0.55 ms per row through the sampler, ~4 ms of a step of 8 rows
-(bench/serve_profile.py).
 """
 
 from __future__ import annotations
@@ -22,8 +14,7 @@ import torch
 
 from clearlm.engine import Request, TokenEvent
 from clearlm.generation.stops import finish_reason
-from clearlm.sampling.chain import filter_logits, greedy_logprobs, log_softmax, make_sampler
-from clearlm.sampling.numerics import check_logits
+from clearlm.sampling.chain import filter_logits, log_softmax, make_sampler
 
 
 class Running:
@@ -44,13 +35,6 @@ class Running:
         self.sampler = make_sampler(request.params)
         p = request.params  # a penalty needs the history (OpenAI's two: its generated part)
         self.penalised = p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty
-        self.plain_greedy = (
-            p.is_greedy
-            and not self.penalised
-            and not p.logit_bias
-            and request.grammar is None
-            and request.top_logprobs == 0
-        )
 
     @property
     def prefilling(self) -> bool:
@@ -82,19 +66,8 @@ class Running:
         history, grammar = self.history(), self.request.grammar
         allowed = None if grammar is None else grammar.allowed()  # (V,) bool: this row's mask
         token, logprob = self.sampler(logits, history, allowed)  # (1,), (1,)
+        tok = int(token[0])
         top = self.top_logprobs(logits, history, allowed)
-        return self.take(int(token[0]), float(logprob[0]), top, eos_ids, max_seq_len)
-
-    def take(
-        self,
-        tok: int,
-        logprob: float,
-        top: list[tuple[int, float]],
-        eos_ids: Collection[int],
-        max_seq_len: int,
-    ) -> TokenEvent:
-        """Record the picked token; its event, with the finish reason of :meth:`sample`."""
-        grammar = self.request.grammar
         self.generated.append(tok)
         n, req = len(self.generated), self.request
         filled = len(req.prompt) + n
@@ -104,7 +77,7 @@ class Running:
             grammar.advance(tok)
             done = grammar.is_done()
         reason = finish_reason(tok, eos, n, req.max_new_tokens, filled, max_seq_len, done)
-        return TokenEvent(self.request.request_id, tok, logprob, top, reason)
+        return TokenEvent(self.request.request_id, tok, float(logprob[0]), top, reason)
 
     def top_logprobs(
         self, logits: torch.Tensor, history: torch.Tensor | None, allowed: torch.Tensor | None
@@ -138,23 +111,3 @@ def top_alternatives(
         removed = torch.argsort(raw, descending=True, stable=True)[: len(order) - n_kept]
         order = torch.cat([order[:n_kept], removed])  # (k,)
     return [(int(i), float(lp[i])) for i in order]
-
-
-def pick_greedy_rows(
-    rows: list[Running], logits: torch.Tensor, eos_ids: Collection[int], max_seq_len: int
-) -> list[TokenEvent]:
-    """The events of plain greedy rows (``Running.plain_greedy``), row r's logits at
-    ``logits[r.slot]`` ((B, V) float32): what ``r.sample(logits[r.slot : r.slot + 1])`` gives,
-    with one check and one argmax for all (see the module docstring).
-
-    Raises SamplingError (as the sampler) for a row of NaN, +inf or only −inf."""
-    slots = torch.tensor([r.slot for r in rows])  # (R,)
-    logits = logits.to(torch.float32)  # as filter_logits casts them
-    picked = logits.index_select(0, slots)  # (R, V)
-    check_logits(picked)
-    tokens = torch.argmax(picked, dim=-1)  # (R,): the first maximum, as greedy() takes
-    events = []
-    for i, (r, tok) in enumerate(zip(rows, tokens.tolist(), strict=True)):
-        lp = greedy_logprobs(logits[r.slot : r.slot + 1], tokens[i : i + 1])  # (1,)
-        events.append(r.take(tok, float(lp[0]), [], eos_ids, max_seq_len))
-    return events

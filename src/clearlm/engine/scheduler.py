@@ -35,7 +35,7 @@ from collections.abc import Callable, Collection
 import torch
 
 from clearlm.engine import Request, TokenEvent
-from clearlm.engine.running import Running, pick_greedy_rows
+from clearlm.engine.running import Running
 from clearlm.errors import ClearLMError, ContextLengthError, SamplingParamsError
 from clearlm.generation.loop import check_fits, new_cache
 from clearlm.model.transformer import Transformer
@@ -202,16 +202,11 @@ class BatchEngine:
             logits = self.model(
                 tokens_t, positions_t, cache=self.cache, last_only=True, n_keys=n_keys
             )[:, -1]  # (B, V)
+        events = []
         for s in rows:
             s.cached += 1
-        plain = [s for s in rows if s.plain_greedy]  # one argmax for all (running.py)
-        picked = pick_greedy_rows(plain, logits, self.eos_ids, self.max_seq_len) if plain else []
-        by_row = dict(zip(map(id, plain), picked, strict=True))
-        return [
-            by_row[id(s)] if s.plain_greedy
-            else s.sample(logits[s.slot : s.slot + 1], self.eos_ids, self.max_seq_len)
-            for s in rows
-        ]  # fmt: skip
+            events.append(s.sample(logits[s.slot : s.slot + 1], self.eos_ids, self.max_seq_len))
+        return events
 
     def prefill(self, emit: Callable[[TokenEvent], None] | None = None) -> list[TokenEvent]:
         """Up to prefill_chunk prompt tokens, oldest request first (one pass per request); the
