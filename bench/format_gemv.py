@@ -3,8 +3,10 @@
 Formats: float32 (``F.linear``); F16 and BF16 kept 16-bit (clearlm.quant.half.HalfLinear: the C++
 kernel csrc/qgemv_half.cpp, and its pure-torch fallback, widen + F.linear); torch's own 16-bit
 ``F.linear`` with x rounded to 16 bits (not exact: shown for speed only, its max |Δ| against
-the float32 product on the same weights in the last column); Q8_0 and Q4_0 as a compact load
-holds them (QuantLinear, row tiles), for the existing formats' speed.
+the float32 product on the same weights in the last column); Q8_0, Q4_0, Q4_K and Q6_K as a
+compact load holds them (QuantLinear, row tiles of 8), for the existing formats' speed (Q8_0 and
+Q4_0 quantized from the weights by gguf; Q4_K and Q6_K, which gguf-py cannot quantize, are
+random blocks of the same shape with small float16 scales: the same bytes to read).
 
 Two settings per shape: "hot", one matrix multiplied again and again (it sits in the caches:
 this CPU's L3 is large), and "cold" (``--cold-mb``, one shape), a pass over copies of the matrix
@@ -12,7 +14,8 @@ whose float32 bytes total that many MB, so most products read their weights from
 decode step of a real model does. Each figure: "best / median" ms over --repeats × --inner calls
 (engines alternate inside each repeat), at 1 and 2 torch threads; the ratio to float32 is of
 the best times (the machine is shared: the best is the least disturbed). Usage:
-``python bench/format_gemv.py [--cold-mb 768] [--repeats 5] [--inner 3]``.
+``python bench/format_gemv.py [--cold-mb 768] [--repeats 5] [--inner 3] [--formats float32,Q4_K]
+[--shapes 4864x896] [--threads 1]`` (the cold pass uses the first shape).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize
 
@@ -36,9 +40,26 @@ from clearlm.quant.tiles import tile_rows
 SHAPES = [(4864, 896), (896, 4864), (1536, 576), (8192, 2048)]  # (N out, K in)
 
 
-def engines(w: torch.Tensor) -> dict[str, tuple[int, Callable[[torch.Tensor], torch.Tensor]]]:
-    """name → (weight bytes, x (1, K) → (1, N)) for one float32 weight (N, K)."""
+def k_blocks(qtype: Q, shape: tuple[int, int], seed: int) -> np.ndarray:
+    """Random Q4_K / Q6_K blocks of a (N, K) matrix, float16 scales in [2^-12, 2^-8)."""
+    rng = np.random.default_rng(seed)
+    block, size = GGML_QUANT_SIZES[qtype]
+    b = rng.integers(0, 256, (shape[0] * shape[1] // block, size), dtype=np.uint8)
+    for at in (0, 2) if qtype == Q.Q4_K else (208,):  # d, dmin (Q4_K); d (Q6_K)
+        f = rng.uniform(2**-12, 2**-8, b.shape[0]).astype("<f2")
+        b[:, at : at + 2] = f.view(np.uint8).reshape(-1, 2)
+    return b
+
+
+def engines(
+    w: torch.Tensor, formats: set[str] | None = None, seed: int = 0
+) -> dict[str, tuple[int, Callable[[torch.Tensor], torch.Tensor]]]:
+    """name → (weight bytes, x (1, K) → (1, N)) for one float32 weight (N, K); only the
+    formats named in ``formats`` (None: all), float32 always."""
     out: dict[str, tuple[int, Callable]] = {"float32": (w.nbytes, lambda x: F.linear(x, w))}
+    if formats is not None:
+        out.update({k: v for k, v in engines(w, None, seed).items() if k in formats})
+        return out
     for name, dt in (("F16", torch.float16), ("BF16", torch.bfloat16)):
         w16 = w.to(dt)
         lin = HalfLinear(w16)
@@ -51,6 +72,10 @@ def engines(w: torch.Tensor) -> dict[str, tuple[int, Callable[[torch.Tensor], to
     for qtype in (Q.Q8_0, Q.Q4_0):
         blocks = quantize(w.numpy(), qtype)
         p = tile_rows(pack_blocks(blocks, qtype, tuple(w.shape)), 8)
+        out[qtype.name] = (p.nbytes(), QuantLinear(p))
+    for qtype in (Q.Q4_K, Q.Q6_K) if w.shape[1] % 256 == 0 else ():  # rows of whole blocks
+        shape = tuple(w.shape)
+        p = tile_rows(pack_blocks(k_blocks(qtype, shape, seed), qtype, shape), 8)
         out[qtype.name] = (p.nbytes(), QuantLinear(p))
     return out
 
@@ -71,10 +96,12 @@ Timings = dict[int, tuple[float, float]]  # threads → (best, median) ms per pr
 def bench(shape: tuple[int, int], copies: int, args) -> dict[str, tuple[int, Timings]]:
     """name → (bytes, {threads: (best, median) ms per product}) over ``copies`` matrices."""
     g = torch.Generator().manual_seed(0)
-    sets = [engines(torch.randn(*shape, generator=g) * 0.05) for _ in range(copies)]
+    sets = [
+        engines(torch.randn(*shape, generator=g) * 0.05, args.formats, i) for i in range(copies)
+    ]
     x = torch.randn(1, shape[1], generator=g)
     out: dict[str, tuple[int, Timings]] = {}
-    for threads in (1, 2):
+    for threads in args.threads:
         torch.set_num_threads(threads)
         runs: dict[str, list[float]] = {name: [] for name in sets[0]}
         for _ in range(args.repeats):
@@ -91,12 +118,12 @@ def bench(shape: tuple[int, int], copies: int, args) -> dict[str, tuple[int, Tim
     return out
 
 
-def max_delta(shape: tuple[int, int]) -> dict[str, float]:
+def max_delta(shape: tuple[int, int], args) -> dict[str, float]:
     """Max |Δ| of each engine against float64 on the same (widened) weights."""
     g = torch.Generator().manual_seed(1)
     w, x = torch.randn(*shape, generator=g) * 0.05, torch.randn(1, shape[1], generator=g)
     out = {}
-    for name, (_, fn) in engines(w).items():
+    for name, (_, fn) in engines(w, args.formats).items():
         ref_w = {"F16": torch.float16, "BF16": torch.bfloat16}.get(name.split()[0])
         wr = w.to(ref_w).double() if ref_w is not None else w.double()
         if name.startswith("Q"):
@@ -110,24 +137,37 @@ def main() -> None:
     ap.add_argument("--cold-mb", type=int, default=768, help="float32 MB of the cold pass")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--inner", type=int, default=3)
+    ap.add_argument("--formats", help="comma-separated formats to time (default: all)")
+    ap.add_argument("--shapes", help="comma-separated NxK shapes (default: the four below)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     args = ap.parse_args()
+    args.formats = None if args.formats is None else set(args.formats.split(","))
+    args.threads = [int(t) for t in args.threads.split(",")]
+    shapes = (
+        SHAPES
+        if args.shapes is None
+        else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    )
     print(f"kernel: {'built' if load_kernels() is not None else 'unavailable (torch fallback)'}")
     print(
         "| shape N×K | setting | format | weight MB | ms 1 thread | × float32 | ms 2 threads | "
         "× float32 | max abs Δ |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    cold = SHAPES[0]
-    plan = [(s, "hot", 1) for s in SHAPES]
+    cold = shapes[0]
+    plan = [(s, "hot", 1) for s in shapes]
     plan.append((cold, "cold", max(1, args.cold_mb * 2**20 // (cold[0] * cold[1] * 4))))
     for shape, setting, copies in plan:
         res = bench(shape, copies, args)
-        delta = max_delta(shape)
+        delta = max_delta(shape, args)
         base = res["float32"][1]
         for name, (nbytes, ms) in res.items():
             d = f"{delta[name]:.1e}" if name in delta else "-"
             cells = [
-                f"{ms[t][0]:.3f} / {ms[t][1]:.3f} | {ms[t][0] / base[t][0]:.2f}" for t in (1, 2)
+                f"{ms[t][0]:.3f} / {ms[t][1]:.3f} | {ms[t][0] / base[t][0]:.2f}"
+                if t in ms
+                else "- | -"
+                for t in (1, 2)
             ]
             print(
                 f"| {shape[0]}×{shape[1]} | {setting} ×{copies} | {name} | "

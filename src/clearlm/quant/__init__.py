@@ -1,8 +1,9 @@
 """Compact block-quantized weights: GGUF blocks repacked without dequantizing (pack.py,
-fields.py, tiles.py), a C++ GEMV kernel that reads them (csrc/qgemv.cpp, built by kernels.py /
-build.py), the int8-activation products (ops.py), fused projections (fuse.py) and the modules
-that use them, QuantLinear (linear.py) and QuantEmbedding (embedding.py); F16 / BF16 matrices
-kept 16-bit, HalfLinear and HalfEmbedding (half.py, with csrc/qgemv_half.cpp).
+fields.py, tiles.py, kheads.py; raw.py keeps some as the file stores them), a C++ GEMV kernel
+that reads them (csrc/qgemv.cpp, built by kernels.py / build.py), the int8-activation
+products (ops.py), fused projections (fuse.py) and the modules that use them, QuantLinear
+(linear.py) and QuantEmbedding (embedding.py); F16 / BF16 matrices kept 16-bit, HalfLinear and
+HalfEmbedding (half.py, with csrc/qgemv_half.cpp).
 
 Speed beside the readable path: the model's nn.Linear is replaced from outside
 (:mod:`clearlm.loading.compact`), and QuantLinear's products equal F.linear on the dequantized

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from clearlm.quant.kernels import load_kernels
+from clearlm.quant.kheads import is_heads
 from clearlm.quant.pack import Packed, dequantize_packed
 
 
@@ -64,7 +65,8 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: torch.Ten
 
 @qmm.register_fake
 def _qmm_fake(x, codes, scale, mn, bits, block, int8=False):
-    n = scale.shape[0] * (scale.shape[2] if scale.dim() == 3 else 1)  # rows (tiles × rows)
+    tiled = scale.dim() == (4 if is_heads(scale) else 3)  # Q4_K heads: (N // T, nS, T, 16)
+    n = scale.shape[0] * (scale.shape[2] if tiled else 1)  # rows (tiles × rows)
     return x.new_empty(x.shape[0], n)  # (M, N) float32, no data
 
 

@@ -17,7 +17,8 @@ Q4_1     uint4 q                            d / m        (f16, 32)       0.625  
 Q5_0     uint5 q, centred (q - 16): ggml's  d / —        (f16, 32)       0.6875 (0.6875)
          qs nibbles + qh
 Q5_1     uint5 q                            d / m        (f16, 32)       0.75   (0.75)
-Q4_K     uint4 q, repacked per 32           d·sc / -dmin·m (f32, 32)     0.75   (0.5625)
+Q4_K     uint4 q, repacked per 32           the file's d, dmin, 6-bit    0.5625 (0.5625)
+                                            sc / m (quant/kheads.py)
 Q6_K     int8 q - 32                        d·sc / —     (f32, 16)       1.25   (0.8203)
 Q2_K,    the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the file
 Q3_K, Q5_K, IQ4_XS; IQ4_NL                               (f16, 32)
@@ -28,11 +29,12 @@ word, ggml's own Q5 layout, whose fifth bit costs one masked add per 16 codes) c
 type in the three target GGUFs, and K-quants' two-level scales collapse exactly into per-block
 float32 products (d·sc is exact: 11 × 8 bits). Q4_0 and Q5_0 keep exactly the file's bytes:
 their offset is a fixed multiple of the scale, so the kernel computes d·Σ(q - 16)·x per block
-(csrc/qgemv.cpp) with no min tensor. The price is memory above the file for Q6_K (int8 codes,
-per-16 float32 scales: 1.52×) and for Q4_K's float32 scales (1.33×); keeping Q6_K's bit planes
-and K-quants' 6-bit sub-scales (scale = d·sc computed in the kernel) is the next step if the
-≤ 1.15× target needs it. Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS keep the file's blocks as they
-are (quant/raw.py: their kernel rebuilds the two-level scales per block); other types
+(csrc/qgemv.cpp) with no min tensor. Q4_K keeps the file's bytes too: its scales stay the
+super-blocks' 16-byte heads (d, dmin, 6-bit sc and m; quant/kheads.py), which the kernel turns
+into the float32 d·sc and -dmin·m of 64 rows at a time in cache. The price is memory above
+the file for Q6_K (int8 codes, per-16 float32 scales: 1.52×). Q2_K, Q3_K, Q5_K, IQ4_NL and
+IQ4_XS keep the file's blocks as they are (quant/raw.py: their kernel rebuilds the two-level
+scales per block); other types
 (IQ2 / IQ3 / IQ1, TQ, BF16, F16) are not packed (:class:`UnsupportedQuantError`; F16 and
 BF16 matrices stay 16-bit as stored instead: quant/half.py). Layouts:
 ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's quants.py. A compact load then
@@ -48,11 +50,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import Q4_K
 from torch import nn
 
 from clearlm.errors import ClearLMError
 from clearlm.quant.fields import WORD, from_fields, is_fields
+from clearlm.quant.kheads import HEAD, SUPER, expand_heads, heads_tile, is_heads
 from clearlm.quant.raw import RAW_BASE, RAW_TYPES, code_bytes, dequantize_raw, is_raw, split_blocks
 
 Q = GGMLQuantizationType
@@ -73,7 +75,9 @@ class Packed:
     Row tiles (quant/tiles.py, the layout decode reads fastest): the same blocks, T rows
     interleaved block by block: codes (N // T, K // block, T * bytes per block), scale / min
     (N // T, K // block, T); 5-bit codes in tiles may be bit fields (quant/fields.py): codes
-    (N // T, W, T * 32), W = ceil(4 * K // 32 / 6) words per row."""
+    (N // T, W, T * 32), W = ceil(4 * K // 32 / 6) words per row. Q4_K: scale = the file's
+    super-block heads uint8 (N, K // 256, 16), tiled (N // T, K // 256, T, 16), min None
+    (quant/kheads.py)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -85,11 +89,14 @@ class Packed:
     @property
     def shape(self) -> tuple[int, int]:
         """(N, K): output and input features."""
-        return self.scale.shape[0] * self.tile, self.scale.shape[1] * self.block
+        per = SUPER if is_heads(self.scale) else self.block
+        return self.scale.shape[0] * self.tile, self.scale.shape[1] * per
 
     @property
     def tile(self) -> int:
         """Rows per row tile: 1 for the row-major layout."""
+        if is_heads(self.scale):
+            return heads_tile(self.scale)
         return self.scale.shape[2] if self.scale.dim() == 3 else 1
 
     def nbytes(self) -> int:
@@ -169,16 +176,11 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         codes = _q5_codes(b, off)  # (nb, 20)
         mn = t(_f16(b, 2), per_row) if qtype == Q.Q5_1 else None  # Q5_0: W = d * (q - 16)
         return Packed(t(codes, k // 32 * 20), t(d, per_row), mn, 5, 32, qtype.name)
-    if qtype == Q.Q4_K:
-        d = _f16(b).astype(np.float32)[:, None]  # (nb, 1)
-        dmin = _f16(b, 2).astype(np.float32)[:, None]
-        sc, m = Q4_K.get_scale_min(b[:, 4:16].copy())  # (nb, 8) each, 6-bit
-        scale = d * sc.reshape(nb, 8).astype(np.float32)  # (nb, 8): exact (11 × 6 bits)
-        mn = -(dmin * m.reshape(nb, 8).astype(np.float32))
+    if qtype == Q.Q4_K:  # codes repacked per 32; the heads (d, dmin, sc, m) as in the file
+        heads = torch.from_numpy(b[:, :HEAD].copy()).reshape(n, k // SUPER, HEAD)
         qs = b[:, 16:].reshape(nb, 4, 32)  # 4 chunks of 64 values: low nibbles, then high
         sub = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)  # (nb, 8 sub-blocks, 32)
-        return Packed(t(_nibbles_to_ggml(sub), k // 2), t(scale, per_row), t(mn, per_row), 4, 32,
-                      "Q4_K")
+        return Packed(t(_nibbles_to_ggml(sub), k // 2), heads, None, 4, 32, "Q4_K")
     # Q6_K: ql (128) | qh (64) | int8 scales (16) | d (f16)
     ql = b[:, :128].reshape(nb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
     ql = (ql & 0x0F).reshape(nb, 8, 32)
@@ -212,8 +214,8 @@ def untile_rows(p: Packed) -> Packed:
     else:
         codes = p.codes.reshape(n // tile, nb, tile, bpb).transpose(1, 2).reshape(n, nb * bpb)
 
-    def per_block(s: torch.Tensor) -> torch.Tensor:
-        return s.transpose(1, 2).reshape(n, nb)  # (tiles, rows, nb) → (N, nb)
+    def per_block(s: torch.Tensor) -> torch.Tensor:  # (tiles, nb, rows, ...) → (N, nb, ...)
+        return s.transpose(1, 2).reshape(n, s.shape[1], *s.shape[3:])
 
     mn = None if p.min is None else per_block(p.min).contiguous()
     return Packed(codes.contiguous(), per_block(p.scale).contiguous(), mn, p.bits, p.block,
@@ -235,7 +237,7 @@ def select_rows(p: Packed, rows: torch.Tensor) -> Packed:
         codes = p.codes.view(-1, nb, tile, bpb)[t, :, r]  # (R, nb, bpb)
 
     def per_block(s: torch.Tensor) -> torch.Tensor:
-        return s[t, :, r]  # (R, nb)
+        return s[t, :, r]  # (R, nb, ...)
 
     mn = None if p.min is None else per_block(p.min)
     return Packed(codes.reshape(rows.shape[0], nb * bpb), per_block(p.scale), mn, p.bits, p.block,
@@ -247,6 +249,8 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
     p = untile_rows(p)
     n, k = p.shape
     nb = k // p.block
+    if is_heads(p.scale):  # Q4_K: the float32 d·sc and -dmin·m per 32 (quant/kheads.py)
+        p = Packed(p.codes, *expand_heads(p.scale), p.bits, p.block, p.qtype)
     if is_raw(p.bits):  # gguf's own dequantization of the file's blocks
         return dequantize_raw(p.codes, p.scale, p.min, p.bits)
     if p.bits == 8:

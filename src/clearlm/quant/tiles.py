@@ -15,6 +15,7 @@ read 8 rows a pass; measurements in csrc/qgemv.cpp, qgemv_preferred_tile):
 
     codes (N, nb * bpb)  →  (N // T, nb, T * bpb)     bpb: bytes of one block's codes
     scale / min (N, nb)  →  (N // T, nb, T)
+    Q4_K's heads (N, nS, 16)  →  (N // T, nS, T, 16)   (quant/kheads.py)
 
 The values are the same bytes, only moved, except 5-bit codes (Q5_0, Q5_1), which tiles hold as
 bit fields where the kernel's build prefers them (quant/fields.py: the same codes, in 32-byte
@@ -73,8 +74,8 @@ def tile_rows(p: Packed, tile: int | None = None, fields: bool | None = None) ->
         c = c.reshape(n // tile, tile, units, size)  # (tiles, rows, blocks or words, bytes)
         return c.transpose(1, 2).reshape(n // tile, units, tile * size).contiguous()
 
-    def per_block(s: torch.Tensor) -> torch.Tensor:
-        return s.reshape(n // tile, tile, nb).transpose(1, 2).contiguous()  # (tiles, nb, rows)
+    def per_block(s: torch.Tensor) -> torch.Tensor:  # (N, nb, ...) → (tiles, nb, rows, ...)
+        return s.reshape(n // tile, tile, *s.shape[1:]).transpose(1, 2).contiguous()
 
     mn = None if p.min is None else per_block(p.min)
     return Packed(codes(p.codes), per_block(p.scale), mn, p.bits, p.block, p.qtype)

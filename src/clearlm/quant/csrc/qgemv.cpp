@@ -10,11 +10,16 @@
 //             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
 //   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
 //             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh).
-// Scales and mins are float32 or float16 tensors (N, K/bs).
+// Scales and mins are float32 or float16 tensors (N, K/bs), or, for Q4_K (bits = 4, bs = 32),
+// the file's super-block heads (quant/kheads.py): scale uint8 (N, K/256, 16) = d, dmin (float16)
+// and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; expand_heads turns a band's
+// heads into the float32 scale d*sc and min -(dmin*m) of each 32-value block (exact products),
+// so the products below see the same float32 scales and mins as before.
 // Two arrangements of the same blocks (quant/tiles.py: tile_rows):
 //   row-major: codes (N, row_bytes), scales (N, nb), nb = K / bs: row n's block b at
 //              n * row_bytes + b * bpb (bpb: the bytes of one block's codes);
-//   row tiles of T rows: codes (N/T, nb, T * bpb), scales (N/T, nb, T): the blocks b of rows
+//   row tiles of T rows: codes (N/T, nb, T * bpb), scales (N/T, nb, T) (Q4_K's heads
+//              (N/T, K/256, T, 16)): the blocks b of rows
 //              nT .. nT + T - 1 lie side by side, so R = T rows read one sequential stream
 //              (as ggml's repacked q4_0x8 / q8_0x8 layouts): on an AMD Zen 4, a 262144 x 640 Q8_0
 //              product read 7.5 GB/s on one core from row-major streams, 11.6 GB/s from one.
@@ -753,6 +758,67 @@ void widen(const at::Half* src, int64_t n, float* dst) {
   for (; i < n; ++i) dst[i] = to_f(src[i]);
 }
 
+// One Q4_K head (quant/kheads.py: d, dmin float16, then 12 bytes of 6-bit sc and m) → its 8
+// float32 scales d*sc into s[0..7] and mins -(dmin*m) into m[0..7]: both products exact (11 x 6
+// bits), as gguf.quants computes them. The 6-bit fields are unpacked 8 bytes at a time (ggml's
+// get_scale_min_k4, as llama.cpp's kmask trick): bytes 0-7 of the 12 hold sc0-3 and m0-3 in
+// their low 6 bits and the top 2 bits of sc4-7 and m4-7; bytes 8-11 the low 4 bits of sc4-7
+// (low nibbles) and m4-7 (high nibbles).
+inline void expand_head(const uint8_t* p, float* s, float* m) {
+  uint64_t lo;
+  uint32_t hi;
+  std::memcpy(&lo, p + 4, 8), std::memcpy(&hi, p + 12, 4);
+  const uint64_t a = lo & 0x3F3F3F3F3F3F3F3FULL;  // bytes: sc0-3, m0-3
+  const uint64_t b = (uint64_t(hi & 0x0F0F0F0F) | uint64_t((hi >> 4) & 0x0F0F0F0F) << 32) |
+                     ((lo >> 2) & 0x3030303030303030ULL);  // bytes: sc4-7, m4-7
+  at::Half dh, mh;
+  std::memcpy(&dh, p, 2), std::memcpy(&mh, p + 2, 2);
+  const float d = to_f(dh), nm = -to_f(mh);  // -(dmin*m) = (-dmin)*m exactly
+#if defined(__AVX2__)
+  // bytes sc0-7, then m0-7
+  const __m128i v = _mm_shuffle_epi8(_mm_set_epi64x(static_cast<int64_t>(b), static_cast<int64_t>(a)),
+                                     _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13,
+                                                   14, 15));
+  const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+  const __m256 mm = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+  _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(d), sc));
+  _mm256_storeu_ps(m, _mm256_mul_ps(_mm256_set1_ps(nm), mm));
+#else
+  for (int k = 0; k < 4; ++k) {
+    s[k] = d * static_cast<float>((a >> 8 * k) & 0xFF);
+    m[k] = nm * static_cast<float>((a >> (32 + 8 * k)) & 0xFF);
+    s[k + 4] = d * static_cast<float>((b >> 8 * k) & 0xFF);
+    m[k + 4] = nm * static_cast<float>((b >> (32 + 8 * k)) & 0xFF);
+  }
+#endif
+}
+
+// The Q4_K heads of `rows` rows from a tile's first row (h: that row's head 0; heads lie
+// (rows / T, nS, T, 16), row-major (rows, nS, 16) where T = 1) → the float32 scales d*sc and
+// mins -(dmin*m) of their 32-value blocks, row-major (rows, nb) whatever T is (ROWS), or
+// arranged as a tile's float scales are ((rows / T, nb, T): the int8 kernel's tile bodies).
+template <bool ROWS>
+void expand_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* s, float* m) {
+  const int64_t nb = ns * 8;
+  for (int64_t t0 = 0; t0 < rows; t0 += T) {  // each tile (T = 1: each row)
+    for (int64_t r = 0; r < T && t0 + r < rows; ++r) {
+      for (int64_t j = 0; j < ns; ++j) {
+        const uint8_t* p = h + (t0 * ns + j * T + r) * 16;
+        if constexpr (ROWS) {
+          expand_head(p, s + (t0 + r) * nb + j * 8, m + (t0 + r) * nb + j * 8);
+        } else {
+          float ts[8], tm[8];
+          expand_head(p, ts, tm);
+          for (int k = 0; k < 8; ++k) {
+            s[t0 * nb + (j * 8 + k) * T + r] = ts[k];
+            m[t0 * nb + (j * 8 + k) * T + r] = tm[k];
+          }
+        }
+      }
+    }
+  }
+}
+
 template <int BITS, int BS, typename S>
 void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
               const torch::Tensor& mn, int64_t T, torch::Tensor& y) {
@@ -777,30 +843,39 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
     // in cache): converting them per block inside the loop (load, vcvtph2ps, register
     // broadcast) cost ~35% of the time. A band of whole tiles keeps the tiles' arrangement.
     constexpr int64_t band = 64;
+    // Q4_K's heads (S = uint8_t): 16 bytes per 8 blocks, expanded a band at a time the same way
+    constexpr bool heads = std::is_same_v<S, uint8_t>;
+    const int64_t srow = heads ? nb * 2 : nb * int64_t(sizeof(S));  // scale bytes per row
     std::vector<float> sbuf, mbuf;
     if constexpr (!std::is_same_v<S, float>) {
       sbuf.resize(band * nb);
-      if (mp) mbuf.resize(band * nb);
+      if (mp || heads) mbuf.resize(band * nb);
     }
     for (int64_t b0 = n0; b0 < n1; b0 += band) {
       const int64_t b1 = b0 + band < n1 ? b0 + band : n1;
       if (b1 < n1) {  // the next band's scales and mins (codes: in dot_rows)
-        const int64_t next = (b1 + band < n1 ? band : n1 - b1) * nb * int64_t(sizeof(S));
-        prefetch_range(sp + b1 * nb, next);
+        const int64_t next = (b1 + band < n1 ? band : n1 - b1) * srow;
+        prefetch_range(reinterpret_cast<const uint8_t*>(sp) + b1 * srow, next);
         if (mp) prefetch_range(mp + b1 * nb, next);
       }
       const float* sf;
       const float* mf;
       if constexpr (std::is_same_v<S, float>) {
         sf = sp + b0 * nb, mf = mp ? mp + b0 * nb : nullptr;
+      } else if constexpr (heads) {
+        expand_heads<true>(sp + b0 * srow, b1 - b0, T, nb / 8, sbuf.data(), mbuf.data());
+        sf = sbuf.data(), mf = mbuf.data();  // row-major (band, nb): see rows below
       } else {
         widen(sp + b0 * nb, (b1 - b0) * nb, sbuf.data());
         if (mp) widen(mp + b0 * nb, (b1 - b0) * nb, mbuf.data());
         sf = sbuf.data(), mf = mp ? mbuf.data() : nullptr;
       }
+      // Q4_K: scales and mins expanded row-major (band, nb), so their steps are a row's nb and
+      // a block's 1, whatever the codes' arrangement is
+      const Steps LS = heads ? Steps{L.crs, L.cbs, nb, 1} : L;
       auto rows = [&](auto r, int64_t n) {  // rows n .. n + R - 1, within one tile
         constexpr int R = decltype(r)::value;
-        const int64_t s = A.scale_at(n) - b0 * nb;
+        const int64_t s = heads ? (n - b0) * nb : A.scale_at(n) - b0 * nb;
         if constexpr (BITS == 5) {
           if (fields) {
             dot_rows_fields<R>(xp, xs.empty() ? nullptr : xs.data(), M, K, cp + A.code_at(n),
@@ -808,7 +883,7 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
             return;
           }
         }
-        dot_rows<BITS, BS, R>(xp, M, K, cp + A.code_at(n), sf + s, mf ? mf + s : nullptr, L, K,
+        dot_rows<BITS, BS, R>(xp, M, K, cp + A.code_at(n), sf + s, mf ? mf + s : nullptr, LS, K,
                               yp + n, N);
       };
       int64_t n = b0;
@@ -836,21 +911,32 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
   const S* mp = mn.numel() ? mn.data_ptr<S>() : nullptr;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, out.size(0), 16, [&](int64_t a, int64_t b) {
+    std::vector<float> hs, hm;  // Q4_K: the row's expanded heads, (nb,) each
     for (int64_t i = a; i < b; ++i) {
       const int64_t n = r0 + i, s = A.scale_at(n);
-      if (fields) {
+      if constexpr (std::is_same_v<S, uint8_t>) {
+        const int64_t ns = nb / 8, r = n % T;
+        hs.resize(nb), hm.resize(nb);
+        for (int64_t j = 0; j < ns; ++j) {  // heads (N/T, nS, T, 16): row n's head j
+          expand_head(sp + ((n - r) * ns + j * T + r) * 16, hs.data() + j * 8, hm.data() + j * 8);
+        }
+        dequant_row_fast<BITS, BS, float>(cp + A.code_at(n), hs.data(), hm.data(),
+                                          Steps{L.crs, L.cbs, nb, 1}, K, op + i * K);
+      } else if (fields) {
         dequant_row_fields<S>(cp + A.code_at(n), sp + s, mp ? mp + s : nullptr, L, nb,
                               op + i * K);
-        continue;
+      } else {
+        dequant_row_fast<BITS, BS, S>(cp + A.code_at(n), sp + s, mp ? mp + s : nullptr, L, K,
+                                      op + i * K);
       }
-      dequant_row_fast<BITS, BS, S>(cp + A.code_at(n), sp + s, mp ? mp + s : nullptr, L, K,
-                                    op + i * K);
     }
   });
 }
 
 #define DISPATCH(bits, bs, scale, FN, ...)                                         \
-  if (scale.scalar_type() == torch::kFloat) {                                     \
+  if (scale.scalar_type() == torch::kByte) {  /* Q4_K's heads */                  \
+    FN<4, 32, uint8_t>(__VA_ARGS__);                                              \
+  } else if (scale.scalar_type() == torch::kFloat) {                              \
     if (bits == 8 && bs == 16) FN<8, 16, float>(__VA_ARGS__);                     \
     else if (bits == 8) FN<8, 32, float>(__VA_ARGS__);                            \
     else if (bits == 5) FN<5, 32, float>(__VA_ARGS__);                            \
@@ -864,7 +950,11 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 
 }  // namespace
 
-// Entry points for qgemv_ops.cpp (which checks the arguments first).
+// Entry points for qgemv_ops.cpp (which checks the arguments first) and qgemv_i8.cpp.
+void qgemv_expand_k4_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* s,
+                           float* m) {
+  expand_heads<false>(h, rows, T, ns, s, m);
+}
 int64_t qgemv_row_bytes(int64_t bits, int64_t K) { return row_bytes_of(static_cast<int>(bits), K); }
 // 32-byte words per row of nb blocks of 5-bit codes held as bit fields (in row tiles), and
 // whether a weight's codes are such fields.

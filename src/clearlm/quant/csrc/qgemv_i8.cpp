@@ -29,6 +29,11 @@
 #include <utility>
 #include <vector>
 
+// qgemv.cpp: the Q4_K heads of `rows` rows → float32 scales and mins, arranged as a tile's
+// float scales are ((rows / T, nb, T); T = 1: row-major).
+void qgemv_expand_k4_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* s,
+                           float* m);
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
 #define CLEARLM_I8_AVX512 1
@@ -408,7 +413,8 @@ void widen(const at::Half* src, int64_t n, float* dst) {
 }
 #endif
 
-// Rows of T-row tiles (T = 1: row-major), as qgemv.cpp's Arrangement.
+// Rows of T-row tiles (T = 1: row-major), as qgemv.cpp's Arrangement. S = uint8_t: Q4_K's
+// super-block heads (quant/kheads.py), expanded a band at a time by qgemv.cpp.
 template <int BITS, int BS, typename S>
 void run(const std::vector<QRow>& xs, const uint8_t* cp, const S* sp, const S* mp, int64_t N,
          int64_t K, int64_t T, float* yp) {
@@ -418,18 +424,24 @@ void run(const std::vector<QRow>& xs, const uint8_t* cp, const S* sp, const S* m
   at::parallel_for(0, N / T, T == 1 ? 16 : 2, [&](int64_t t0, int64_t t1) {
     const int64_t n0 = t0 * T, n1 = t1 * T;
     constexpr int64_t band = 64;  // float16 scales widened a band of rows (whole tiles) at a time
+    constexpr bool heads = std::is_same_v<S, uint8_t>;
+    const int64_t srow = heads ? nb * 2 : nb * int64_t(sizeof(S));  // scale bytes per row
     std::vector<float> sbuf, mbuf;
     for (int64_t b0 = n0; b0 < n1; b0 += band) {
       const int64_t b1 = std::min(b0 + band, n1);
       if (b1 < n1) {  // the next band's scales and mins (codes: in dot_rows_i8)
-        const int64_t next = (std::min(b1 + band, n1) - b1) * nb * int64_t(sizeof(S));
-        prefetch_range(sp + b1 * nb, next);
+        const int64_t next = (std::min(b1 + band, n1) - b1) * srow;
+        prefetch_range(reinterpret_cast<const uint8_t*>(sp) + b1 * srow, next);
         if (mp) prefetch_range(mp + b1 * nb, next);
       }
       const float* sf;
       const float* mf = nullptr;
       if constexpr (std::is_same_v<S, float>) {
         sf = sp + b0 * nb, mf = mp ? mp + b0 * nb : nullptr;
+      } else if constexpr (heads) {
+        sbuf.resize((b1 - b0) * nb), mbuf.resize((b1 - b0) * nb);
+        qgemv_expand_k4_heads(sp + b0 * srow, b1 - b0, T, nb / 8, sbuf.data(), mbuf.data());
+        sf = sbuf.data(), mf = mbuf.data();
       } else {
         sbuf.resize((b1 - b0) * nb), widen(sp + b0 * nb, (b1 - b0) * nb, sbuf.data());
         sf = sbuf.data();
@@ -488,6 +500,7 @@ torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
   const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
   float* yp = y.data_ptr<float>();
   const bool f32 = scale.scalar_type() == torch::kFloat;
+  const bool heads = scale.scalar_type() == torch::kByte;  // Q4_K (quant/kheads.py)
 #define RUN(B, S_, T_)                                                                 \
   run<B, S_, T_>(xs, cp, scale.data_ptr<T_>(), mn.numel() ? mn.data_ptr<T_>() : nullptr, N, K, T, \
                  yp)
@@ -497,6 +510,8 @@ torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
     if (f32) RUN(8, 32, float); else RUN(8, 32, at::Half);
   } else if (bits == 5) {
     if (f32) RUN(5, 32, float); else RUN(5, 32, at::Half);
+  } else if (heads) {
+    RUN(4, 32, uint8_t);
   } else {
     if (f32) RUN(4, 32, float); else RUN(4, 32, at::Half);
   }

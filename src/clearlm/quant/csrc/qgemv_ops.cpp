@@ -36,7 +36,8 @@ namespace {
 // The weight's shape (N, K) and rows per tile T, read off its tensors: row-major codes (N,
 // row_bytes) with scales (N, nb), or row tiles of T rows: codes (N/T, nb, T * bpb) with scales
 // (N/T, nb, T), or 5-bit codes (N/T, W, T * 32) as bit fields (qgemv.cpp's layouts;
-// quant/tiles.py: tile_rows, quant/fields.py). T is 1, 4 or 8.
+// quant/tiles.py: tile_rows, quant/fields.py), or Q4_K's heads (quant/kheads.py). T is 1, 4
+// or 8.
 struct Shape {
   int64_t N, K, T;
 };
@@ -66,9 +67,29 @@ Shape check_raw(const torch::Tensor& codes, const torch::Tensor& scale, const to
   return {scale.size(0) * T, nb * bs, T};
 }
 
+// A Q4_K weight with the file's super-block heads (quant/kheads.py): 4-bit codes as for
+// bits = 4 (N, K/2) or (N/T, nb, T * 16), scale uint8 (N, K/256, 16) or (N/T, K/256, T, 16),
+// min empty.
+Shape check_heads(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
+                  int64_t bits, int64_t bs) {
+  TORCH_CHECK(bits == 4 && bs == 32, "super-block heads need 4-bit codes in blocks of 32");
+  TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
+  TORCH_CHECK(codes.scalar_type() == torch::kUInt8, "codes dtype");
+  TORCH_CHECK(!mn.numel(), "a weight with super-block heads has no min tensor");
+  TORCH_CHECK((scale.dim() == 3 || scale.dim() == 4) && scale.size(-1) == 16 &&
+                  codes.dim() == scale.dim() - 1 && codes.size(0) == scale.size(0),
+              "heads must be (N, K/256, 16) with codes (N, K/2), or row tiles of both");
+  const int64_t T = scale.dim() == 4 ? scale.size(2) : 1, nb = scale.size(1) * 8;
+  TORCH_CHECK(T == 1 || T == 4 || T == 8, "row tiles must hold 4 or 8 rows");
+  TORCH_CHECK(T == 1 ? codes.size(1) == nb * 16 : codes.size(1) == nb && codes.size(2) == T * 16,
+              "codes, heads and block size disagree");
+  return {scale.size(0) * T, nb * bs, T};
+}
+
 Shape check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
             int64_t bits, int64_t bs) {
   if (qgemv_is_raw(bits)) return check_raw(codes, scale, mn, bits, bs);
+  if (scale.scalar_type() == torch::kByte) return check_heads(codes, scale, mn, bits, bs);
   TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "bits must be 4, 5 or 8");
   TORCH_CHECK(bits == 8 ? (bs == 16 || bs == 32) : (bs == 32), "unsupported block size");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
