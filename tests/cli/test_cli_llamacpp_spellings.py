@@ -171,18 +171,24 @@ def test_one_last_newline_of_a_prompt_is_dropped(where, tiny, tiny_path, tmp_pat
 
 
 def test_perplexity_keeps_its_file_exact(tiny_path, tmp_path):
-    """Only prompts lose their last newline: perplexity scores every token of its file."""
+    """Only prompts lose their last newline: perplexity scores every token of its file. Run in
+    this process (CliRunner): six subprocesses would spend ~20 s importing torch."""
+    from typer.testing import CliRunner
+
+    def perplexity(*flags: str):
+        res = CliRunner().invoke(app, ["perplexity", str(tmp_path / "t.txt"), "-m",
+                                       str(tiny_path), *flags])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        return res
+
     counts = []
     for raw in (b"hello world hello\n", b"hello world hello"):
         (tmp_path / "t.txt").write_bytes(raw)
-        proc = cli("perplexity", str(tmp_path / "t.txt"), "-m", str(tiny_path))
-        assert proc.returncode == 0, proc.stderr
-        counts.append(int(proc.stderr.decode().split(" tokens predicted")[0].split()[-1]))
+        counts.append(int(perplexity().stderr.split(" tokens predicted")[0].split()[-1]))
     assert counts[0] == counts[1] + 1
-    spelled = [cli("perplexity", str(tmp_path / "t.txt"), "-m", str(tiny_path), flag, "4").stdout
+    spelled = [perplexity(flag, "4").stdout
                for flag in ("--context", "-c", "--ctx-size")]  # llama-perplexity's -c: the window
-    assert spelled[0] == spelled[1] == spelled[2] != cli(
-        "perplexity", str(tmp_path / "t.txt"), "-m", str(tiny_path)).stdout
+    assert spelled[0] == spelled[1] == spelled[2] != perplexity().stdout
 
 
 def test_a_hugging_face_repo_id_says_clearlm_never_downloads(tmp_path, monkeypatch):

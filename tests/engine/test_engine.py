@@ -156,3 +156,24 @@ def test_finish_reason_is_one_rule_eos_then_length_then_context() -> None:
     assert finish_reason(5, {2}, 3, 4, 10, 10) == "context_length"
     assert finish_reason(5, {2}, 3, 4, 9, 10) is None
     assert finish_reason(None, (), 4, 4, 5, 10) == "length"  # the loop's end, no token
+
+
+def test_emit_hands_each_first_token_over_before_the_next_prefill(tiny):
+    a, b = prompt(tiny, "hello world"), prompt(tiny, "the quick brown fox")
+    engine = BatchEngine(tiny.transformer, max_batch=2, max_seq_len=64)
+    engine.add(Request("a", a, GREEDY, 5))
+    engine.add(Request("b", b, GREEDY, 1))  # its first token is its last: released all the same
+    seen: list = []
+    got: dict = {}
+
+    def emit(event) -> None:  # b's prompt is not in yet when a's first token comes
+        seen.append((event.request_id, engine.running["b"].cached))
+        got.setdefault(event.request_id, []).append(event.token)
+
+    assert engine.step(emit) == []  # nothing was decoding: every event went through emit
+    assert seen == [("a", 0), ("b", len(b))]
+    while engine.has_work():
+        for e in engine.step(emit):
+            got.setdefault(e.request_id, []).append(e.token)
+    assert got["a"] == alone(tiny, a, GREEDY, 5) and got["b"] == alone(tiny, b, GREEDY, 1)
+    assert engine.free_slots == [0, 1]

@@ -159,19 +159,26 @@ def test_gguf_float32_matches_transformers(name, tmp_path):
     assert diff <= TOL
 
 
-def test_gguf_q8_0_experts_stay_compact(tmp_path):
-    """Mixtral in Q8_0: each expert's matrices are row bands of the stacked packed tensor (no
-    float32 copy), the weights held stay ≤ 1.15 × the file's tensor bytes, and the logits equal
-    the float32 load of the same file (the dequantized values; sums in another order)."""
+@pytest.mark.parametrize("qtype", ["Q8_0", "F16", "BF16"])
+def test_gguf_experts_stay_compact(tmp_path, qtype, capsys):
+    """Mixtral in Q8_0 / F16 / BF16: each expert's matrices are row bands (Q8_0: QuantLinear)
+    or views (16-bit: HalfLinear) of the stacked tensor, with no float32 copy and no warning;
+    the weights held stay ≤ 1.15 × the file's tensor bytes, and the logits equal the float32
+    load of the same file (the same values; sums in another order)."""
+    from clearlm.quant.half import HalfLinear
+
     cls, config = CASES["mixtral"]
     hf_model = save_tiny(cls, config, tmp_path)
-    path = tmp_path / "q8.gguf"
-    write_moe_gguf(hf_model, "llama", path, GGMLQuantizationType.Q8_0)
+    path = tmp_path / "experts.gguf"
+    write_moe_gguf(hf_model, "llama", path, GGMLQuantizationType[qtype])
     compact = load_gguf_model(path, weights="compact")
+    assert "warning" not in capsys.readouterr().err
     floats = load_gguf_model(path)
     experts = compact.model.layers[0].mlp.experts
-    assert all(isinstance(getattr(x, p), QuantLinear) for x in experts
-               for p in ("gate_proj", "up_proj", "down_proj"))
+    layers = [getattr(x, p) for x in experts for p in ("gate_proj", "up_proj", "down_proj")]
+    assert all(isinstance(m, QuantLinear if qtype == "Q8_0" else HalfLinear) for m in layers)
+    if qtype != "Q8_0":  # 16-bit: views of one stacked tensor (Q8_0's gate/up get fused)
+        assert len({m.weight.untyped_storage().data_ptr() for m in layers[0::3]}) == 1
     file_bytes = sum(t.n_bytes for t in __import__("gguf").GGUFReader(str(path)).tensors)
     assert compact.weight_bytes <= 1.15 * file_bytes
     tokens = batch_tokens(length=12)
@@ -199,3 +206,4 @@ def test_experts_see_only_their_rows(tmp_path):
     with torch.inference_mode():
         rows = torch.cat([model(tokens[b : b + 1]) for b in range(2)])
     assert (batch - rows).abs().max() <= 1e-5
+

@@ -46,7 +46,7 @@ def last_logit_diff(ours, ref_model, ids: list[int]) -> float:
 
 
 def greedy_matches_or_near_tie(ours_tokens: list[int], ref_model, ids: list[int], eos: int | None):
-    """Compare 32-token greedy continuations. Where they differ, the reference's own top two
+    """Compare greedy continuations. Where they differ, the reference's own top two
     logits at that step must be within 1e-3 (a near-tie that float rounding may break either
     way). Returns (diverged_at or None, top-2 gap)."""
     with torch.inference_mode():

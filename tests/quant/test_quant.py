@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf import GGML_QUANT_SIZES, GGUFReader
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
+from clearlm.loading.gguf_file import GGUFFile
 from clearlm.quant import linear as qlinear
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
@@ -67,13 +68,15 @@ def test_pack_quantized_by_gguf_exact(qtype: Q) -> None:
 
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.name.split("-q4")[0])
 def test_pack_real_gguf_tensors_exact(path: Path, smollm2_path: Path) -> None:
-    """One tensor of each quantized type per real file (the smallest, to keep the test quick)."""
+    """One tensor of each quantized type per real file (the smallest, to keep the test quick).
+    Read with clearlm's GGUFFile (equal to GGUFReader: tests/loading/test_gguf_file.py), which
+    skips GGUFReader's ~10-20 s parse of a large vocabulary."""
     for file in (path, smollm2_path):
         if not file.exists():
             pytest.skip(f"{file} not pulled")
     smallest: dict[str, object] = {}
     for file in (path, smollm2_path):
-        for t in GGUFReader(file).tensors:
+        for t in GGUFFile(file).tensors:
             if t.tensor_type in SUPPORTED and len(t.shape) == 2:
                 best = smallest.get(t.tensor_type.name)
                 if best is None or t.n_bytes < best.n_bytes:

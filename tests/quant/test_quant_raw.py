@@ -54,8 +54,14 @@ def test_random_blocks_exact(qtype: Q, tile: int) -> None:
     assert p.nbytes() == raw.nbytes
     p = p if tile == 1 else tile_rows(p, tile)
     np.testing.assert_array_equal(dequantize_packed(p).numpy(), ref)
+    mn = p.min if p.min is not None else torch.empty(0, dtype=p.scale.dtype)
+    # the operator a traced embedding lookup calls without the kernel (quant/ops.py)
+    np.testing.assert_array_equal(
+        torch.ops.clearlm.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
     if load_kernels() is not None:
         np.testing.assert_array_equal(kernel_dequant(p), ref)
+        np.testing.assert_array_equal(  # ... and with it (csrc/qgemv_ops.cpp)
+            torch.ops.clearlm_kernels.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
 
 
 def simple_quantize(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
@@ -81,8 +87,14 @@ def test_scales_from_real_weights_exact(qtype: Q, smollm2) -> None:
     ref = dequantize(raw, qtype).reshape(w.shape)
     p = pack_blocks(raw, qtype, w.shape)
     np.testing.assert_array_equal(dequantize_packed(p).numpy(), ref)
+    mn = p.min if p.min is not None else torch.empty(0, dtype=p.scale.dtype)
+    # the operator a traced embedding lookup calls without the kernel (quant/ops.py)
+    np.testing.assert_array_equal(
+        torch.ops.clearlm.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
     if load_kernels() is not None:
         np.testing.assert_array_equal(kernel_dequant(p), ref)
+        np.testing.assert_array_equal(  # ... and with it (csrc/qgemv_ops.cpp)
+            torch.ops.clearlm_kernels.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
 
 
 @pytest.fixture(params=["kernel", "torch"])
@@ -156,6 +168,38 @@ def test_tiny_gguf_loads_compact(tmp_path, qtype: Q) -> None:
             a, b = got.transformer(ids), want.transformer(ids)
             assert torch.isfinite(b).all()
             assert (a - b).abs().max().item() < 1e-3 * max(1.0, b.abs().max().item())
+
+
+def test_traced_decode_step_equals_eager(tmp_path) -> None:
+    """The decode step of a model of every raw format (the embedding IQ4_NL, whose eager lookup
+    is gguf's numpy code) traces whole with torch.export, as the compiled steps trace it
+    (clearlm.runtime.aot_build), and the traced graph's logits equal the eager step's: the
+    embedding's rows through the dequantization operator, the products through qmm."""
+    from clearlm.generation.loop import decode_step, prefill
+    from clearlm.model.kv_cache import KVCache
+    from clearlm.runtime.aot_build import _Step, rope_tables, tables_as_inputs
+
+    types = {"token_embd": Q.IQ4_NL, "output": Q.Q2_K, "ffn_down": Q.Q3_K, "attn_v": Q.IQ4_XS}
+    path = write_tiny_llama(tmp_path / "t.gguf", n_layers=1, matrix_type=Q.Q5_K, d_model=256,
+                            d_ff=256, seed=4, tied=False, tensor_types=types)
+    net = clearlm.load(path, threads=1).transformer
+    assert {m.qtype for m in net.modules() if hasattr(m, "qtype")} == {t.name for t in RAW_TYPES}
+    cache = net.new_cache(1, 12)
+    with torch.inference_mode():
+        prefill(net, TOKENS[:, :5], cache)
+    token = torch.tensor([[int(TOKENS[0, 5])]])  # (1, 1)
+    tables = rope_tables(net)  # inputs of the step (read before the stand-ins replace them)
+    args = lambda c: (token, c.lengths, *tables, *c.keys, *c.values)  # noqa: E731
+    with tables_as_inputs(net) as rows, torch.no_grad():
+        traced = torch.export.export(_Step(net, rows).eval(), args(cache), strict=False).module()
+        copy = KVCache.from_buffers([k.clone() for k in cache.keys],
+                                    [v.clone() for v in cache.values], cache.lengths.clone())
+        got = traced(*args(copy))  # (1, V)
+    with torch.inference_mode():
+        want = decode_step(net, token, cache)  # (1, V)
+    assert torch.isfinite(want).all()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(copy.keys[0], cache.keys[0], rtol=0, atol=1e-6)
 
 
 def write_ragged(path, qtype: Q) -> None:

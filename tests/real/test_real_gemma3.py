@@ -1,6 +1,6 @@
 """Gemma 3 270M (base, Q4_K_M GGUF, architecture gemma3) against transformers loading the same
 file in float32: last-position logits for six prompts, one of them longer than the 512-token
-sliding window, and 32-token greedy continuations with the KV cache.
+sliding window, and 24-token greedy continuations with the KV cache on two of them.
 
 Token ids come from transformers' tokenizer reading the same GGUF, so these checks do not depend
 on clearlm's SentencePiece tokenizer. The file comes from `clearlm pull gemma3-270m` (`make test`
@@ -97,9 +97,9 @@ def test_logits_match_transformers(gemma3_ours, gemma3_reference, alice_text):
 
 def test_greedy_matches_transformers(gemma3_ours, gemma3_reference):
     ref, tokenizer = gemma3_reference
-    for name, text in PROMPTS.items():
-        ids = tokenizer(text)["input_ids"]
-        got = greedy(gemma3_ours.model, ids, 32)
+    for name in ("code", "multilingual"):  # the logits test covers every prompt and position
+        ids = tokenizer(PROMPTS[name])["input_ids"]
+        got = greedy(gemma3_ours.model, ids, 24)
         at, gap = greedy_matches_or_near_tie(got, ref, ids, EOS)
         print(f"\n{name}: {tokenizer.decode(got)!r}")
         if at is not None:

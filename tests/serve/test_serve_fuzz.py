@@ -30,7 +30,7 @@ pytest.importorskip("schemathesis")
 
 MODEL = "tiny"
 EXAMPLES = 30
-MAX_TIME_S = 45
+MAX_TIME_S = 30
 REQUEST_TIMEOUT_S = 10
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
           "response_schema_conformance,negative_data_rejection")  # fmt: skip

@@ -81,6 +81,11 @@ class Engine(Protocol):
     - ``step()``: one scheduler iteration (admit, prefill a chunk, decode every running
       sequence); returns the tokens produced.
     - ``has_work()``: whether any request is queued or running.
+
+    Optional (the continuous-batching engine has both; clearlm.serve.runner uses them when
+    there): ``check(request)``, add's checks alone, safe to call while a step runs, so the
+    server can refuse a bad request without waiting for the step; and ``step(emit)``, which
+    hands each first token to ``emit`` as soon as it is made instead of returning it.
     """
 
     def add(self, request: Request) -> None: ...

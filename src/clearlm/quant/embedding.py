@@ -3,13 +3,18 @@
 A lookup gathers the selected rows' codes, scales and mins (a Packed of T rows) and dequantizes
 only those, so the result equals ``gguf.quants.dequantize(table)[ids]`` bit for bit. With a tied
 head, the embedding and the QuantLinear head share one Packed (no second copy of the table).
+While traced (the compiled decode step), rows of blocks kept as the file stores them
+(quant/raw.py) are dequantized by the kernel's operator (quant/ops.py: compiled_dequant), since
+their eager path is gguf's numpy code.
 """
 
 from __future__ import annotations
 
 import torch
 
+from clearlm.quant.ops import compiled_dequant
 from clearlm.quant.pack import Packed, PackedModule, dequantize_packed
+from clearlm.quant.raw import is_raw
 
 
 class QuantEmbedding(PackedModule):
@@ -27,7 +32,14 @@ class QuantEmbedding(PackedModule):
                 flat.min() < 0 or flat.max() >= self.num_embeddings):
             raise IndexError(f"token id out of range: the embedding table has "
                              f"{self.num_embeddings} rows (ids 0 .. {self.num_embeddings - 1})")
-        rows = dequantize_packed(self.packed(flat))  # (T, D): only the rows asked for
+        p = self.packed(flat)  # only the rows asked for
+        if is_raw(self.bits) and torch.compiler.is_compiling():
+            # raw blocks' torch path is gguf's numpy code, which a trace cannot run: the
+            # kernel's dequantization as one graph node (the same values bit for bit)
+            mn = self.min if p.min is None else p.min
+            rows = compiled_dequant(p.codes, p.scale, mn, self.bits, self.block)  # (T, D)
+        else:
+            rows = dequantize_packed(p)  # (T, D)
         return rows.reshape(*ids.shape, self.embedding_dim)  # (..., D)
 
     def extra_repr(self) -> str:

@@ -6,6 +6,9 @@ Two kinds of operator, one for each case; :func:`compiled_qmm` picks:
   the kernel through the dispatcher without going back into Python;
 - without it: ``torch.ops.clearlm.qmm(x, codes, scale, min, bits, block, int8)``, a Python
   custom op (torch.library.custom_op) computing dequantize + matmul in torch.
+:func:`compiled_dequant` does the same for a whole dequantization (``clearlm_kernels::dequant``,
+or ``clearlm::dequant``): an embedding lookup of blocks kept as the file stores them
+(quant/raw.py), whose torch path is gguf's numpy code, which a trace cannot run.
 Each has a fake (meta) implementation giving only the output's shape and dtype, (M, N) float32,
 which is all Dynamo/Inductor need: QuantLinear is one opaque graph node (no graph break). Eager
 QuantLinear calls the pybind function directly instead, which skips the dispatcher (a few µs per
@@ -67,6 +70,19 @@ def _qmm_fake(x, codes, scale, mn, bits, block, int8=False):
     return x.new_empty(x.shape[0], n)  # (M, N) float32, no data
 
 
+@torch.library.custom_op("clearlm::dequant", mutates_args=())
+def dequant(codes: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, bits: int,
+            block: int) -> torch.Tensor:
+    """The packed W (row-major or row tiles) → float32 (N, K), without the kernel."""
+    return dequantize_packed(Packed(codes, scale, mn if mn.numel() else None, bits, block, ""))
+
+
+@dequant.register_fake
+def _dequant_fake(codes, scale, mn, bits, block):
+    n = scale.shape[0] * (scale.shape[2] if scale.dim() == 3 else 1)  # rows (tiles × rows)
+    return scale.new_empty(n, scale.shape[1] * block, dtype=torch.float32)  # (N, K), no data
+
+
 _registered: list[bool] = []
 
 
@@ -78,6 +94,7 @@ def _kernel_ops() -> bool:
         if ok:
             for name in ("qmm", "qmm_i8"):
                 torch.library.register_fake(f"clearlm_kernels::{name}")(_qmm_fake)
+            torch.library.register_fake("clearlm_kernels::dequant")(_dequant_fake)
         _registered.append(ok)
     return _registered[0]
 
@@ -90,3 +107,13 @@ def compiled_qmm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: 
     if int8 and x.shape[1] % 64 == 0 and int8_available():
         return torch.ops.clearlm_kernels.qmm_i8(x, codes, scale, mn, bits, block)
     return torch.ops.clearlm_kernels.qmm(x, codes, scale, mn, bits, block)
+
+
+def compiled_dequant(codes: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, bits: int,
+                     block: int) -> torch.Tensor:
+    """The operator call QuantEmbedding makes for raw blocks while torch.compile or torch.export
+    traces it: the gathered rows' codes, scale, min (empty for none) → float32 (R, K), the values
+    of :func:`~clearlm.quant.pack.dequantize_packed` bit for bit."""
+    if not _kernel_ops():
+        return torch.ops.clearlm.dequant(codes, scale, mn, bits, block)
+    return torch.ops.clearlm_kernels.dequant(codes, scale, mn, bits, block)

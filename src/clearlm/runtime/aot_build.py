@@ -176,6 +176,9 @@ _SHIM = ("AOTITorchError aoti_torch_cpu_{}(AtenTensorHandle x, AtenTensorHandle 
          "AtenTensorHandle* ret0)")
 _HALF_SHIM = ("AOTITorchError aoti_torch_cpu_hmm(AtenTensorHandle x, AtenTensorHandle w, "
               "AtenTensorHandle* ret0)")  # F16 / BF16 weights (csrc/qgemv_half.cpp)
+_DEQUANT_SHIM = ("AOTITorchError aoti_torch_cpu_dequant(AtenTensorHandle codes, "
+                 "AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits, int64_t bs, "
+                 "AtenTensorHandle* ret0)")  # a raw-block embedding's rows (quant/embedding.py)
 
 
 def kernel_shims() -> dict:
@@ -185,7 +188,7 @@ def kernel_shims() -> dict:
     ops = torch.ops.clearlm_kernels
     return {"aot_inductor.custom_ops_to_c_shims": {
         ops.qmm.default: [_SHIM.format("qmm")], ops.qmm_i8.default: [_SHIM.format("qmm_i8")],
-        ops.hmm.default: [_HALF_SHIM]}}
+        ops.hmm.default: [_HALF_SHIM], ops.dequant.default: [_DEQUANT_SHIM]}}
 
 
 def checksum_path(path: Path) -> Path:

@@ -1,17 +1,28 @@
 """One background thread drives the engine; the server's handlers await their tokens.
 
 The engine is not thread-safe, so exactly one thread calls it, under ``lock``: the runner's
-loop (``step()``) and, briefly, :meth:`Runner.add` (called from a worker thread, so the event
-loop never waits for a step). Each request has a sink, an ``asyncio.Queue`` on the server's
-event loop: the runner thread hands it every :class:`~clearlm.engine.TokenEvent` with
-``loop.call_soon_threadsafe``. Aborts (a stop string, a client that went away) are queued
-without the lock and applied before the next step, so a handler never blocks on the engine and
-the slot is freed within one step.
+loop (``step()``) and the few callers of :meth:`Runner.exclusive`. Each request has a sink, an
+``asyncio.Queue`` on the server's event loop: the runner thread hands it every
+:class:`~clearlm.engine.TokenEvent` with ``loop.call_soon_threadsafe``. New requests and aborts
+(a stop string, a client that went away) are queued without the lock and applied before the
+next step, so a handler never blocks on the engine: a new request joins at the next step and
+an aborted one frees its slot within one step. An engine whose ``step`` takes ``emit``
+(BatchEngine) gives each first token to the runner as soon as its prompt is prefilled, within
+the step, and the runner streams it at once.
+
+Why new requests do not take the lock: a thread waiting for it while the engine thread loops
+(release after a step, take it again for the next) was measured waiting 130 ms on average,
+1.5 steps of 8 rows (bench/serve_profile.py; a lock is not handed to its waiter, and the
+engine thread takes it back first), so a request's slot stood empty and its first token came a
+step or two later. The request is checked at once in the caller's thread (the engine's
+``check``, which reads only its fixed sizes), so a bad one is still refused at the call; an
+engine without ``check`` is given its requests under the lock, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -47,8 +58,11 @@ class Runner:
         self.wake = threading.Event()  # set when there may be new work
         self.sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Item]]] = {}
         self.aborts: list[str] = []
-        self.small = threading.Lock()  # guards sinks and aborts, never held during a step
+        self.adds: list[Request] = []  # checked, waiting for the engine thread
+        self.small = threading.Lock()  # guards sinks, adds and aborts; never held in a step
         self.stopping = False
+        # an engine whose step takes ``emit`` hands first tokens over as they are made
+        self.early = "emit" in inspect.signature(engine.step).parameters
         self.thread = threading.Thread(target=self._run, name="clearlm-engine", daemon=True)
 
     def start(self) -> None:
@@ -65,13 +79,38 @@ class Runner:
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         """Queue requests whose events go to ``sink`` on ``loop`` (all or none: one that the
-        engine refuses aborts those already added, then the error propagates). Call it from a
-        worker thread (``asyncio.to_thread``): it waits for the step in progress.
+        engine refuses raises before any is queued). The engine thread adds them before its
+        next step. Call it from a worker thread (``asyncio.to_thread``): an engine without a
+        ``check`` method is given them under the lock, which waits for the step in progress.
 
         Raises:
-            RuntimeError: the server is stopping. ClearLMError: what ``engine.add`` raises.
+            RuntimeError: the server is stopping. ClearLMError: what ``engine.check`` (or
+            ``engine.add``) raises.
         """
         self.start()
+        requests = list(requests)
+        check = getattr(self.engine, "check", None)
+        if check is None:
+            self._add_locked(requests, sink, loop)
+            return
+        for r in requests:
+            check(r)
+        with self.small:
+            if self.stopping:
+                raise RuntimeError("the server is shutting down")
+            for r in requests:
+                self.sinks[r.request_id] = (loop, sink)
+            self.adds.extend(requests)
+        self.wake.set()
+
+    def _add_locked(
+        self,
+        requests: list[Request],
+        sink: asyncio.Queue[Item],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """:meth:`add` for an engine that checks a request only in ``add``: under the lock (one
+        that the engine refuses aborts those already added, then the error propagates)."""
         added: list[str] = []
         with self.lock:
             if self.stopping:
@@ -125,8 +164,11 @@ class Runner:
         while True:
             self.wake.clear()
             with self.small:
+                adds, self.adds = self.adds, []
                 aborts, self.aborts = self.aborts, []
             with self.lock:
+                for r in adds:  # before the aborts: one may name a request queued here
+                    self._engine_add(r)
                 for rid in aborts:
                     self.engine.abort(rid)
                 if self.stopping:
@@ -134,7 +176,8 @@ class Runner:
                     return
                 busy = self.engine.has_work()
                 try:
-                    events = self.engine.step() if busy else []
+                    events = (self.engine.step(self._deliver) if self.early
+                              else self.engine.step()) if busy else []  # fmt: skip
                 except Exception as e:  # a bug, or out of memory: fail the live requests
                     log.exception("engine step failed")
                     self._fail_all(f"the engine failed: {type(e).__name__}: {e}")
@@ -143,6 +186,22 @@ class Runner:
                 self._deliver(ev)
             if not busy:
                 self.wake.wait()
+
+    def _engine_add(self, request: Request) -> None:
+        """Give the engine a checked request (lock held); should it refuse it all the same (an
+        id already live), its handler gets the error instead of tokens."""
+        try:
+            self.engine.add(request)
+        except Exception as e:
+            with self.small:
+                target = self.sinks.pop(request.request_id, None)
+            if target is not None:
+                loop, sink = target
+                failed = EngineFailed(f"the engine refused the request: {e}")
+                try:
+                    loop.call_soon_threadsafe(sink.put_nowait, failed)
+                except RuntimeError:
+                    pass
 
     def _deliver(self, ev: TokenEvent) -> None:
         with self.small:

@@ -4,8 +4,9 @@ Where an F16 / BF16 tensor feeds a plain ``nn.Linear`` / ``nn.Embedding`` (the s
 for packed types: loading/compact/load.py ``_plain``), its bytes are copied as they are into a
 float16 / bfloat16 tensor, llama's Q/K rows un-permuted (a permutation of rows: no value
 changes), and the module is replaced by a :class:`~clearlm.quant.half.HalfLinear` /
-``HalfEmbedding``; a tied head shares the embedding's tensor. Memory: the file's bytes. Stacked
-experts and matrices a family converts stay float32 (and the load warns, loading/held.py).
+``HalfEmbedding``; a tied head shares the embedding's tensor; a mixture of experts' stacked
+(E, F, D) tensor is read whole and expert e's layer holds its (F, D) view. Memory: the file's
+bytes. Matrices a family converts stay float32 (and the load warns, loading/held.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ HALF_TYPES = {GGMLQuantizationType.F16: torch.float16, GGMLQuantizationType.BF16
 
 
 def half_weight(t: GGUFTensor, ours: str, unpermute: bool, config: ModelConfig) -> torch.Tensor:
-    """The tensor as (out, in) float16 / bfloat16, a copy of the file's bytes (the file is
-    unmapped after the load), Q/K rows in rotate-half order where ``unpermute``."""
+    """The tensor as (out, in) float16 / bfloat16 (stacked experts: (E, F, D)), a copy of the
+    file's bytes (the file is unmapped after the load), Q/K rows in rotate-half order where
+    ``unpermute``."""
     shape = tuple(reversed(t.shape))  # GGUF lists [n_in, n_out]
     bits = t.data.view(np.uint16).reshape(shape)  # (out, in): the raw 16-bit patterns
     if unpermute:

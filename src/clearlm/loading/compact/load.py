@@ -19,8 +19,9 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    fused projections the family splits) goes through the float32 loader's own steps
    (dequantize → un-permute → un-shift → the family's convert) and is assigned in place, but
    an F16 / BF16 matrix of a plain module, kept 16-bit as stored (loading/compact/half.py:
-   HalfLinear / HalfEmbedding, the file's bytes); an F16 / BF16 tensor held as float32 all
-   the same (stacked experts, a matrix the family converts) costs one warning line per type,
+   HalfLinear / HalfEmbedding, the file's bytes; stacked experts' (E, F, D) tensor split into
+   E views); an F16 / BF16 tensor held as float32 all the same (a matrix the family
+   converts) costs one warning line per type,
    with the count and the memory above the file's bytes (:func:`warn_float_held`);
 4. a block's Q/K/V and gate/up with the same packed layout become one matrix each
    (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it),
@@ -122,8 +123,8 @@ def compact_plan(
                                  plan.tiles[t.name])
             plan.packed_bytes += held
             how = "packed"
-        elif t.tensor_type in HALF_TYPES and paths and stacked is None and all(
-                _plain(model, p, each) for p in paths):
+        elif t.tensor_type in HALF_TYPES and paths and all(_plain(model, p, each)
+                                                            for p in paths):
             plan.half[t.name] = paths
             held = t.n_elements * 2  # the file's bytes
             plan.packed_bytes += held
@@ -177,8 +178,12 @@ def load_compact(
             if ours is None or t.name in plan.packed:
                 continue
             if t.name in plan.half:  # kept 16-bit: the file's bytes, rows un-permuted
-                swap_half(model, half_weight(t, ours, arch.unpermute_qk, config),
-                          plan.half[t.name])
+                w16 = half_weight(t, ours, arch.unpermute_qk, config)  # (out, in) or (E, F, D)
+                if w16.dim() == 3:  # stacked experts: expert e's layer holds w16[e], a view
+                    for e, path in enumerate(plan.half[t.name]):
+                        swap_half(model, w16[e], [path])
+                else:
+                    swap_half(model, w16, plan.half[t.name])
                 file.release(t.data_offset, t.n_bytes)
                 continue
             w = dequantize_tensor(t, source)  # (out, in) float32, as loading/gguf.py

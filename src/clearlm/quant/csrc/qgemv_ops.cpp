@@ -176,6 +176,14 @@ torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn
   return out;
 }
 
+// Every row of the dequantized weight, (N, K) float32: the operator an embedding lookup of raw
+// blocks calls while traced (quant/embedding.py), on the rows it gathered.
+torch::Tensor dequant_all(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
+                          int64_t bits, int64_t bs) {
+  const Shape w = check(codes, scale, mn, bits, bs);
+  return dequant(codes, scale, mn, bits, bs, 0, w.N);
+}
+
 // The operators as AOTInductor C shims: a package built with
 // aot_inductor.custom_ops_to_c_shims (clearlm/aot_build.py) calls these directly, by the name
 // Inductor derives from the operator (aoti_torch_<device>_<name>), instead of going through
@@ -216,6 +224,19 @@ AOTITorchError aoti_torch_cpu_hmm(AtenTensorHandle x, AtenTensorHandle w, AtenTe
   });
 }
 
+// codes, scale, mn -> (N, K) float32 (dequant_all).
+AOTITorchError aoti_torch_cpu_dequant(AtenTensorHandle codes, AtenTensorHandle scale,
+                                      AtenTensorHandle mn, int64_t bits, int64_t bs,
+                                      AtenTensorHandle* ret0) {
+  using torch::aot_inductor::tensor_handle_to_tensor_pointer;
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({
+    at::Tensor y = dequant_all(*tensor_handle_to_tensor_pointer(codes),
+                               *tensor_handle_to_tensor_pointer(scale),
+                               *tensor_handle_to_tensor_pointer(mn), bits, bs);
+    *ret0 = torch::aot_inductor::new_tensor_handle(std::move(y));
+  });
+}
+
 AOTITorchError aoti_torch_cpu_qmm_i8(AtenTensorHandle x, AtenTensorHandle codes,
                                      AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits,
                                      int64_t bs, AtenTensorHandle* ret0) {
@@ -223,19 +244,22 @@ AOTITorchError aoti_torch_cpu_qmm_i8(AtenTensorHandle x, AtenTensorHandle codes,
 }
 }
 
-// The same two products as torch operators (torch.ops.clearlm_kernels.qmm / .qmm_i8), so a
-// torch.compile'd graph calls them through the dispatcher with no Python in between; their
-// shape functions (register_fake) are in clearlm/quant/ops.py.
+// The same products (and the dequantization) as torch operators (torch.ops.clearlm_kernels.qmm,
+// .qmm_i8, .hmm, .dequant), so a torch.compile'd graph calls them through the dispatcher with no
+// Python in between; their shape functions (register_fake) are in clearlm/quant/ops.py and
+// quant/half.py.
 TORCH_LIBRARY(clearlm_kernels, m) {
   m.def("qmm(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
   m.def("qmm_i8(Tensor x, Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
   m.def("hmm(Tensor x, Tensor w) -> Tensor");
+  m.def("dequant(Tensor codes, Tensor scale, Tensor mn, int bits, int bs) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(clearlm_kernels, CPU, m) {
   m.impl("qmm", &qmm);
   m.impl("qmm_i8", &qmm_i8);
   m.impl("hmm", &hmm);
+  m.impl("dequant", &dequant_all);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -5,7 +5,8 @@
 // or the same blocks in row tiles of T rows (codes (N/T, nb, T * REST), scales (N/T, nb, T),
 // quant/tiles.py). `bits` = 100 + the GGML type id names the format.
 //
-// Each block's weights are rebuilt into a small float buffer with the float32 operations
+// Each block's weights are rebuilt (into a small float buffer, or at M = 1 straight into the
+// sums: no store and reload per weight) with the float32 operations
 // gguf.quants.dequantize does (ggml-common.h's layouts; gguf-py's quants.py): d * sub-scale and
 // dmin * sub-min are exact products, the product with the code is exact too, so the weight is
 // either exact or (with a min) rounded once by one fused multiply-add, as the reference rounds
@@ -43,7 +44,7 @@ inline float half_to_f(at::Half v) {
 }
 
 // 16 int32 lanes of codes and the few operations the formats need on them, for AVX-512 (one
-// register), AVX2 (two) or plain C++; each ends in 16 float32 weights stored to w, computed with
+// register), AVX2 (two) or plain C++; each ends in 16 float32 weights (FV), computed with
 // the same single float32 operation per weight on every build (exact products; one fused
 // multiply-add where a min is subtracted, as the reference rounds d*q - m once).
 #if defined(__AVX512F__)
@@ -58,17 +59,23 @@ inline I16 sll(I16 a, int s) { return {_mm512_sll_epi32(a.v, _mm_cvtsi32_si128(s
 inline I16 band(I16 a, int m) { return {_mm512_and_si512(a.v, _mm512_set1_epi32(m))}; }
 inline I16 bor(I16 a, I16 b) { return {_mm512_or_si512(a.v, b.v)}; }
 inline I16 subc(I16 a, int c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
-inline void store_fma(float* w, I16 q, float dl, float nml) {  // dl * q + nml, one rounding
-  _mm512_storeu_ps(w, _mm512_fmadd_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q.v),
-                                      _mm512_set1_ps(nml)));
+struct FV {  // 16 float32 lanes
+  __m512 v;
+};
+inline FV w_fma(I16 q, float dl, float nml) {  // dl * q + nml, one rounding
+  return {_mm512_fmadd_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q.v), _mm512_set1_ps(nml))};
 }
-inline void store_mul(float* w, I16 q, float dl) {  // dl * q (exact)
-  _mm512_storeu_ps(w, _mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q.v)));
+inline FV w_mul(I16 q, float dl) {  // dl * q (exact)
+  return {_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q.v))};
 }
-inline void store_lut(float* w, I16 q, float dl) {  // dl * kIQ4[q] (exact), q in 0 .. 15
-  _mm512_storeu_ps(w, _mm512_mul_ps(_mm512_set1_ps(dl),
-                                    _mm512_permutexvar_ps(q.v, _mm512_loadu_ps(kIQ4))));
+inline FV w_lut(I16 q, float dl) {  // dl * kIQ4[q] (exact), q in 0 .. 15
+  return {_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_permutexvar_ps(q.v, _mm512_loadu_ps(kIQ4)))};
 }
+inline FV fv_zero() { return {_mm512_setzero_ps()}; }
+inline FV fv_load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void fv_store(float* p, FV a) { _mm512_storeu_ps(p, a.v); }
+inline FV fv_add(FV a, FV b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline FV fv_fma(FV a, FV b, FV c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 #elif defined(__AVX2__) && defined(__FMA__)
 struct I16 {
   __m256i lo, hi;  // lanes 0-7, 8-15
@@ -94,25 +101,36 @@ inline I16 subc(I16 a, int c) {
   const __m256i v = _mm256_set1_epi32(c);
   return {_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)};
 }
-inline void store_fma(float* w, I16 q, float dl, float nml) {
+struct FV {  // lanes 0-7, 8-15
+  __m256 lo, hi;
+};
+inline FV w_fma(I16 q, float dl, float nml) {
   const __m256 d = _mm256_set1_ps(dl), m = _mm256_set1_ps(nml);
-  _mm256_storeu_ps(w, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q.lo), m));
-  _mm256_storeu_ps(w + 8, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q.hi), m));
+  return {_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q.lo), m),
+          _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q.hi), m)};
 }
-inline void store_mul(float* w, I16 q, float dl) {
+inline FV w_mul(I16 q, float dl) {
   const __m256 d = _mm256_set1_ps(dl);
-  _mm256_storeu_ps(w, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q.lo)));
-  _mm256_storeu_ps(w + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q.hi)));
+  return {_mm256_mul_ps(d, _mm256_cvtepi32_ps(q.lo)), _mm256_mul_ps(d, _mm256_cvtepi32_ps(q.hi))};
 }
 inline __m256 lut8(__m256i q) {  // kIQ4[q]: two 8-entry lookups, the upper one where q > 7
   const __m256 a = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kIQ4), q);
   const __m256 b = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kIQ4 + 8), q);
   return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_cmpgt_epi32(q, _mm256_set1_epi32(7))));
 }
-inline void store_lut(float* w, I16 q, float dl) {
+inline FV w_lut(I16 q, float dl) {
   const __m256 d = _mm256_set1_ps(dl);
-  _mm256_storeu_ps(w, _mm256_mul_ps(d, lut8(q.lo)));
-  _mm256_storeu_ps(w + 8, _mm256_mul_ps(d, lut8(q.hi)));
+  return {_mm256_mul_ps(d, lut8(q.lo)), _mm256_mul_ps(d, lut8(q.hi))};
+}
+inline FV fv_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline FV fv_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void fv_store(float* p, FV a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline FV fv_add(FV a, FV b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline FV fv_fma(FV a, FV b, FV c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }
 #else
 struct I16 {
@@ -143,22 +161,48 @@ inline I16 subc(I16 a, int c) {
   for (int32_t& x : a.v) x -= c;
   return a;
 }
-inline void store_fma(float* w, I16 q, float dl, float nml) {
-  for (int l = 0; l < 16; ++l) w[l] = std::fmaf(dl, static_cast<float>(q.v[l]), nml);
+struct FV {
+  float v[16];
+};
+inline FV w_fma(I16 q, float dl, float nml) {
+  FV r;
+  for (int l = 0; l < 16; ++l) r.v[l] = std::fmaf(dl, static_cast<float>(q.v[l]), nml);
+  return r;
 }
-inline void store_mul(float* w, I16 q, float dl) {
-  for (int l = 0; l < 16; ++l) w[l] = dl * static_cast<float>(q.v[l]);
+inline FV w_mul(I16 q, float dl) {
+  FV r;
+  for (int l = 0; l < 16; ++l) r.v[l] = dl * static_cast<float>(q.v[l]);
+  return r;
 }
-inline void store_lut(float* w, I16 q, float dl) {
-  for (int l = 0; l < 16; ++l) w[l] = dl * kIQ4[q.v[l]];
+inline FV w_lut(I16 q, float dl) {
+  FV r;
+  for (int l = 0; l < 16; ++l) r.v[l] = dl * kIQ4[q.v[l]];
+  return r;
+}
+inline FV fv_zero() { return FV{}; }
+inline FV fv_load(const float* p) {
+  FV r;
+  std::memcpy(r.v, p, sizeof r.v);
+  return r;
+}
+inline void fv_store(float* p, FV a) { std::memcpy(p, a.v, sizeof a.v); }
+inline FV fv_add(FV a, FV b) {
+  for (int l = 0; l < 16; ++l) a.v[l] += b.v[l];
+  return a;
+}
+inline FV fv_fma(FV a, FV b, FV c) {
+  for (int l = 0; l < 16; ++l) c.v[l] = std::fmaf(a.v[l], b.v[l], c.v[l]);
+  return c;
 }
 #endif
 
-// The weights of one block into w[qk_of(F)]: c its codes, d and dmin its scales as float32.
-template <int F>
-inline void dequant_block(const uint8_t* c, float d, float dmin, float* w) {
+// The weights of one block, 16 at a time in increasing order, to out.put(o, weights o .. o + 15):
+// c its codes, d and dmin its scales as float32.
+template <int F, class Sink>
+inline void dequant_block(const uint8_t* c, float d, float dmin, Sink& out) {
   if constexpr (F == Q5K) {  // scales[12] qh[32] qs[128]: 8 sub-blocks of 32
     const uint8_t *sc = c, *qh = c + 12, *qs = c + 44;
+#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       // 6-bit scale and min of sub-block j (gguf's Q4_K.get_scale_min)
       const int s = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 2) & 0x30);
@@ -169,78 +213,82 @@ inline void dequant_block(const uint8_t* c, float d, float dmin, float* w) {
       for (int h = 0; h < 32; h += 16) {
         const I16 lo = band(srl(load_u8(q + h), 4 * (j & 1)), 0x0F);
         const I16 hi = sll(band(srl(load_u8(qh + h), j), 1), 4);
-        store_fma(w + 32 * j + h, bor(lo, hi), dl, -ml);
+        out.put(32 * j + h, w_fma(bor(lo, hi), dl, -ml));
       }
     }
   } else if constexpr (F == Q2K) {  // scales[16] qs[64]: 16 sub-blocks of 16
     const uint8_t *sc = c, *qs = c + 16;
+    // sub-block i's d * scale and -(dmin * min), all 16 at once (the same exact products)
+    alignas(64) float dl[16], nml[16];
+    const I16 s16 = load_u8(sc);
+    fv_store(dl, w_mul(band(s16, 0x0F), d));
+    fv_store(nml, w_mul(srl(s16, 4), -dmin));
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
-      const float dl = d * static_cast<float>(sc[i] & 0x0F);
-      const float ml = dmin * static_cast<float>(sc[i] >> 4);
       // value v = 16 i + l: byte 32 (v / 128) + v % 32, bits 2 ((v % 128) / 32)
       const I16 q = load_u8(qs + 32 * (i / 8) + 16 * (i % 2));
-      store_fma(w + 16 * i, band(srl(q, 2 * ((i % 8) / 2)), 3), dl, -ml);
+      out.put(16 * i, w_fma(band(srl(q, 2 * ((i % 8) / 2)), 3), dl[i], nml[i]));
     }
   } else if constexpr (F == Q3K) {  // hmask[32] qs[64] scales[12]: 16 sub-blocks of 16
     const uint8_t *hm = c, *qs = c + 32, *sc = c + 96;
+    alignas(64) uint8_t s6[16];  // the 6-bit scales
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
       const int lo = i < 8 ? sc[i] & 0x0F : sc[i - 8] >> 4;
-      const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
-      const float dl = d * static_cast<float>((lo | (hi << 4)) - 32);
+      s6[i] = static_cast<uint8_t>(lo | (((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4));
+    }
+    alignas(64) float dl[16];
+    fv_store(dl, w_mul(subc(load_u8(s6), 32), d));
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
       // 2 low bits as Q2_K's; the offset 4 applies where hmask byte v % 32's bit v / 32 is 0:
       // q = ql - 4 + 4 h = (ql | h << 2) - 4
       const I16 ql = band(srl(load_u8(qs + 32 * (i / 8) + 16 * (i % 2)), 2 * ((i % 8) / 2)), 3);
       const I16 h = band(srl(load_u8(hm + 16 * (i % 2)), i / 2), 1);
-      store_mul(w + 16 * i, subc(bor(ql, sll(h, 2)), 4), dl);
+      out.put(16 * i, w_mul(subc(bor(ql, sll(h, 2)), 4), dl[i]));
     }
   } else if constexpr (F == IQ4NL) {  // qs[16]: code l in byte l's low nibble, l + 16 high
-    store_lut(w, band(load_u8(c), 0x0F), d);
-    store_lut(w + 16, srl(load_u8(c), 4), d);
+    out.put(0, w_lut(band(load_u8(c), 0x0F), d));
+    out.put(16, w_lut(srl(load_u8(c), 4), d));
   } else {  // IQ4_XS: scales_h (uint16) scales_l[4] qs[128]: 8 sub-blocks of 32
     const int sh = c[0] | (c[1] << 8);
+#pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
       const int ls = ((c[2 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((sh >> (2 * j)) & 3) << 4);
       const float dl = d * static_cast<float>(ls - 32);
       const uint8_t* q = c + 6 + 16 * j;
-      store_lut(w + 32 * j, band(load_u8(q), 0x0F), dl);
-      store_lut(w + 32 * j + 16, srl(load_u8(q), 4), dl);
+      out.put(32 * j, w_lut(band(load_u8(q), 0x0F), dl));
+      out.put(32 * j + 16, w_lut(srl(load_u8(q), 4), dl));
     }
   }
 }
 
-// acc[0..15] += the block's x . w in 16 lanes: lane l sums x[16 j + l] * w[16 j + l] over even
-// j and odd j separately (two chains), then both into acc.
+// Where dequant_block's weights go. Store: to w. Dot: into the block's x . w, in 16 lanes: lane l
+// sums x[16 j + l] * w[16 j + l] over even j (t0) and odd j (t1) separately, two chains of fused
+// multiply-adds from zero (the first term is then x * w rounded once, as a product).
+struct Store {
+  float* w;
+  void put(int o, FV v) { fv_store(w + o, v); }
+};
+struct Dot {
+  const float* x;
+  FV t0 = fv_zero(), t1 = fv_zero();
+  void put(int o, FV v) {
+    if (o & 16) {
+      t1 = fv_fma(fv_load(x + o), v, t1);
+    } else {
+      t0 = fv_fma(fv_load(x + o), v, t0);
+    }
+  }
+  FV sum() const { return fv_add(t0, t1); }
+};
+
+// acc[0..15] += the block's x . w (Dot's lanes) for weights already in w.
 template <int QK>
 inline void dot_block(const float* x, const float* w, float* acc) {
-#if defined(__AVX512F__)
-  __m512 t0 = _mm512_mul_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(w));
-  __m512 t1 = _mm512_mul_ps(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(w + 16));
-  for (int j = 2; j < QK / 16; j += 2) {
-    t0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16 * j), _mm512_loadu_ps(w + 16 * j), t0);
-    t1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16 * j + 16), _mm512_loadu_ps(w + 16 * j + 16), t1);
-  }
-  _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc), _mm512_add_ps(t0, t1)));
-#elif defined(__AVX2__) && defined(__FMA__)
-  for (int h = 0; h < 16; h += 8) {  // lanes 0-7, then 8-15: the same sums as 16 lanes
-    __m256 t0 = _mm256_mul_ps(_mm256_loadu_ps(x + h), _mm256_loadu_ps(w + h));
-    __m256 t1 = _mm256_mul_ps(_mm256_loadu_ps(x + 16 + h), _mm256_loadu_ps(w + 16 + h));
-    for (int j = 2; j < QK / 16; j += 2) {
-      t0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16 * j + h), _mm256_loadu_ps(w + 16 * j + h), t0);
-      t1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16 * j + 16 + h),
-                           _mm256_loadu_ps(w + 16 * j + 16 + h), t1);
-    }
-    _mm256_storeu_ps(acc + h, _mm256_add_ps(_mm256_loadu_ps(acc + h), _mm256_add_ps(t0, t1)));
-  }
-#else
-  for (int l = 0; l < 16; ++l) {
-    float t0 = x[l] * w[l], t1 = x[16 + l] * w[16 + l];
-    for (int j = 2; j < QK / 16; j += 2) {
-      t0 = std::fmaf(x[16 * j + l], w[16 * j + l], t0);
-      t1 = std::fmaf(x[16 * j + 16 + l], w[16 * j + 16 + l], t1);
-    }
-    acc[l] += t0 + t1;
-  }
-#endif
+  Dot t{x};
+  for (int o = 0; o < QK; o += 16) t.put(o, fv_load(w + o));
+  fv_store(acc, fv_add(fv_load(acc), t.sum()));
 }
 
 // The 16 lanes' sum, pairwise in a fixed order.
@@ -272,8 +320,31 @@ void qmm_raw_impl(const torch::Tensor& x, const torch::Tensor& codes, const torc
   const at::Half* mp = mn.numel() ? mn.data_ptr<at::Half>() : nullptr;
   float* yp = y.data_ptr<float>();
   const int64_t G = T == 1 ? 4 : T;  // rows computed together: a tile, or 4 row-major rows
+  if (M == 1) {  // decode: each block's weights go straight into the row's sums, not to memory
+    at::parallel_for(0, (N + G - 1) / G, 4, [&](int64_t g0, int64_t g1) {
+      alignas(64) float lanes[16];
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t n0 = g * G, rows = n0 + G <= N ? G : N - n0;
+        for (int64_t r = 0; r < rows; ++r) {  // a row at a time: its tile is in cache after one
+          const int64_t n = n0 + r;
+          FV acc = fv_zero();
+          for (int64_t b = 0; b < L.nb; ++b) {
+            const int64_t s = L.scale_at(n) + b * L.sbs();
+            Dot t{xp + b * QK};
+            dequant_block<F>(cp + L.code_at(n) + b * L.cbs(), half_to_f(sp[s]),
+                             mp ? half_to_f(mp[s]) : 0.0f, t);
+            acc = fv_add(acc, t.sum());  // the order the buffered path below adds in
+          }
+          fv_store(lanes, acc);
+          yp[n] = reduce16(lanes);
+        }
+      }
+    });
+    return;
+  }
   at::parallel_for(0, (N + G - 1) / G, 4, [&](int64_t g0, int64_t g1) {
     alignas(64) float w[QK];
+    Store st{w};
     std::vector<float> acc(G * M * 16);
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t n0 = g * G, rows = n0 + G <= N ? G : N - n0;
@@ -282,7 +353,7 @@ void qmm_raw_impl(const torch::Tensor& x, const torch::Tensor& codes, const torc
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t n = n0 + r, s = L.scale_at(n) + b * L.sbs();
           dequant_block<F>(cp + L.code_at(n) + b * L.cbs(), half_to_f(sp[s]),
-                           mp ? half_to_f(mp[s]) : 0.0f, w);
+                           mp ? half_to_f(mp[s]) : 0.0f, st);
           for (int64_t m = 0; m < M; ++m) {
             dot_block<QK>(xp + m * K + b * QK, w, acc.data() + (r * M + m) * 16);
           }
@@ -310,8 +381,9 @@ void dequant_raw_impl(const torch::Tensor& codes, const torch::Tensor& scale,
       const int64_t n = r0 + i;
       for (int64_t b = 0; b < L.nb; ++b) {
         const int64_t s = L.scale_at(n) + b * L.sbs();
+        Store st{op + i * K + b * QK};
         dequant_block<F>(cp + L.code_at(n) + b * L.cbs(), half_to_f(sp[s]),
-                         mp ? half_to_f(mp[s]) : 0.0f, op + i * K + b * QK);
+                         mp ? half_to_f(mp[s]) : 0.0f, st);
       }
     }
   });
