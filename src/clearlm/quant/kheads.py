@@ -1,4 +1,4 @@
-"""Q4_K's two-level scales kept as the file stores them: 16 bytes per 256 values.
+"""Q4_K's and Q6_K's two-level scales kept as the file stores them.
 
 A Q4_K super-block (ggml-common.h block_q4_K) is ``d`` (float16), ``dmin`` (float16), 12 bytes
 of 6-bit sub-scales ``sc`` and sub-mins ``m`` (8 each, one per 32 values) and 128 bytes of
@@ -16,6 +16,12 @@ multiply-add per weight as before, ``fmaf(scale, q, min)``: the same float32 val
 with float32 scales and mins per 32 (1.33×). A float16 scale per 32 would not do: ``d · sc``
 has up to 17 significant bits.
 
+Q6_K (block_q6_K: 6-bit codes q, 16 int8 sub-scales sc, one per 16 values, float16 ``d``;
+``w = float32(d · sc_i) · (q_j - 32)``, exact: 11 × 8 bits) keeps its int8 codes ``q - 32``
+(pack.py) and its scale bytes as heads of 18 bytes, the file's sc[16] then d: ``scale`` uint8
+(N, K // 256, 18), expanded by the kernel into d · sc per 16 values as Q4_K's: 1.0703 bytes per
+value against the file's 0.8203 (1.30×; 1.25 bytes, 1.52×, with float32 scales per 16).
+
 The 6-bit unpacking (ggml's get_scale_min_k4, gguf-py's Q4_K.get_scale_min): bytes q[0..11],
 sub-block i < 4: sc = q[i] & 63, m = q[i + 4] & 63; i >= 4: sc = (q[i + 4] & 15) | (q[i - 4]
 >> 6) << 4, m = (q[i + 4] >> 4) | (q[i] >> 6) << 4.
@@ -25,12 +31,13 @@ from __future__ import annotations
 
 import torch
 
-HEAD = 16  # bytes of one super-block's head: d, dmin (float16), 12 bytes of 6-bit sc and m
+HEAD = 16  # bytes of one Q4_K head: d, dmin (float16), 12 bytes of 6-bit sc and m
+HEAD6 = 18  # bytes of one Q6_K head: 16 int8 sc, d (float16)
 SUPER = 256  # values per super-block
 
 
 def is_heads(scale: torch.Tensor) -> bool:
-    """Whether a Packed's ``scale`` holds Q4_K super-block heads (uint8) rather than scales."""
+    """Whether a Packed's ``scale`` holds K-quant super-block heads (uint8), not scales."""
     return scale.dtype == torch.uint8
 
 
@@ -39,10 +46,15 @@ def heads_tile(scale: torch.Tensor) -> int:
     return scale.shape[2] if scale.dim() == 4 else 1
 
 
-def expand_heads(heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-major heads (N, nS, 16) uint8 → scale ``d · sc`` and min ``-(dmin · m)``, each
-    (N, nS * 8) float32, sub-block i of super-block s in column 8 s + i (exact products)."""
+def expand_heads(heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Row-major heads (N, nS, B) uint8 → Q4_K (B = 16): scale ``d · sc`` and min
+    ``-(dmin · m)``, each (N, nS * 8) float32; Q6_K (B = 18): scale ``d · sc`` (N, nS * 16),
+    min None. Sub-block i of super-block s in column s · blocks + i (exact products)."""
     n, ns = heads.shape[0], heads.shape[1]
+    if heads.shape[2] == HEAD6:
+        sc = heads[..., :16].contiguous().view(torch.int8).float()  # (N, nS, 16)
+        d6 = heads[..., 16:18].contiguous().view(torch.float16).float()  # (N, nS, 1)
+        return (d6 * sc).reshape(n, ns * 16), None
     d = heads[..., 0:2].contiguous().view(torch.float16).float()  # (N, nS, 1)
     dmin = heads[..., 2:4].contiguous().view(torch.float16).float()  # (N, nS, 1)
     q = heads[..., 4:16].to(torch.int32)  # (N, nS, 12)

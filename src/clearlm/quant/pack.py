@@ -19,7 +19,8 @@ Q5_0     uint5 q, centred (q - 16): ggml's  d / —        (f16, 32)       0.687
 Q5_1     uint5 q                            d / m        (f16, 32)       0.75   (0.75)
 Q4_K     uint4 q, repacked per 32           the file's d, dmin, 6-bit    0.5625 (0.5625)
                                             sc / m (quant/kheads.py)
-Q6_K     int8 q - 32                        d·sc / —     (f32, 16)       1.25   (0.8203)
+Q6_K     int8 q - 32                        the file's d, int8 sc        1.0703 (0.8203)
+                                            (quant/kheads.py, 16)
 Q2_K,    the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the file
 Q3_K, Q5_K, IQ4_XS; IQ4_NL                               (f16, 32)
 =======  =================================  ===========================  =====================
@@ -29,12 +30,13 @@ word, ggml's own Q5 layout, whose fifth bit costs one masked add per 16 codes) c
 type in the three target GGUFs, and K-quants' two-level scales collapse exactly into per-block
 float32 products (d·sc is exact: 11 × 8 bits). Q4_0 and Q5_0 keep exactly the file's bytes:
 their offset is a fixed multiple of the scale, so the kernel computes d·Σ(q - 16)·x per block
-(csrc/qgemv.cpp) with no min tensor. Q4_K keeps the file's bytes too: its scales stay the
-super-blocks' 16-byte heads (d, dmin, 6-bit sc and m; quant/kheads.py), which the kernel turns
-into the float32 d·sc and -dmin·m of 64 rows at a time in cache. The price is memory above
-the file for Q6_K (int8 codes, per-16 float32 scales: 1.52×). Q2_K, Q3_K, Q5_K, IQ4_NL and
-IQ4_XS keep the file's blocks as they are (quant/raw.py: their kernel rebuilds the two-level
-scales per block); other types
+(csrc/qgemv.cpp) with no min tensor. Q4_K keeps the file's bytes too, and Q6_K its scales: they
+stay the super-blocks' heads (Q4_K: d, dmin, 6-bit sc and m; Q6_K: int8 sc and d;
+quant/kheads.py), which the kernel turns into the float32 d·sc (and -dmin·m) of 64 rows at a
+time in cache. The price is memory above the file for Q6_K's int8 codes (1.30×: a 6-bit
+layout the float32 kernel reads as fast is still to be found, docs/speed-log.md). Q2_K, Q3_K,
+Q5_K, IQ4_NL and IQ4_XS keep the file's blocks as they are (quant/raw.py: their kernel rebuilds
+the two-level scales per block); other types
 (IQ2 / IQ3 / IQ1, TQ, BF16, F16) are not packed (:class:`UnsupportedQuantError`; F16 and
 BF16 matrices stay 16-bit as stored instead: quant/half.py). Layouts:
 ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's quants.py. A compact load then
@@ -54,7 +56,7 @@ from torch import nn
 
 from clearlm.errors import ClearLMError
 from clearlm.quant.fields import WORD, from_fields, is_fields
-from clearlm.quant.kheads import HEAD, SUPER, expand_heads, heads_tile, is_heads
+from clearlm.quant.kheads import HEAD, HEAD6, SUPER, expand_heads, heads_tile, is_heads
 from clearlm.quant.raw import RAW_BASE, RAW_TYPES, code_bytes, dequantize_raw, is_raw, split_blocks
 
 Q = GGMLQuantizationType
@@ -75,9 +77,9 @@ class Packed:
     Row tiles (quant/tiles.py, the layout decode reads fastest): the same blocks, T rows
     interleaved block by block: codes (N // T, K // block, T * bytes per block), scale / min
     (N // T, K // block, T); 5-bit codes in tiles may be bit fields (quant/fields.py): codes
-    (N // T, W, T * 32), W = ceil(4 * K // 32 / 6) words per row. Q4_K: scale = the file's
-    super-block heads uint8 (N, K // 256, 16), tiled (N // T, K // 256, T, 16), min None
-    (quant/kheads.py)."""
+    (N // T, W, T * 32), W = ceil(4 * K // 32 / 6) words per row. Q4_K / Q6_K: scale = the
+    file's super-block heads uint8 (N, K // 256, 16 / 18), tiled (N // T, K // 256, T, 16 / 18),
+    min None (quant/kheads.py)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -187,10 +189,8 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
     qh = b[:, 128:192].reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
     qh = (qh & 0x03).reshape(nb, 8, 32)
     codes = (ql | (qh << 4)).astype(np.int8) - np.int8(32)  # (nb, 8, 32)
-    scale = _f16(b, 208).astype(np.float32)[:, None] * b[:, 192:208].view(np.int8).astype(
-        np.float32
-    )  # (nb, 16): exact (11 × 8 bits)
-    return Packed(t(codes, k), t(scale, k // 16), None, 8, 16, "Q6_K")
+    heads = torch.from_numpy(b[:, 192:210].copy()).reshape(n, k // SUPER, HEAD6)  # sc, d
+    return Packed(t(codes, k), heads, None, 8, 16, "Q6_K")
 
 
 def block_bytes(p: Packed) -> int:
@@ -249,7 +249,7 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
     p = untile_rows(p)
     n, k = p.shape
     nb = k // p.block
-    if is_heads(p.scale):  # Q4_K: the float32 d·sc and -dmin·m per 32 (quant/kheads.py)
+    if is_heads(p.scale):  # K-quants: the float32 d·sc (and -dmin·m) per block (kheads.py)
         p = Packed(p.codes, *expand_heads(p.scale), p.bits, p.block, p.qtype)
     if is_raw(p.bits):  # gguf's own dequantization of the file's blocks
         return dequantize_raw(p.codes, p.scale, p.min, p.bits)

@@ -12,9 +12,10 @@
 //             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh).
 // Scales and mins are float32 or float16 tensors (N, K/bs), or, for Q4_K (bits = 4, bs = 32),
 // the file's super-block heads (quant/kheads.py): scale uint8 (N, K/256, 16) = d, dmin (float16)
-// and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; expand_heads turns a band's
-// heads into the float32 scale d*sc and min -(dmin*m) of each 32-value block (exact products),
-// so the products below see the same float32 scales and mins as before.
+// and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; for Q6_K (bits = 8, bs = 16)
+// uint8 (N, K/256, 18) = 16 int8 sub-scales sc and d. expand_heads turns a band's heads into
+// the float32 scale d*sc (and min -(dmin*m)) of each block (exact products), so the products
+// below see the same float32 scales and mins as with float32 tensors.
 // Two arrangements of the same blocks (quant/tiles.py: tile_rows):
 //   row-major: codes (N, row_bytes), scales (N, nb), nb = K / bs: row n's block b at
 //              n * row_bytes + b * bpb (bpb: the bytes of one block's codes);
@@ -793,25 +794,59 @@ inline void expand_head(const uint8_t* p, float* s, float* m) {
 #endif
 }
 
-// The Q4_K heads of `rows` rows from a tile's first row (h: that row's head 0; heads lie
-// (rows / T, nS, T, 16), row-major (rows, nS, 16) where T = 1) → the float32 scales d*sc and
-// mins -(dmin*m) of their 32-value blocks, row-major (rows, nb) whatever T is (ROWS), or
-// arranged as a tile's float scales are ((rows / T, nb, T): the int8 kernel's tile bodies).
-template <bool ROWS>
+// One Q6_K head (quant/kheads.py: 16 int8 sub-scales sc, then d float16) → its 16 float32
+// scales d*sc into s[0..15] (exact: 11 x 8 bits, as gguf.quants computes them).
+inline void expand_head6(const uint8_t* p, float* s) {
+  at::Half dh;
+  std::memcpy(&dh, p + 16, 2);
+  const float d = to_f(dh);
+#if defined(__AVX2__)
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256 dv = _mm256_set1_ps(d);
+  _mm256_storeu_ps(s, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
+  _mm256_storeu_ps(s + 8, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(
+                                                _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)))));
+#else
+  for (int k = 0; k < 16; ++k) s[k] = d * static_cast<float>(static_cast<int8_t>(p[k]));
+#endif
+}
+
+// Heads by code layout: Q4_K (BITS 4) 16 bytes for 8 blocks of 32, with mins; Q6_K (BITS 8,
+// int8 codes) 18 bytes for 16 blocks of 16, without.
+constexpr int64_t head_bytes(int bits) { return bits == 4 ? 16 : 18; }
+constexpr int64_t head_blocks(int bits) { return bits == 4 ? 8 : 16; }
+
+template <int BITS>
+inline void expand_one(const uint8_t* p, float* s, float* m) {
+  if constexpr (BITS == 4) {
+    expand_head(p, s, m);
+  } else {
+    expand_head6(p, s);
+  }
+}
+
+// The heads of `rows` rows from a tile's first row (h: that row's head 0; heads lie
+// (rows / T, nS, T, HB), row-major (rows, nS, HB) where T = 1; HB: head_bytes) → the float32
+// scales (and Q4_K's mins; m is not written for Q6_K) of their blocks, row-major (rows, nb)
+// whatever T is (ROWS), or arranged as a tile's float scales are ((rows / T, nb, T): the int8
+// kernel's tile bodies).
+template <int BITS, bool ROWS>
 void expand_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* s, float* m) {
-  const int64_t nb = ns * 8;
+  constexpr int64_t HB = head_bytes(BITS), PER = head_blocks(BITS);
+  const int64_t nb = ns * PER;
   for (int64_t t0 = 0; t0 < rows; t0 += T) {  // each tile (T = 1: each row)
     for (int64_t r = 0; r < T && t0 + r < rows; ++r) {
       for (int64_t j = 0; j < ns; ++j) {
-        const uint8_t* p = h + (t0 * ns + j * T + r) * 16;
+        const uint8_t* p = h + (t0 * ns + j * T + r) * HB;
         if constexpr (ROWS) {
-          expand_head(p, s + (t0 + r) * nb + j * 8, m + (t0 + r) * nb + j * 8);
+          const int64_t o = (t0 + r) * nb + j * PER;
+          expand_one<BITS>(p, s + o, m ? m + o : m);
         } else {
-          float ts[8], tm[8];
-          expand_head(p, ts, tm);
-          for (int k = 0; k < 8; ++k) {
-            s[t0 * nb + (j * 8 + k) * T + r] = ts[k];
-            m[t0 * nb + (j * 8 + k) * T + r] = tm[k];
+          float ts[PER], tm[PER];
+          expand_one<BITS>(p, ts, tm);
+          for (int k = 0; k < PER; ++k) {
+            s[t0 * nb + (j * PER + k) * T + r] = ts[k];
+            if (BITS == 4) m[t0 * nb + (j * PER + k) * T + r] = tm[k];
           }
         }
       }
@@ -843,13 +878,15 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
     // in cache): converting them per block inside the loop (load, vcvtph2ps, register
     // broadcast) cost ~35% of the time. A band of whole tiles keeps the tiles' arrangement.
     constexpr int64_t band = 64;
-    // Q4_K's heads (S = uint8_t): 16 bytes per 8 blocks, expanded a band at a time the same way
+    // K-quant heads (S = uint8_t): Q4_K 16 bytes per 8 blocks, Q6_K 18 per 16, expanded a band
+    // at a time as float16 scales are widened
     constexpr bool heads = std::is_same_v<S, uint8_t>;
-    const int64_t srow = heads ? nb * 2 : nb * int64_t(sizeof(S));  // scale bytes per row
+    const int64_t srow = heads ? nb / head_blocks(BITS) * head_bytes(BITS)
+                               : nb * int64_t(sizeof(S));  // scale bytes per row
     std::vector<float> sbuf, mbuf;
     if constexpr (!std::is_same_v<S, float>) {
       sbuf.resize(band * nb);
-      if (mp || heads) mbuf.resize(band * nb);
+      if (mp || (heads && BITS == 4)) mbuf.resize(band * nb);
     }
     for (int64_t b0 = n0; b0 < n1; b0 += band) {
       const int64_t b1 = b0 + band < n1 ? b0 + band : n1;
@@ -863,8 +900,10 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
       if constexpr (std::is_same_v<S, float>) {
         sf = sp + b0 * nb, mf = mp ? mp + b0 * nb : nullptr;
       } else if constexpr (heads) {
-        expand_heads<true>(sp + b0 * srow, b1 - b0, T, nb / 8, sbuf.data(), mbuf.data());
-        sf = sbuf.data(), mf = mbuf.data();  // row-major (band, nb): see rows below
+        float* mb = BITS == 4 ? mbuf.data() : nullptr;  // Q6_K: no mins
+        expand_heads<BITS, true>(sp + b0 * srow, b1 - b0, T, nb / head_blocks(BITS), sbuf.data(),
+                                 mb);
+        sf = sbuf.data(), mf = mb;  // row-major (band, nb): see rows below
       } else {
         widen(sp + b0 * nb, (b1 - b0) * nb, sbuf.data());
         if (mp) widen(mp + b0 * nb, (b1 - b0) * nb, mbuf.data());
@@ -915,12 +954,15 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
     for (int64_t i = a; i < b; ++i) {
       const int64_t n = r0 + i, s = A.scale_at(n);
       if constexpr (std::is_same_v<S, uint8_t>) {
-        const int64_t ns = nb / 8, r = n % T;
+        constexpr int64_t HB = head_bytes(BITS), PER = head_blocks(BITS);
+        const int64_t ns = nb / PER, r = n % T;
         hs.resize(nb), hm.resize(nb);
-        for (int64_t j = 0; j < ns; ++j) {  // heads (N/T, nS, T, 16): row n's head j
-          expand_head(sp + ((n - r) * ns + j * T + r) * 16, hs.data() + j * 8, hm.data() + j * 8);
+        for (int64_t j = 0; j < ns; ++j) {  // heads (N/T, nS, T, HB): row n's head j
+          expand_one<BITS>(sp + ((n - r) * ns + j * T + r) * HB, hs.data() + j * PER,
+                           hm.data() + j * PER);
         }
-        dequant_row_fast<BITS, BS, float>(cp + A.code_at(n), hs.data(), hm.data(),
+        dequant_row_fast<BITS, BS, float>(cp + A.code_at(n), hs.data(),
+                                          BITS == 4 ? hm.data() : nullptr,
                                           Steps{L.crs, L.cbs, nb, 1}, K, op + i * K);
       } else if (fields) {
         dequant_row_fields<S>(cp + A.code_at(n), sp + s, mp ? mp + s : nullptr, L, nb,
@@ -934,8 +976,9 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 }
 
 #define DISPATCH(bits, bs, scale, FN, ...)                                         \
-  if (scale.scalar_type() == torch::kByte) {  /* Q4_K's heads */                  \
-    FN<4, 32, uint8_t>(__VA_ARGS__);                                              \
+  if (scale.scalar_type() == torch::kByte) {  /* K-quant heads */                 \
+    if (bits == 8) FN<8, 16, uint8_t>(__VA_ARGS__);                               \
+    else FN<4, 32, uint8_t>(__VA_ARGS__);                                         \
   } else if (scale.scalar_type() == torch::kFloat) {                              \
     if (bits == 8 && bs == 16) FN<8, 16, float>(__VA_ARGS__);                     \
     else if (bits == 8) FN<8, 32, float>(__VA_ARGS__);                            \
@@ -951,9 +994,13 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 }  // namespace
 
 // Entry points for qgemv_ops.cpp (which checks the arguments first) and qgemv_i8.cpp.
-void qgemv_expand_k4_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* s,
-                           float* m) {
-  expand_heads<false>(h, rows, T, ns, s, m);
+void qgemv_expand_heads(int64_t bits, const uint8_t* h, int64_t rows, int64_t T, int64_t ns,
+                        float* s, float* m) {
+  if (bits == 4) {
+    expand_heads<4, false>(h, rows, T, ns, s, m);
+  } else {
+    expand_heads<8, false>(h, rows, T, ns, s, m);
+  }
 }
 int64_t qgemv_row_bytes(int64_t bits, int64_t K) { return row_bytes_of(static_cast<int>(bits), K); }
 // 32-byte words per row of nb blocks of 5-bit codes held as bit fields (in row tiles), and

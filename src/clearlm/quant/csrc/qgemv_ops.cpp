@@ -67,21 +67,24 @@ Shape check_raw(const torch::Tensor& codes, const torch::Tensor& scale, const to
   return {scale.size(0) * T, nb * bs, T};
 }
 
-// A Q4_K weight with the file's super-block heads (quant/kheads.py): 4-bit codes as for
-// bits = 4 (N, K/2) or (N/T, nb, T * 16), scale uint8 (N, K/256, 16) or (N/T, K/256, T, 16),
-// min empty.
+// A K-quant weight with the file's super-block heads (quant/kheads.py): Q4_K, 4-bit codes
+// (N, K/2) or (N/T, nb, T * 16) with heads uint8 (N, K/256, 16) or (N/T, K/256, T, 16); Q6_K,
+// int8 codes (N, K) or (N/T, nb, T * 16) in blocks of 16 with heads of 18 bytes; min empty.
 Shape check_heads(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                   int64_t bits, int64_t bs) {
-  TORCH_CHECK(bits == 4 && bs == 32, "super-block heads need 4-bit codes in blocks of 32");
+  TORCH_CHECK((bits == 4 && bs == 32) || (bits == 8 && bs == 16),
+              "super-block heads need 4-bit codes in blocks of 32 or int8 codes in blocks of 16");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
-  TORCH_CHECK(codes.scalar_type() == torch::kUInt8, "codes dtype");
+  TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
   TORCH_CHECK(!mn.numel(), "a weight with super-block heads has no min tensor");
-  TORCH_CHECK((scale.dim() == 3 || scale.dim() == 4) && scale.size(-1) == 16 &&
+  const int64_t hb = bits == 4 ? 16 : 18, bpb = 16;  // bytes of a head; of a block's codes
+  TORCH_CHECK((scale.dim() == 3 || scale.dim() == 4) && scale.size(-1) == hb &&
                   codes.dim() == scale.dim() - 1 && codes.size(0) == scale.size(0),
-              "heads must be (N, K/256, 16) with codes (N, K/2), or row tiles of both");
-  const int64_t T = scale.dim() == 4 ? scale.size(2) : 1, nb = scale.size(1) * 8;
+              "heads must be (N, K/256, bytes) with codes (N, row bytes), or row tiles of both");
+  const int64_t T = scale.dim() == 4 ? scale.size(2) : 1, nb = scale.size(1) * (256 / bs);
   TORCH_CHECK(T == 1 || T == 4 || T == 8, "row tiles must hold 4 or 8 rows");
-  TORCH_CHECK(T == 1 ? codes.size(1) == nb * 16 : codes.size(1) == nb && codes.size(2) == T * 16,
+  TORCH_CHECK(T == 1 ? codes.size(1) == nb * bpb
+                     : codes.size(1) == nb && codes.size(2) == T * bpb,
               "codes, heads and block size disagree");
   return {scale.size(0) * T, nb * bs, T};
 }
