@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from clearlm.quant.kernels import load_kernels
-from clearlm.quant.kheads import is_heads
+from clearlm.quant.kheads import SUPER, is_heads
 from clearlm.quant.pack import Packed, dequantize_packed
 
 
@@ -79,8 +79,10 @@ def dequant(codes: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, bits: in
 
 @dequant.register_fake
 def _dequant_fake(codes, scale, mn, bits, block):
-    n = scale.shape[0] * (scale.shape[2] if scale.dim() == 3 else 1)  # rows (tiles × rows)
-    return scale.new_empty(n, scale.shape[1] * block, dtype=torch.float32)  # (N, K), no data
+    heads = is_heads(scale)  # K-quant heads: (N, nS, B) or (N // T, nS, T, B), 256 values each
+    n = scale.shape[0] * (scale.shape[2] if scale.dim() == (4 if heads else 3) else 1)  # rows
+    k = scale.shape[1] * (SUPER if heads else block)
+    return scale.new_empty(n, k, dtype=torch.float32)  # (N, K), no data
 
 
 _registered: list[bool] = []
