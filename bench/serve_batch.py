@@ -20,14 +20,13 @@ import argparse
 import asyncio
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-from serve_load import PROMPTS, Outcome, summarize
+from serve_load import PROMPTS, Outcome, cells, medians, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,18 +127,15 @@ def main() -> None:
             s = summarize(outcomes, wall)
             runs[mode].append(s)
             texts.setdefault(mode, [o.text for o in outcomes])
-            print(f"| {i + 1} | {mode} | {s['tokens_per_s']:.1f} | {s['requests_per_s']:.2f} | "
-                  f"{s['ttft_p50_s']:.2f} | {s['ttft_p95_s']:.2f} | {s['failures']} |",
-                  flush=True)  # fmt: skip
+            print(f"| {i + 1} | {mode} | {cells(s)} | {s['failures']} |", flush=True)
             for o in outcomes:
                 if o.error:
                     print("failed:", o.error)
-    med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
+    med = medians(runs)
     print("\n| mode | tokens/s | requests/s | TTFT p50 (s) | TTFT p95 (s) |")
     print("|---|---:|---:|---:|---:|")
     for m, s in med.items():
-        print(f"| {m} | {s['tokens_per_s']:.1f} | {s['requests_per_s']:.2f} | "
-              f"{s['ttft_p50_s']:.2f} | {s['ttft_p95_s']:.2f} |")
+        print(f"| {m} | {cells(s)} |")
     ratio = med["compile"]["tokens_per_s"] / med["eager"]["tokens_per_s"]
     same = sum(a == b for a, b in zip(texts["compile"], texts["eager"], strict=True))
     print(f"\ncompiled / eager aggregate tokens/s: {ratio:.2f}x (medians); "

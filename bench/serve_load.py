@@ -96,6 +96,17 @@ def summarize(outcomes: list[Outcome], wall: float) -> dict[str, float]:
     }
 
 
+def medians(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each name's runs (``summarize`` dicts) → one dict of each key's median over them."""
+    return {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
+
+
+def cells(s: dict[str, float]) -> str:
+    """A ``summarize`` dict as Markdown cells: tokens/s | requests/s | TTFT p50 | TTFT p95 (s)."""
+    return (f"{s['tokens_per_s']:.1f} | {s['requests_per_s']:.2f} | {s['ttft_p50_s']:.2f} | "
+            f"{s['ttft_p95_s']:.2f}")
+
+
 def serve_in_thread(app) -> tuple[str, object, threading.Thread]:
     """Start uvicorn on 127.0.0.1:free port; return (base URL, server, thread)."""
     import uvicorn

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import httpx
 from quantize_models import resolve, tool_path
-from serve_load import PROMPTS, Outcome, summarize
+from serve_load import PROMPTS, Outcome, cells, medians, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 CTX = 512  # tokens per llama-server slot: a prompt of ~10 tokens + max_tokens fits
@@ -166,18 +165,16 @@ def servers(args, path: Path, binary: str, deadline: float) -> dict[str, tuple]:
 
 
 def row(i, name: str, s: dict, rss: float) -> str:
-    return (f"| {i} | {name} | {s['tokens_per_s']:.1f} | {s['requests_per_s']:.2f} | "
-            f"{s['ttft_p50_s']:.2f} | {s['ttft_p95_s']:.2f} | {rss:,.0f} | {s['failures']} |")
+    return f"| {i} | {name} | {cells(s)} | {rss:,.0f} | {s['failures']} |"
 
 
 def report(runs: dict[str, list[dict]], rss: dict[str, float], texts: dict[str, list[str]]):
     """The medians table and the clearlm / llama.cpp ratios."""
-    med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
+    med = medians(runs)
     print("\n| server | tokens/s | requests/s | TTFT p50 (s) | TTFT p95 (s) | peak RSS (MiB) |")
     print("|---|---:|---:|---:|---:|---:|")
     for n, s in med.items():
-        print(f"| {n} | {s['tokens_per_s']:.1f} | {s['requests_per_s']:.2f} | "
-              f"{s['ttft_p50_s']:.2f} | {s['ttft_p95_s']:.2f} | {rss[n]:,.0f} |")
+        print(f"| {n} | {cells(s)} | {rss[n]:,.0f} |")
     c, llama = med["clearlm"], med["llama.cpp"]
 
     def ratio(k: str) -> str:
