@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 
 from clearlm.quant.kernels import load_kernels
-from clearlm.quant.kheads import SUPER, is_heads
 from clearlm.quant.pack import Packed, dequantize_packed
 
 
@@ -65,8 +64,7 @@ def qmm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: torch.Ten
 
 @qmm.register_fake
 def _qmm_fake(x, codes, scale, mn, bits, block, int8=False):
-    tiled = scale.dim() == (4 if is_heads(scale) else 3)  # Q4_K heads: (N // T, nS, T, 16)
-    n = scale.shape[0] * (scale.shape[2] if tiled else 1)  # rows (tiles × rows)
+    n, _ = Packed(codes, scale, None, bits, block, "").shape  # rows, from the scale's layout
     return x.new_empty(x.shape[0], n)  # (M, N) float32, no data
 
 
@@ -79,10 +77,8 @@ def dequant(codes: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, bits: in
 
 @dequant.register_fake
 def _dequant_fake(codes, scale, mn, bits, block):
-    heads = is_heads(scale)  # K-quant heads: (N, nS, B) or (N // T, nS, T, B), 256 values each
-    n = scale.shape[0] * (scale.shape[2] if scale.dim() == (4 if heads else 3) else 1)  # rows
-    k = scale.shape[1] * (SUPER if heads else block)
-    return scale.new_empty(n, k, dtype=torch.float32)  # (N, K), no data
+    shape = Packed(codes, scale, None, bits, block, "").shape  # (N, K), from the scale's layout
+    return scale.new_empty(shape, dtype=torch.float32)  # (N, K), no data
 
 
 _registered: list[bool] = []

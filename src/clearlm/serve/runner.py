@@ -196,12 +196,7 @@ class Runner:
             with self.small:
                 target = self.sinks.pop(request.request_id, None)
             if target is not None:
-                loop, sink = target
-                failed = EngineFailed(f"the engine refused the request: {e}")
-                try:
-                    loop.call_soon_threadsafe(sink.put_nowait, failed)
-                except RuntimeError:
-                    pass
+                _send(target, EngineFailed(f"the engine refused the request: {e}"))
 
     def _deliver(self, ev: TokenEvent) -> None:
         with self.small:
@@ -209,19 +204,21 @@ class Runner:
             if target is not None and ev.finish_reason is not None:
                 del self.sinks[ev.request_id]
         if target is not None:
-            loop, sink = target
-            try:
-                loop.call_soon_threadsafe(sink.put_nowait, ev)
-            except RuntimeError:  # the loop is closed: nobody is listening
-                pass
+            _send(target, ev)
 
     def _fail_all(self, message: str, status: int = 500, code: str = "engine_failed") -> None:
         """Abort every live request in the engine and tell its handler (lock held)."""
         with self.small:
             targets, self.sinks = self.sinks, {}
-        for rid, (loop, sink) in targets.items():
+        for rid, target in targets.items():
             self.engine.abort(rid)
-            try:
-                loop.call_soon_threadsafe(sink.put_nowait, EngineFailed(message, status, code))
-            except RuntimeError:
-                pass
+            _send(target, EngineFailed(message, status, code))
+
+
+def _send(target: tuple[asyncio.AbstractEventLoop, asyncio.Queue[Item]], item: Item) -> None:
+    """Put ``item`` on a request's sink from the engine thread (on the sink's own loop)."""
+    loop, sink = target
+    try:
+        loop.call_soon_threadsafe(sink.put_nowait, item)
+    except RuntimeError:  # the loop is closed: nobody is listening
+        pass
