@@ -22,7 +22,6 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -50,7 +49,7 @@ def cflags() -> list[str]:
     Raises ValueError when the variable is not a plain target name (letters, digits, ``-_.``),
     which load_kernels reports as 'kernel unavailable'."""
     march = os.environ.get(MARCH_ENV) or "native"
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", march):
+    if not (march[0].isalnum() and all(c.isalnum() or c in "_.-" for c in march)):
         raise ValueError(f"{MARCH_ENV}={march!r} is not a -march target name (e.g. native, "
                          "haswell, x86-64)")
     return ["-O3", f"-march={march}", "-fopenmp"]
