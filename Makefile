@@ -45,7 +45,7 @@ kernels:
 # The kernel's AVX2 + FMA (haswell) and plain C++ (x86-64) bodies, tested on this machine (an
 # AVX-512 CPU runs both; never part of `make test`): each target is built into the kernel cache,
 # keyed by CLEARLM_KERNEL_MARCH (5-10 minutes each on 2 busy cores, once), then the kernel's tests
-# run against it (about 2 minutes each). Other targets, e.g. AVX-512 without VNNI (int8 on the
+# run against it (3-4 minutes each). Other targets, e.g. AVX-512 without VNNI (int8 on the
 # AVX2 body): make kernel-isa-check KERNEL_MARCHES="skylake-avx512".
 KERNEL_MARCHES ?= haswell x86-64
 KERNEL_ISA_TESTS ?= tests/quant tests/loading/test_pack_cache.py tests/runtime/test_aot.py \
