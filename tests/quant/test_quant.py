@@ -6,6 +6,7 @@ summation bound |Δ| ≤ K·u·(|x| @ |W|ᵀ) (u = 2⁻²⁴, Higham, Accuracy a
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +213,41 @@ def test_a_kernel_build_says_so_on_stderr(tmp_path, monkeypatch, capsys) -> None
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"clearlm: building the quantized kernel once into {tmp_path / 'qgemv-test'} "
                    "(about a minute on 2 cores; `make kernels` does it ahead)"]
+
+
+def test_the_build_target_is_in_the_key(monkeypatch) -> None:
+    """CLEARLM_KERNEL_MARCH picks -march and keys the build directory (builds never mix); an
+    unset or empty variable is native, the default build's key; a flag-like value is refused."""
+    from clearlm.quant import kernels
+
+    monkeypatch.delenv(kernels.MARCH_ENV, raising=False)
+    native = kernels.build_dir()
+    assert kernels.cflags() == ["-O3", "-march=native", "-fopenmp"]
+    monkeypatch.setenv(kernels.MARCH_ENV, "")
+    assert kernels.build_dir() == native
+    dirs = {native}
+    for march in ("haswell", "x86-64"):
+        monkeypatch.setenv(kernels.MARCH_ENV, march)
+        assert f"-march={march}" in kernels.cflags()
+        dirs.add(kernels.build_dir())
+    assert len(dirs) == 3
+    monkeypatch.setenv(kernels.MARCH_ENV, "native -O0")
+    with pytest.raises(ValueError, match="not a -march target name"):
+        kernels.cflags()
+
+
+@pytest.mark.skipif(load_kernels() is None, reason="no C++ kernel (needs g++)")
+def test_the_loaded_build_is_the_target_asked_for() -> None:
+    """Under `make kernel-isa-check` the loaded kernel is the body asked for: haswell (AVX2 +
+    FMA + F16C) has the int8 body and wants 5-bit bit fields and tiles of 4; x86-64 (plain C++)
+    has no int8 body. The native build is whatever this CPU has."""
+    from clearlm.quant import kernels
+
+    kern = load_kernels()
+    march = os.environ.get(kernels.MARCH_ENV) or "native"
+    if march == "haswell":
+        assert kern.fields_preferred() and kern.qmm_i8_available()
+        assert kern.preferred_tile(4, 32) == 4
+    elif march == "x86-64":
+        assert kern.fields_preferred() and not kern.qmm_i8_available()
+        assert kern.preferred_tile(4, 32) == 4

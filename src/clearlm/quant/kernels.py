@@ -9,6 +9,11 @@ at its end), without importing torch.utils.cpp_extension and setuptools or runni
 ``python -m clearlm.quant.build`` to build it ahead of time on a fresh machine. Without a
 compiler the module still works: :func:`load_kernels` returns None and QuantLinear
 falls back to a pure-torch dequantize + matmul.
+
+Target: ``CLEARLM_KERNEL_MARCH`` (default ``native``) is the ``-march`` the kernel is built for,
+so the AVX2 and plain C++ bodies can be built and tested on an AVX-512 machine:
+``haswell`` (AVX2 + FMA + F16C), ``x86-64`` (plain C++, SSE2 only). It is part of
+:func:`build_dir`'s key, so builds for different targets never mix (``make kernel-isa-check``).
 """
 
 from __future__ import annotations
@@ -33,20 +38,32 @@ SOURCES = (
     SOURCE.with_name("qgemv_ops.cpp"),  # checks and bindings
 )
 NAME = "clearlm_qgemv"
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+MARCH_ENV = "CLEARLM_KERNEL_MARCH"
 LDFLAGS = ["-fopenmp"]
 _loaded: list[ModuleType | None] = []
 
 
+def cflags() -> list[str]:
+    """The compiler flags: ``-O3 -march=<CLEARLM_KERNEL_MARCH or native> -fopenmp``.
+
+    Raises ValueError when the variable is not a plain target name (letters, digits, ``-_.``),
+    which load_kernels reports as 'kernel unavailable'."""
+    march = os.environ.get(MARCH_ENV) or "native"
+    if not (march[0].isalnum() and all(c.isalnum() or c in "_.-" for c in march)):
+        raise ValueError(f"{MARCH_ENV}={march!r} is not a -march target name (e.g. native, "
+                         "haswell, x86-64)")
+    return ["-O3", f"-march={march}", "-fopenmp"]
+
+
 def build_dir() -> Path:
     """Where the compiled extension lives: keyed by the sources' hash, the torch and Python
-    versions and the flags (a build found there is imported as it is, so the key must name
-    everything it depends on)."""
+    versions and the flags, ``-march`` included (a build found there is imported as it is, so
+    the key must name everything it depends on)."""
     import torch
 
     root = default_cache_dir()
     text = b"".join(p.read_bytes() for p in SOURCES) + torch.__version__.encode()
-    text += " ".join([*CFLAGS, *LDFLAGS, *importlib.machinery.EXTENSION_SUFFIXES]).encode()
+    text += " ".join([*cflags(), *LDFLAGS, *importlib.machinery.EXTENSION_SUFFIXES]).encode()
     key = hashlib.sha256(text).hexdigest()[:12]
     return root / "kernels" / f"qgemv-{key}"
 
@@ -74,7 +91,7 @@ def load_kernels(verbose: bool = False) -> ModuleType | None:
                     name=NAME,
                     sources=[str(p) for p in SOURCES],
                     build_directory=str(out),
-                    extra_cflags=list(CFLAGS),  # copies: torch appends to the lists it gets
+                    extra_cflags=cflags(),  # copies: torch appends to the lists it gets
                     extra_ldflags=list(LDFLAGS),
                     verbose=verbose,
                 )
