@@ -851,12 +851,25 @@ inline void expand_head6(const uint8_t* p, float* s) {
 inline void expand_head_xs(const uint8_t* p, float* s) {
   at::Half dh;
   uint16_t hi;
-  std::memcpy(&dh, p, 2), std::memcpy(&hi, p + 2, 2);
+  uint32_t lo;  // scales_l: sc i's low 4 bits at bit 4i
+  std::memcpy(&dh, p, 2), std::memcpy(&hi, p + 2, 2), std::memcpy(&lo, p + 4, 4);
   const float d = to_f(dh);
+#if defined(__AVX2__)
+  // the 8 sub-scales at once: lane i shifts lo by 4i and hi by 2i
+  const __m256i l = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(lo)),
+                                      _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+  const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32(hi), _mm256_setr_epi32(0, 2, 4, 6, 8, 10,
+                                                                             12, 14));
+  const __m256i h2 = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(3)), 4);
+  const __m256i sc = _mm256_or_si256(_mm256_and_si256(l, _mm256_set1_epi32(15)), h2);
+  const __m256 sf = _mm256_cvtepi32_ps(_mm256_sub_epi32(sc, _mm256_set1_epi32(32)));
+  _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(d), sf));
+#else
   for (int i = 0; i < 8; ++i) {
-    const int sc = ((p[4 + i / 2] >> 4 * (i % 2)) & 15) | (((hi >> 2 * i) & 3) << 4);
+    const int sc = static_cast<int>((lo >> 4 * i) & 15) | (((hi >> 2 * i) & 3) << 4);
     s[i] = d * static_cast<float>(sc - 32);
   }
+#endif
 }
 
 // Heads by code layout: Q4_K (BITS 4) 16 bytes for 8 blocks of 32, with mins; Q6_K (BITS 8,
