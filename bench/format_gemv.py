@@ -3,10 +3,11 @@
 Formats: float32 (``F.linear``); F16 and BF16 kept 16-bit (clearlm.quant.half.HalfLinear: the C++
 kernel csrc/qgemv_half.cpp, and its pure-torch fallback, widen + F.linear); torch's own 16-bit
 ``F.linear`` with x rounded to 16 bits (not exact: shown for speed only, its max |Δ| against
-the float32 product on the same weights in the last column); Q8_0, Q4_0, Q4_K and Q6_K as a
-compact load holds them (QuantLinear, row tiles of 8), for the existing formats' speed (Q8_0 and
-Q4_0 quantized from the weights by gguf; Q4_K and Q6_K, which gguf-py cannot quantize, are
-random blocks of the same shape with small float16 scales: the same bytes to read).
+the float32 product on the same weights in the last column); Q8_0, Q4_0, Q4_K, Q6_K, IQ4_NL
+and IQ4_XS as a compact load holds them (QuantLinear, row tiles of the kernel's
+quant/tiles.tile_size), for the existing formats' speed (Q8_0 and Q4_0 quantized from the
+weights by gguf; the others, which gguf-py cannot quantize, are random blocks of the same shape
+with small float16 scales: the same bytes to read).
 
 Two settings per shape: "hot", one matrix multiplied again and again (it sits in the caches:
 this CPU's L3 is large), and "cold" (``--cold-mb``, one shape), a pass over copies of the matrix
@@ -41,11 +42,12 @@ SHAPES = [(4864, 896), (896, 4864), (1536, 576), (8192, 2048)]  # (N out, K in)
 
 
 def k_blocks(qtype: Q, shape: tuple[int, int], seed: int) -> np.ndarray:
-    """Random Q4_K / Q6_K blocks of a (N, K) matrix, float16 scales in [2^-12, 2^-8)."""
+    """Random Q4_K / Q6_K / IQ4_NL / IQ4_XS blocks of a (N, K) matrix, float16 scales in
+    [2^-12, 2^-8)."""
     rng = np.random.default_rng(seed)
     block, size = GGML_QUANT_SIZES[qtype]
     b = rng.integers(0, 256, (shape[0] * shape[1] // block, size), dtype=np.uint8)
-    for at in (0, 2) if qtype == Q.Q4_K else (208,):  # d, dmin (Q4_K); d (Q6_K)
+    for at in {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}.get(qtype, (0,)):  # d, dmin (Q4_K); d
         f = rng.uniform(2**-12, 2**-8, b.shape[0]).astype("<f2")
         b[:, at : at + 2] = f.view(np.uint8).reshape(-1, 2)
     return b
@@ -71,12 +73,13 @@ def engines(
         )
     for qtype in (Q.Q8_0, Q.Q4_0):
         blocks = quantize(w.numpy(), qtype)
-        p = tile_rows(pack_blocks(blocks, qtype, tuple(w.shape)), 8)
+        p = tile_rows(pack_blocks(blocks, qtype, tuple(w.shape)))
         out[qtype.name] = (p.nbytes(), QuantLinear(p))
-    for qtype in (Q.Q4_K, Q.Q6_K) if w.shape[1] % 256 == 0 else ():  # rows of whole blocks
-        shape = tuple(w.shape)
-        p = tile_rows(pack_blocks(k_blocks(qtype, shape, seed), qtype, shape), 8)
-        out[qtype.name] = (p.nbytes(), QuantLinear(p))
+    for qtype in (Q.Q4_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS):
+        if w.shape[1] % GGML_QUANT_SIZES[qtype][0] == 0:  # rows of whole blocks
+            shape = tuple(w.shape)
+            p = tile_rows(pack_blocks(k_blocks(qtype, shape, seed), qtype, shape))
+            out[qtype.name] = (p.nbytes(), QuantLinear(p))
     return out
 
 
@@ -126,7 +129,7 @@ def max_delta(shape: tuple[int, int], args) -> dict[str, float]:
     for name, (_, fn) in engines(w, args.formats).items():
         ref_w = {"F16": torch.float16, "BF16": torch.bfloat16}.get(name.split()[0])
         wr = w.to(ref_w).double() if ref_w is not None else w.double()
-        if name.startswith("Q"):
+        if name.startswith(("Q", "IQ")):
             continue  # their values are the blocks' (tests/quant/test_quant.py)
         out[name] = (fn(x).double() - x.double() @ wr.T).abs().max().item()
     return out

@@ -1,4 +1,4 @@
-"""Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS kept as the file's blocks (quant/raw.py, csrc/qgemv_raw.cpp).
+"""Q2_K, Q3_K, Q5_K kept as the file's blocks (quant/raw.py, csrc/qgemv_raw.cpp).
 
 References: ``gguf.quants.dequantize`` (llama.cpp's reference dequantization in Python) for the
 values, bit for bit, on random blocks (every byte random but finite float16 scales: codes and
@@ -171,10 +171,11 @@ def test_tiny_gguf_loads_compact(tmp_path, qtype: Q) -> None:
 
 
 def test_traced_decode_step_equals_eager(tmp_path) -> None:
-    """The decode step of a model of every raw format (the embedding IQ4_NL, whose eager lookup
-    is gguf's numpy code) traces whole with torch.export, as the compiled steps trace it
-    (clearlm.runtime.aot_build), and the traced graph's logits equal the eager step's: the
-    embedding's rows through the dequantization operator, the products through qmm."""
+    """The decode step of a model of every raw format and of IQ4's table codes (the embedding
+    IQ4_NL, whose eager lookup builds a table tensor) traces whole with torch.export, as the
+    compiled steps trace it (clearlm.runtime.aot_build), and the traced graph's logits equal the
+    eager step's: the embedding's rows through the dequantization operator, the products
+    through qmm."""
     from clearlm.generation.loop import decode_step, prefill
     from clearlm.model.kv_cache import KVCache
     from clearlm.runtime.aot_build import _Step, rope_tables, tables_as_inputs
@@ -183,7 +184,9 @@ def test_traced_decode_step_equals_eager(tmp_path) -> None:
     path = write_tiny_llama(tmp_path / "t.gguf", n_layers=1, matrix_type=Q.Q5_K, d_model=256,
                             d_ff=256, seed=4, tied=False, tensor_types=types)
     net = clearlm.load(path, threads=1).transformer
-    assert {m.qtype for m in net.modules() if hasattr(m, "qtype")} == {t.name for t in RAW_TYPES}
+    iq4 = {"IQ4_NL", "IQ4_XS"}  # quant/iq4.py: through the main kernel
+    held = {m.qtype for m in net.modules() if hasattr(m, "qtype")}
+    assert held == {t.name for t in RAW_TYPES} | iq4
     cache = net.new_cache(1, 12)
     with torch.inference_mode():
         prefill(net, TOKENS[:, :5], cache)
@@ -251,7 +254,8 @@ def test_cli_info_and_warning_name_each_format(tmp_path) -> None:
     # the tied embedding and 2 layers of 7 matrices, less the 2 ffn_up and the 2 attn_v
     assert rows["Q5_K"][0] == "11" and rows["Q5_K"][3] == "compact: the file's blocks"
     assert rows["Q5_K"][1] == rows["Q5_K"][2]  # the file's bytes
-    assert rows["IQ4_NL"][0] == "2" and rows["IQ4_NL"][3] == "compact: the file's blocks"
+    assert rows["IQ4_NL"][0] == "2" and rows["IQ4_NL"][3] == "compact: codes + scales"
+    assert rows["IQ4_NL"][1] == rows["IQ4_NL"][2]  # the file's bytes
     assert rows["F32"][3] == "float32, as stored"
     gen = cli("generate", "-m", str(path), "hi", "-n", "1", "--temperature", "0")
     assert gen.returncode == 0, gen.stderr

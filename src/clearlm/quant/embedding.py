@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from clearlm.quant.iq4 import TABLE4
 from clearlm.quant.kheads import is_heads
 from clearlm.quant.ops import compiled_dequant
 from clearlm.quant.pack import Packed, PackedModule, dequantize_packed
@@ -35,10 +36,11 @@ class QuantEmbedding(PackedModule):
             raise IndexError(f"token id out of range: the embedding table has "
                              f"{self.num_embeddings} rows (ids 0 .. {self.num_embeddings - 1})")
         p = self.packed(flat)  # only the rows asked for
-        if (is_raw(self.bits) or is_heads(self.scale)) and torch.compiler.is_compiling():
-            # raw blocks' torch path is gguf's numpy code, which a trace cannot run, and K-quant
-            # heads' reinterprets bytes as float16: the kernel's dequantization as one graph
-            # node (the same values bit for bit)
+        kernel_only = is_raw(self.bits) or is_heads(self.scale) or self.bits == TABLE4
+        if kernel_only and torch.compiler.is_compiling():
+            # raw blocks' torch path is gguf's numpy code, which a trace cannot run, K-quant
+            # heads' reinterprets bytes as float16 and IQ4's builds a table tensor: the kernel's
+            # dequantization as one graph node (the same values bit for bit)
             mn = self.min if p.min is None else p.min
             rows = compiled_dequant(p.codes, p.scale, mn, self.bits, self.block)  # (T, D)
         else:

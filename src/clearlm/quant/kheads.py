@@ -1,4 +1,4 @@
-"""Q4_K's and Q6_K's two-level scales kept as the file stores them.
+"""Q4_K's, Q6_K's and IQ4_XS's two-level scales kept as the file stores them.
 
 A Q4_K super-block (ggml-common.h block_q4_K) is ``d`` (float16), ``dmin`` (float16), 12 bytes
 of 6-bit sub-scales ``sc`` and sub-mins ``m`` (8 each, one per 32 values) and 128 bytes of
@@ -22,6 +22,10 @@ Q6_K (block_q6_K: 6-bit codes q, 16 int8 sub-scales sc, one per 16 values, float
 (N, K // 256, 18), expanded by the kernel into d · sc per 16 values as Q4_K's: 1.0703 bytes per
 value against the file's 0.8203 (1.30×; 1.25 bytes, 1.52×, with float32 scales per 16).
 
+IQ4_XS (quant/iq4.py) keeps its first 8 bytes, d, scales_h, scales_l, as heads of
+:data:`HEADX` bytes: ``scale`` uint8 (N, K // 256, 8), expanded into ``d · (sc - 32)`` per 32
+(exact: 11 × 6 bits), its codes the file's: 0.53125 bytes per value, the file's.
+
 The 6-bit unpacking (ggml's get_scale_min_k4, gguf-py's Q4_K.get_scale_min): bytes q[0..11],
 sub-block i < 4: sc = q[i] & 63, m = q[i + 4] & 63; i >= 4: sc = (q[i + 4] & 15) | (q[i - 4]
 >> 6) << 4, m = (q[i + 4] >> 4) | (q[i] >> 6) << 4.
@@ -30,6 +34,8 @@ sub-block i < 4: sc = q[i] & 63, m = q[i + 4] & 63; i >= 4: sc = (q[i + 4] & 15)
 from __future__ import annotations
 
 import torch
+
+from clearlm.quant.iq4 import HEADX, expand_xs
 
 HEAD = 16  # bytes of one Q4_K head: d, dmin (float16), 12 bytes of 6-bit sc and m
 HEAD6 = 18  # bytes of one Q6_K head: 16 int8 sc, d (float16)
@@ -49,8 +55,11 @@ def heads_tile(scale: torch.Tensor) -> int:
 def expand_heads(heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Row-major heads (N, nS, B) uint8 → Q4_K (B = 16): scale ``d · sc`` and min
     ``-(dmin · m)``, each (N, nS * 8) float32; Q6_K (B = 18): scale ``d · sc`` (N, nS * 16),
-    min None. Sub-block i of super-block s in column s · blocks + i (exact products)."""
+    min None; IQ4_XS (B = 8): scale ``d · (sc - 32)`` (N, nS * 8), min None. Sub-block i of
+    super-block s in column s · blocks + i (exact products)."""
     n, ns = heads.shape[0], heads.shape[1]
+    if heads.shape[2] == HEADX:
+        return expand_xs(heads), None
     if heads.shape[2] == HEAD6:
         sc = heads[..., :16].contiguous().view(torch.int8).float()  # (N, nS, 16)
         d6 = heads[..., 16:18].contiguous().view(torch.float16).float()  # (N, nS, 1)

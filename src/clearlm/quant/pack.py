@@ -3,10 +3,11 @@
 Every supported type becomes *codes + one scale (+ one offset "min") per block of a row*:
 ``W[n, k] = scale[n, k // bs] * code[n, k] + min[n, k // bs]``, computed in float32 as one fused
 multiply-add; without a min, 4/5-bit codes are centred as ggml's Q4_0 / Q5_0 define them,
-``W = scale * (code - 8)`` or ``scale * (code - 16)``, and 8-bit codes are signed. For every
-type below that expression reproduces ``gguf.quants.dequantize`` bit for bit, because
-``scale * code`` is exact in float32 (a float16 scale has 11 significant bits, codes at most 6,
-K-quant sub-scales at most 8: ≤ 25 bits) and the reference rounds the same sum once:
+``W = scale * (code - 8)`` or ``scale * (code - 16)`` (IQ4's: ``scale * kvalues[code]``), and
+8-bit codes are signed. For every type below that expression reproduces
+``gguf.quants.dequantize`` bit for bit, because ``scale * code`` is exact in float32 (a float16
+scale has 11 significant bits, codes at most 7, sub-scales at most 8: ≤ 25 bits) and the
+reference rounds the same sum once:
 
 =======  =================================  ===========================  =====================
 GGUF     codes                              scale / min (dtype, block)   bytes/value (file)
@@ -21,8 +22,11 @@ Q4_K     uint4 q, repacked per 32           the file's d, dmin, 6-bit    0.5625 
                                             sc / m (quant/kheads.py)
 Q6_K     int8 q - 32                        the file's d, int8 sc        1.0703 (0.8203)
                                             (quant/kheads.py, 16)
+IQ4_NL   uint4 q, valued kvalues[q]         d / —        (f16, 32)       0.5625 (0.5625)
+IQ4_XS   uint4 q as IQ4_NL, per 32          the file's d, 6-bit sc       0.53125 (0.53125)
+                                            (quant/kheads.py)
 Q2_K,    the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the file
-Q3_K, Q5_K, IQ4_XS; IQ4_NL                               (f16, 32)
+Q3_K, Q5_K
 =======  =================================  ===========================  =====================
 
 Why this form: one kernel with three code layouts (int8, nibbles, nibbles + a 32-bit high-bit
@@ -30,19 +34,19 @@ word, ggml's own Q5 layout, whose fifth bit costs one masked add per 16 codes) c
 type in the three target GGUFs, and K-quants' two-level scales collapse exactly into per-block
 float32 products (d·sc is exact: 11 × 8 bits). Q4_0 and Q5_0 keep exactly the file's bytes:
 their offset is a fixed multiple of the scale, so the kernel computes d·Σ(q - 16)·x per block
-(csrc/qgemv.cpp) with no min tensor. Q4_K keeps the file's bytes too, and Q6_K its scales: they
-stay the super-blocks' heads (Q4_K: d, dmin, 6-bit sc and m; Q6_K: int8 sc and d;
-quant/kheads.py), which the kernel turns into the float32 d·sc (and -dmin·m) of 64 rows at a
-time in cache. The price is memory above the file for Q6_K's int8 codes (1.30×: a 6-bit
-layout the float32 kernel reads as fast is still to be found, docs/speed-log.md). Q2_K, Q3_K,
-Q5_K, IQ4_NL and IQ4_XS keep the file's blocks as they are (quant/raw.py: their kernel rebuilds
-the two-level scales per block); other types
-(IQ2 / IQ3 / IQ1, TQ, BF16, F16) are not packed (:class:`UnsupportedQuantError`; F16 and
-BF16 matrices stay 16-bit as stored instead: quant/half.py). Layouts:
-ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's quants.py. A compact load then
-arranges most matrices in row tiles (quant/tiles.py), where 5-bit codes become bit fields
-(quant/fields.py: the same codes, +8.6 % of their bytes at K = 896, read in four vector
-operations per 8 codes instead of seven).
+(csrc/qgemv.cpp) with no min tensor; IQ4_NL is Q4_0 whose codes the kernel looks up in IQ4's
+16-value table (bits = TABLE4, quant/iq4.py). Q4_K and IQ4_XS keep the file's bytes too, and
+Q6_K its scales: they stay the super-blocks' heads (Q4_K: d, dmin, 6-bit sc and m; Q6_K: int8
+sc and d; IQ4_XS: d and 6-bit sc; quant/kheads.py), which the kernel turns into the float32
+d·sc (and -dmin·m) of 64 rows at a time in cache. The price is memory above the file for Q6_K's
+int8 codes (1.30×: a 6-bit layout the float32 kernel reads as fast is still to be found,
+docs/speed-log.md). Q2_K, Q3_K and Q5_K keep the file's blocks (quant/raw.py: their kernel
+rebuilds the two-level scales per block); other types (IQ2 / IQ3 / IQ1, TQ, BF16, F16) are not
+packed (:class:`UnsupportedQuantError`; F16 and BF16 matrices stay 16-bit as stored instead:
+quant/half.py). Layouts: ggml-common.h (block_q4_0 … block_iq4_xs) and gguf-py's quants.py. A
+compact load then arranges most matrices in row tiles (quant/tiles.py), where 5-bit codes
+become bit fields (quant/fields.py: the same codes, +8.6 % of their bytes at K = 896, read in
+four vector operations per 8 codes instead of seven).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from torch import nn
 
 from clearlm.errors import ClearLMError
 from clearlm.quant.fields import WORD, from_fields, is_fields
+from clearlm.quant.iq4 import TABLE4, split_iq4, table_values
 from clearlm.quant.kheads import HEAD, HEAD6, SUPER, expand_heads, heads_tile, is_heads
 from clearlm.quant.raw import RAW_BASE, RAW_TYPES, code_bytes, dequantize_raw, is_raw, split_blocks
 
@@ -68,8 +73,8 @@ class UnsupportedQuantError(ClearLMError):
 
 @dataclass(frozen=True)
 class Packed:
-    """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4;
-    uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the high bits' uint32);
+    """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4
+    or TABLE4 (quant/iq4.py); uint8 (N, K // 32 * 20) if 5 (16 nibble bytes, then a uint32);
     bits >= RAW_BASE: a GGUF block kept as the file stores it (quant/raw.py), codes uint8
     (N, K // block * rest), scale = d and min = dmin (or None) float16 (N, K // block).
     scale / min: float16 or float32 (N, K // block); min None means 0 for 8-bit codes and
@@ -77,9 +82,9 @@ class Packed:
     Row tiles (quant/tiles.py, the layout decode reads fastest): the same blocks, T rows
     interleaved block by block: codes (N // T, K // block, T * bytes per block), scale / min
     (N // T, K // block, T); 5-bit codes in tiles may be bit fields (quant/fields.py): codes
-    (N // T, W, T * 32), W = ceil(4 * K // 32 / 6) words per row. Q4_K / Q6_K: scale = the
-    file's super-block heads uint8 (N, K // 256, 16 / 18), tiled (N // T, K // 256, T, 16 / 18),
-    min None (quant/kheads.py)."""
+    (N // T, W, T * 32), W = ceil(4 * K // 32 / 6) words per row. Q4_K / Q6_K / IQ4_XS: scale =
+    the file's super-block heads uint8 (N, K // 256, 16 / 18 / 8), tiled (N // T, K // 256, T,
+    16 / 18 / 8), min None (quant/kheads.py)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -106,7 +111,7 @@ class Packed:
         return self.codes.nbytes + self.scale.nbytes + extra
 
 
-REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K)  # into codes + scales
+REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
 SUPPORTED = REPACKED + RAW_TYPES  # every type a compact load keeps compact
 
 
@@ -170,6 +175,8 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         return Packed(t(codes, k), t(_f16(b), per_row), None, 8, 32, "Q8_0")
     if qtype == Q.Q4_0:  # W = d * (q - 8): centred codes, no min
         return Packed(t(_field(b, 2, "V16"), k // 2), t(_f16(b), per_row), None, 4, 32, "Q4_0")
+    if qtype in (Q.IQ4_NL, Q.IQ4_XS):  # Q4_0's nibbles valued kvalues[q] (quant/iq4.py)
+        return Packed(*split_iq4(b, qtype, n, k), None, TABLE4, 32, qtype.name)
     if qtype == Q.Q4_1:
         qs = _field(b, 4, "V16")
         return Packed(t(qs, k // 2), t(_f16(b), per_row), t(_f16(b, 2), per_row), 4, 32, "Q4_1")
@@ -198,7 +205,7 @@ def block_bytes(p: Packed) -> int:
     its bytes but d / dmin (quant/raw.py)."""
     if is_raw(p.bits):
         return code_bytes(p.bits)
-    return p.block if p.bits == 8 else 16 if p.bits == 4 else 20
+    return p.block if p.bits == 8 else 20 if p.bits == 5 else 16
 
 
 def untile_rows(p: Packed) -> Packed:
@@ -256,13 +263,14 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
     if p.bits == 8:
         q = p.codes.view(n, nb, p.block).float()  # (N, nb, bs)
     else:
-        c = p.codes.view(n, nb, 16 if p.bits == 4 else 20)
-        q = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1).float()  # (N, nb, 32)
+        c = p.codes.view(n, nb, 20 if p.bits == 5 else 16)
+        q = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1)  # (N, nb, 32) codes
+        q = table_values(q) if p.bits == TABLE4 else q.float()  # IQ4: kvalues[q] (iq4.py)
         if p.bits == 5:  # bit j of the little-endian uint32 qh is bit 4 of code j
             hb = c[..., 16:].long() << torch.tensor([0, 8, 16, 24])  # (N, nb, 4)
             qh = hb.sum(-1, keepdim=True)  # (N, nb, 1)
             q = q + 16 * ((qh >> torch.arange(32)) & 1).float()
-        if p.min is None:  # centred codes (Q4_0, Q5_0)
+        if p.min is None and p.bits != TABLE4:  # centred codes (Q4_0, Q5_0)
             q = q - (8 if p.bits == 4 else 16)
     w = q * p.scale.float()[..., None]  # exact products
     if p.min is not None:

@@ -1,4 +1,4 @@
-"""GGUF blocks kept as the file stores them: Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS.
+"""GGUF blocks kept as the file stores them: Q2_K, Q3_K, Q5_K.
 
 These formats' two-level scales do not collapse into one float16 scale per block, and turning
 them into float32 scales per 16 or 32 values (as pack.py does for Q4_K and Q6_K) would cost
@@ -16,26 +16,25 @@ GGUF     block  codes (bytes after d / dmin)            weight
 Q2_K     256    scales[16] qs[64]                       (d·sc)·q - (dmin·m), q 2-bit
 Q3_K     256    hmask[32] qs[64] scales[12]             (d·(sc - 32))·q, q 3-bit - 4
 Q5_K     256    scales[12] qh[32] qs[128]               (d·sc)·q - (dmin·m), q 5-bit
-IQ4_NL   32     qs[16]                                  d·kvalues[q], q 4-bit
-IQ4_XS   256    scales_h[2] scales_l[4] qs[128]         (d·(sc - 32))·kvalues[q]
 =======  =====  ======================================  ================================
 
 Every product in brackets and every product with a code is exact in float32 (a float16 scale has
-11 significant bits, sub-scales at most 6, codes at most 5 and the IQ4 table's values 7: ≤ 24
-bits), so the only rounding is the one subtraction of the min, done once by the reference and
-once by the kernel's fused multiply-add: the same float32 values bit for bit
-(tests/quant/test_quant_raw.py). Without the kernel, :func:`dequantize_raw` puts the blocks back
-together and calls ``gguf.quants.dequantize`` itself.
+11 significant bits, sub-scales at most 6, codes at most 5: ≤ 22 bits), so the only rounding is
+the one subtraction of the min, done once by the reference and once by the kernel's fused
+multiply-add: the same float32 values bit for bit (tests/quant/test_quant_raw.py). Without the
+kernel, :func:`dequantize_raw` puts the blocks back together and calls ``gguf.quants.dequantize``
+itself.
 
 Speed: the kernel unpacks 16 codes at a time in vector registers (loops unrolled, the sub-block
 scales of Q2_K / Q3_K computed 16 at a time) and, for a decode product (M = 1), feeds them
 straight into the row's sums instead of through a block buffer (the same sums in the same
 order). A 896 × 4864 decode product (1 thread, AVX-512, weights in cache, best of 30, on a
 shared, busy machine: ±30 %), before → after: Q2_K 0.96 → 0.51 ms, Q3_K 1.28 → 1.09, Q5_K
-1.07 → 0.79, IQ4_NL 1.05 → 0.49, IQ4_XS 0.56 → 0.45 (earlier, idle: Q5_1 0.40, Q4_K 0.24 and
-float32 F.linear 0.31-0.46); from memory, where decode spends its time, they read the fewest
-bytes. int8 activations (linear.set_int8_activations) leave these layers exact: the int8 kernel
-has no body for them.
+1.07 → 0.79 (earlier, idle: Q5_1 0.40, Q4_K 0.24 and float32 F.linear 0.31-0.46); from memory,
+where decode spends its time, they read the fewest bytes. int8 activations
+(linear.set_int8_activations) leave these layers exact: the int8 kernel has no body for them.
+IQ4_NL and IQ4_XS, once kept here too, are Q4_0's layout with a table of values (quant/iq4.py)
+and go through the main kernel, at Q4_0's speed.
 
 A format is named in a Packed by ``bits`` = RAW_BASE + its GGML type id (pack.py's 4, 5, 8 name
 the repacked code layouts).
@@ -56,8 +55,6 @@ FIELDS: dict[GGMLQuantizationType, tuple[int, int | None]] = {
     Q.Q2_K: (80, 82),
     Q.Q3_K: (108, None),
     Q.Q5_K: (0, 2),
-    Q.IQ4_NL: (0, None),
-    Q.IQ4_XS: (0, None),
 }
 RAW_TYPES = tuple(FIELDS)
 

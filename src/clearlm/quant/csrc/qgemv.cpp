@@ -31,9 +31,10 @@
 // fmaf(scale, code, min), which equals the float32 value gguf.quants.dequantize computes
 // (scale*code is exact in float32 for every supported format, so one rounding either way);
 // activations stay float32; only the summation order differs from a float32 F.linear on the
-// dequantized matrix. Without a min (Q8_0, Q4_0, Q5_0; Q6_K's blocks of 16 excepted) a block sums
-// s_b * (x . q)_b, q the signed (or centred) codes: one multiply by s_b per 32 products instead
-// of one per weight, the same sum rounded differently (tests/quant/test_quant.py's float32 bound holds).
+// dequantized matrix. Without a min (Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS; Q6_K's blocks of 16
+// excepted) a block sums s_b * (x . q)_b, q the signed (or centred, or table) codes: one
+// multiply by s_b per 32 products instead of one per weight, the same sum rounded differently
+// (tests/quant/test_quant.py's float32 bound holds).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -46,10 +47,17 @@
 
 namespace {
 
+// 4-bit codes valued through IQ4's table (ggml-common.h kvalues_iq4nl, gguf-py's
+// IQ4_NL.kvalues): code q is KVALUES[q], d * KVALUES[q] exact in float32 (11 x 7 bits; IQ4_XS's
+// d*(sc - 32) x 7: 24 bits), as gguf.quants computes it.
+constexpr int TABLE4 = 14;
+alignas(16) constexpr int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
 // Bytes of one block's codes, and of one row of K codes, in each code layout.
-constexpr int64_t block_bytes(int bits, int64_t bs) { return bits == 8 ? bs : bits == 4 ? 16 : 20; }
+constexpr int64_t block_bytes(int bits, int64_t bs) { return bits == 8 ? bs : bits == 5 ? 20 : 16; }
 constexpr int64_t row_bytes_of(int bits, int64_t K) {
-  return bits == 8 ? K : bits == 4 ? K / 2 : K / 32 * 20;
+  return bits == 8 ? K : bits == 5 ? K / 32 * 20 : K / 2;
 }
 
 inline uint32_t load_u32(const uint8_t* p) {
@@ -99,7 +107,11 @@ void dequant_row(const uint8_t* codes, const S* sc, const S* mn, const Steps& L,
         const uint8_t byte = blk[j & 15];
         int code = j < 16 ? (byte & 0x0F) : (byte >> 4);
         if (BITS == 5) code |= ((load_u32(blk + 16) >> j) & 1) << 4;
-        if (!mn) code -= BITS == 4 ? 8 : 16;  // centred codes (ggml's Q4_0 / Q5_0)
+        if (BITS == TABLE4) {
+          code = KVALUES[code];
+        } else if (!mn) {
+          code -= BITS == 4 ? 8 : 16;  // centred codes (ggml's Q4_0 / Q5_0)
+        }
         q = static_cast<float>(code);
       }
       out[b * BS + j] = std::fmaf(s, q, m);
@@ -162,6 +174,12 @@ void x_row_tiles(int64_t M, Pass&& pass) {
 #endif
 
 #if defined(__AVX512F__)
+// IQ4's table as 16 float32 lanes (exact: small integers).
+inline __m512 kvalues16() {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(KVALUES))));
+}
+
 // The 16 codes of half `h` (values 16h .. 16h + 15) of the block at `blk`, as float32 (minus
 // `centre`: 8 or 16 for the centred 4/5-bit codes of a weight without mins, else 0).
 template <int BITS>
@@ -179,6 +197,7 @@ inline __m512 load16(const uint8_t* blk, int h, float centre = 0.0f) {
     const __mmask16 hi = static_cast<__mmask16>(h ? (qh >> 16) : (qh & 0xFFFF));
     q = _mm512_mask_add_epi32(q, hi, q, _mm512_set1_epi32(16));
   }
+  if (BITS == TABLE4) return _mm512_permutexvar_ps(q, kvalues16());  // KVALUES[q]
   return _mm512_sub_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(centre));  // exact: small integers
 }
 
@@ -186,10 +205,14 @@ inline __m512 load16(const uint8_t* blk, int h, float centre = 0.0f) {
 // 0 .. 15 in q0, 16 .. 31 in q1. The 16 possible low nibbles are looked up in a table of
 // floats (vpermps reads an index's low 4 bits, so the byte's high nibble needs no mask) and the
 // fifth bit adds 16 under a mask: 6 vector operations per 32 codes, no int->float conversion.
+// TABLE4 (IQ4_NL, IQ4_XS) looks its codes up in IQ4's table instead: the same operations, so
+// those formats read at Q4_0's speed.
 template <int BITS>
 inline void centred32(const uint8_t* blk, __m512& q0, __m512& q1) {
   constexpr float c = BITS == 4 ? 8.0f : 16.0f;
-  const __m512 table = _mm512_set_ps(15 - c, 14 - c, 13 - c, 12 - c, 11 - c, 10 - c, 9 - c, 8 - c,
+  const __m512 table =
+      BITS == TABLE4 ? kvalues16()
+                     : _mm512_set_ps(15 - c, 14 - c, 13 - c, 12 - c, 11 - c, 10 - c, 9 - c, 8 - c,
                                      7 - c, 6 - c, 5 - c, 4 - c, 3 - c, 2 - c, 1 - c, 0 - c);
   // lane j: byte j of the block = code j (low nibble) and code j + 16 (high nibble)
   const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
@@ -217,8 +240,8 @@ inline void block_weights(const uint8_t* blk, __m512 s, __m512 m, __m512& w0, __
     const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     // lane j: byte j of the block = code j (low nibble) and code j + 16 (high nibble)
     const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
-    const __m512 t0 = _mm512_fmadd_ps(s, iota, m);  // T[0 .. 15]
-    if constexpr (BITS == 4) {
+    const __m512 t0 = _mm512_fmadd_ps(s, BITS == TABLE4 ? kvalues16() : iota, m);  // T[0 .. 15]
+    if constexpr (BITS == 4 || BITS == TABLE4) {
       w0 = _mm512_permutexvar_ps(c, t0);  // vpermps ignores index bits above 3
       w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), t0);
     } else {
@@ -360,8 +383,15 @@ struct BlockCodes {
   const uint8_t* blk;
   __m256i b0, b1;  // 4/5-bit blocks: bytes 0 .. 7 and 8 .. 15, one per 32-bit lane
   __m256i hA, hB;  // 5-bit blocks: qh << 4 and qh >> 12 in every lane
+  __m128i v0, v1;  // TABLE4: KVALUES of codes 0 .. 15 and 16 .. 31, one int8 per byte
   explicit BlockCodes(const uint8_t* p) : blk(p) {
-    if constexpr (BITS != 8) {
+    if constexpr (BITS == TABLE4) {  // 16 table lookups at once (pshufb on the int8 table)
+      const __m128i table = _mm_load_si128(reinterpret_cast<const __m128i*>(KVALUES));
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      const __m128i low = _mm_set1_epi8(0x0F);
+      v0 = _mm_shuffle_epi8(table, _mm_and_si128(v, low));
+      v1 = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), low));
+    } else if constexpr (BITS != 8) {
       b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
       b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
       if constexpr (BITS == 5) {
@@ -375,6 +405,9 @@ struct BlockCodes {
     if constexpr (BITS == 8) {
       const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 8 * j));
       return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    } else if constexpr (BITS == TABLE4) {  // codes 8j .. 8j + 7: half j % 2 of v0 or v1
+      const __m128i v = j < 2 ? v0 : v1;
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(j % 2 ? _mm_srli_si128(v, 8) : v));
     } else {
       const __m256i b = j % 2 ? b1 : b0;
       __m256i q = j < 2 ? _mm256_and_si256(b, _mm256_set1_epi32(15)) : _mm256_srli_epi32(b, 4);
@@ -811,15 +844,46 @@ inline void expand_head6(const uint8_t* p, float* s) {
 #endif
 }
 
+// One IQ4_XS head (quant/kheads.py: d float16, scales_h uint16, scales_l[4]) → its 8 float32
+// scales d*(sc - 32) into s[0..7], sc the 6-bit sub-scale of block i: low 4 bits in nibble i % 2
+// of scales_l[i / 2], high 2 bits at bit 2i of scales_h (ggml's dequantize_row_iq4_xs; exact:
+// 11 x 6 bits, as gguf.quants computes them).
+inline void expand_head_xs(const uint8_t* p, float* s) {
+  at::Half dh;
+  uint16_t hi;
+  uint32_t lo;  // scales_l: sc i's low 4 bits at bit 4i
+  std::memcpy(&dh, p, 2), std::memcpy(&hi, p + 2, 2), std::memcpy(&lo, p + 4, 4);
+  const float d = to_f(dh);
+#if defined(__AVX2__)
+  // the 8 sub-scales at once: lane i shifts lo by 4i and hi by 2i
+  const __m256i l = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(lo)),
+                                      _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+  const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32(hi), _mm256_setr_epi32(0, 2, 4, 6, 8, 10,
+                                                                             12, 14));
+  const __m256i h2 = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(3)), 4);
+  const __m256i sc = _mm256_or_si256(_mm256_and_si256(l, _mm256_set1_epi32(15)), h2);
+  const __m256 sf = _mm256_cvtepi32_ps(_mm256_sub_epi32(sc, _mm256_set1_epi32(32)));
+  _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(d), sf));
+#else
+  for (int i = 0; i < 8; ++i) {
+    const int sc = static_cast<int>((lo >> 4 * i) & 15) | (((hi >> 2 * i) & 3) << 4);
+    s[i] = d * static_cast<float>(sc - 32);
+  }
+#endif
+}
+
 // Heads by code layout: Q4_K (BITS 4) 16 bytes for 8 blocks of 32, with mins; Q6_K (BITS 8,
-// int8 codes) 18 bytes for 16 blocks of 16, without.
-constexpr int64_t head_bytes(int bits) { return bits == 4 ? 16 : 18; }
-constexpr int64_t head_blocks(int bits) { return bits == 4 ? 8 : 16; }
+// int8 codes) 18 bytes for 16 blocks of 16, without; IQ4_XS (TABLE4) 8 bytes for 8 blocks of 32,
+// without.
+constexpr int64_t head_bytes(int bits) { return bits == 4 ? 16 : bits == TABLE4 ? 8 : 18; }
+constexpr int64_t head_blocks(int bits) { return bits == 8 ? 16 : 8; }
 
 template <int BITS>
 inline void expand_one(const uint8_t* p, float* s, float* m) {
   if constexpr (BITS == 4) {
     expand_head(p, s, m);
+  } else if constexpr (BITS == TABLE4) {
+    expand_head_xs(p, s);
   } else {
     expand_head6(p, s);
   }
@@ -976,8 +1040,9 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 }
 
 #define DISPATCH(bits, bs, scale, FN, ...)                                         \
-  if (scale.scalar_type() == torch::kByte) {  /* K-quant heads */                 \
+  if (scale.scalar_type() == torch::kByte) {  /* K-quant and IQ4_XS heads */     \
     if (bits == 8) FN<8, 16, uint8_t>(__VA_ARGS__);                               \
+    else if (bits == TABLE4) FN<TABLE4, 32, uint8_t>(__VA_ARGS__);                \
     else FN<4, 32, uint8_t>(__VA_ARGS__);                                         \
   } else if (scale.scalar_type() == torch::kFloat) {                              \
     if (bits == 8 && bs == 16) FN<8, 16, float>(__VA_ARGS__);                     \
@@ -988,6 +1053,7 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
     if (bits == 8 && bs == 16) FN<8, 16, at::Half>(__VA_ARGS__);                  \
     else if (bits == 8) FN<8, 32, at::Half>(__VA_ARGS__);                         \
     else if (bits == 5) FN<5, 32, at::Half>(__VA_ARGS__);                         \
+    else if (bits == TABLE4) FN<TABLE4, 32, at::Half>(__VA_ARGS__);               \
     else FN<4, 32, at::Half>(__VA_ARGS__);                                        \
   }
 

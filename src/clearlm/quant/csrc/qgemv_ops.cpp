@@ -1,6 +1,6 @@
 // The extension's Python and torch-operator entry points: argument checks, then the kernels of
 // qgemv.cpp (exact float32 activations), qgemv_raw.cpp (GGUF blocks kept as the file stores
-// them: Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS), qgemv_i8.cpp (int8 activations) and qgemv_half.cpp
+// them: Q2_K, Q3_K, Q5_K), qgemv_i8.cpp (int8 activations) and qgemv_half.cpp
 // (float16 / bfloat16 weights).
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/extension.h>
@@ -32,6 +32,9 @@ void dequant_raw_run(const torch::Tensor& codes, const torch::Tensor& scale,
 torch::Tensor hmm(torch::Tensor x, torch::Tensor w);
 
 namespace {
+
+// bits of 4-bit codes valued through IQ4's table (IQ4_NL, IQ4_XS: qgemv.cpp's TABLE4).
+constexpr int64_t kTable4 = 14;
 
 // The weight's shape (N, K) and rows per tile T, read off its tensors: row-major codes (N,
 // row_bytes) with scales (N, nb), or row tiles of T rows: codes (N/T, nb, T * bpb) with scales
@@ -69,15 +72,16 @@ Shape check_raw(const torch::Tensor& codes, const torch::Tensor& scale, const to
 
 // A K-quant weight with the file's super-block heads (quant/kheads.py): Q4_K, 4-bit codes
 // (N, K/2) or (N/T, nb, T * 16) with heads uint8 (N, K/256, 16) or (N/T, K/256, T, 16); Q6_K,
-// int8 codes (N, K) or (N/T, nb, T * 16) in blocks of 16 with heads of 18 bytes; min empty.
+// int8 codes (N, K) or (N/T, nb, T * 16) in blocks of 16 with heads of 18 bytes; IQ4_XS
+// (bits kTable4) as Q4_K with heads of 8 bytes; min empty.
 Shape check_heads(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                   int64_t bits, int64_t bs) {
-  TORCH_CHECK((bits == 4 && bs == 32) || (bits == 8 && bs == 16),
+  TORCH_CHECK(((bits == 4 || bits == kTable4) && bs == 32) || (bits == 8 && bs == 16),
               "super-block heads need 4-bit codes in blocks of 32 or int8 codes in blocks of 16");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
   TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
   TORCH_CHECK(!mn.numel(), "a weight with super-block heads has no min tensor");
-  const int64_t hb = bits == 4 ? 16 : 18, bpb = 16;  // bytes of a head; of a block's codes
+  const int64_t hb = bits == 4 ? 16 : bits == kTable4 ? 8 : 18, bpb = 16;  // a head; a block
   TORCH_CHECK((scale.dim() == 3 || scale.dim() == 4) && scale.size(-1) == hb &&
                   codes.dim() == scale.dim() - 1 && codes.size(0) == scale.size(0),
               "heads must be (N, K/256, bytes) with codes (N, row bytes), or row tiles of both");
@@ -93,7 +97,10 @@ Shape check(const torch::Tensor& codes, const torch::Tensor& scale, const torch:
             int64_t bits, int64_t bs) {
   if (qgemv_is_raw(bits)) return check_raw(codes, scale, mn, bits, bs);
   if (scale.scalar_type() == torch::kByte) return check_heads(codes, scale, mn, bits, bs);
-  TORCH_CHECK(bits == 8 || bits == 5 || bits == 4, "bits must be 4, 5 or 8");
+  TORCH_CHECK(bits == 8 || bits == 5 || bits == 4 || bits == kTable4,
+              "bits must be 4, 5, 8 or 14");
+  TORCH_CHECK(bits != kTable4 || (scale.scalar_type() == torch::kHalf && !mn.numel()),
+              "table codes (bits 14) need float16 scales and no min");
   TORCH_CHECK(bits == 8 ? (bs == 16 || bs == 32) : (bs == 32), "unsupported block size");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
   TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
@@ -103,7 +110,7 @@ Shape check(const torch::Tensor& codes, const torch::Tensor& scale, const torch:
                   codes.size(0) == scale.size(0),
               "codes and scale must both be row-major (2-d) or both row tiles (3-d)");
   const int64_t T = scale.dim() == 3 ? scale.size(2) : 1, nb = scale.size(1);
-  const int64_t bpb = bits == 8 ? bs : bits == 4 ? 16 : 20;
+  const int64_t bpb = bits == 8 ? bs : bits == 5 ? 20 : 16;
   TORCH_CHECK(T == 1 || T == 4 || T == 8, "row tiles must hold 4 or 8 rows");
   // 5-bit codes in row tiles may be bit fields: W 32-byte words per row (qgemv.cpp, fields.py)
   const bool fields = qgemv_is_fields(bits, T, codes);
@@ -149,8 +156,8 @@ torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
-  // exact: 5-bit bit fields and raw blocks have no int8 body
-  if (qgemv_is_fields(bits, w.T, codes) || qgemv_is_raw(bits)) {
+  // exact: 5-bit bit fields, IQ4's table codes and raw blocks have no int8 body
+  if (qgemv_is_fields(bits, w.T, codes) || qgemv_is_raw(bits) || bits == kTable4) {
     return qmm(x, codes, scale, mn, bits, bs);
   }
   std::vector<int64_t> exact_rows;  // rows with a block max |x| outside the int8 path's range

@@ -1,5 +1,6 @@
 // Products and dequantization for GGUF blocks kept as the file stores them (quant/raw.py):
-// Q2_K, Q3_K, Q5_K, IQ4_XS (256 values a block) and IQ4_NL (32). A weight is
+// Q2_K, Q3_K, Q5_K (256 values a block; IQ4_NL and IQ4_XS, kept here once, are qgemv.cpp's
+// table codes now: quant/iq4.py). A weight is
 //   codes (N, nb * REST) uint8: each block's bytes but its float16 d / dmin, in the block's order;
 //   scale = d, min = dmin (or empty) (N, nb) float16;
 // or the same blocks in row tiles of T rows (codes (N/T, nb, T * REST), scales (N/T, nb, T),
@@ -23,17 +24,14 @@
 
 namespace {
 
-enum : int { Q2K = 110, Q3K = 111, Q5K = 113, IQ4NL = 120, IQ4XS = 123 };
+enum : int { Q2K = 110, Q3K = 111, Q5K = 113 };
 
 // values per block and bytes of a block's codes (its bytes but d / dmin)
-constexpr int qk_of(int f) { return f == IQ4NL ? 32 : 256; }
+constexpr int qk_of(int) { return 256; }
 constexpr int rest_of(int f) {
-  return f == Q2K ? 80 : f == Q3K ? 108 : f == Q5K ? 172 : f == IQ4NL ? 16 : 134;
+  return f == Q2K ? 80 : f == Q3K ? 108 : 172;
 }
 
-// IQ4_NL / IQ4_XS's non-linear 4-bit codebook (ggml-common.h kvalues_iq4nl)
-constexpr float kIQ4[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                            1,    13,   25,  38,  53,  69,  89,  113};
 
 inline float half_to_f(at::Half v) {
 #if defined(__F16C__)
@@ -67,9 +65,6 @@ inline FV w_fma(I16 q, float dl, float nml) {  // dl * q + nml, one rounding
 }
 inline FV w_mul(I16 q, float dl) {  // dl * q (exact)
   return {_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q.v))};
-}
-inline FV w_lut(I16 q, float dl) {  // dl * kIQ4[q] (exact), q in 0 .. 15
-  return {_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_permutexvar_ps(q.v, _mm512_loadu_ps(kIQ4)))};
 }
 inline FV fv_zero() { return {_mm512_setzero_ps()}; }
 inline FV fv_load(const float* p) { return {_mm512_loadu_ps(p)}; }
@@ -112,15 +107,6 @@ inline FV w_fma(I16 q, float dl, float nml) {
 inline FV w_mul(I16 q, float dl) {
   const __m256 d = _mm256_set1_ps(dl);
   return {_mm256_mul_ps(d, _mm256_cvtepi32_ps(q.lo)), _mm256_mul_ps(d, _mm256_cvtepi32_ps(q.hi))};
-}
-inline __m256 lut8(__m256i q) {  // kIQ4[q]: two 8-entry lookups, the upper one where q > 7
-  const __m256 a = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kIQ4), q);
-  const __m256 b = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kIQ4 + 8), q);
-  return _mm256_blendv_ps(a, b, _mm256_castsi256_ps(_mm256_cmpgt_epi32(q, _mm256_set1_epi32(7))));
-}
-inline FV w_lut(I16 q, float dl) {
-  const __m256 d = _mm256_set1_ps(dl);
-  return {_mm256_mul_ps(d, lut8(q.lo)), _mm256_mul_ps(d, lut8(q.hi))};
 }
 inline FV fv_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline FV fv_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -172,11 +158,6 @@ inline FV w_fma(I16 q, float dl, float nml) {
 inline FV w_mul(I16 q, float dl) {
   FV r;
   for (int l = 0; l < 16; ++l) r.v[l] = dl * static_cast<float>(q.v[l]);
-  return r;
-}
-inline FV w_lut(I16 q, float dl) {
-  FV r;
-  for (int l = 0; l < 16; ++l) r.v[l] = dl * kIQ4[q.v[l]];
   return r;
 }
 inline FV fv_zero() { return FV{}; }
@@ -246,19 +227,6 @@ inline void dequant_block(const uint8_t* c, float d, float dmin, Sink& out) {
       const I16 ql = band(srl(load_u8(qs + 32 * (i / 8) + 16 * (i % 2)), 2 * ((i % 8) / 2)), 3);
       const I16 h = band(srl(load_u8(hm + 16 * (i % 2)), i / 2), 1);
       out.put(16 * i, w_mul(subc(bor(ql, sll(h, 2)), 4), dl[i]));
-    }
-  } else if constexpr (F == IQ4NL) {  // qs[16]: code l in byte l's low nibble, l + 16 high
-    out.put(0, w_lut(band(load_u8(c), 0x0F), d));
-    out.put(16, w_lut(srl(load_u8(c), 4), d));
-  } else {  // IQ4_XS: scales_h (uint16) scales_l[4] qs[128]: 8 sub-blocks of 32
-    const int sh = c[0] | (c[1] << 8);
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      const int ls = ((c[2 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((sh >> (2 * j)) & 3) << 4);
-      const float dl = d * static_cast<float>(ls - 32);
-      const uint8_t* q = c + 6 + 16 * j;
-      out.put(32 * j, w_lut(band(load_u8(q), 0x0F), dl));
-      out.put(32 * j + 16, w_lut(srl(load_u8(q), 4), dl));
     }
   }
 }
@@ -394,8 +362,6 @@ void dequant_raw_impl(const torch::Tensor& codes, const torch::Tensor& scale,
     case Q2K: FN<Q2K>(__VA_ARGS__); break;                        \
     case Q3K: FN<Q3K>(__VA_ARGS__); break;                        \
     case Q5K: FN<Q5K>(__VA_ARGS__); break;                        \
-    case IQ4NL: FN<IQ4NL>(__VA_ARGS__); break;                    \
-    case IQ4XS: FN<IQ4XS>(__VA_ARGS__); break;                    \
     default: TORCH_CHECK(false, "unknown raw block format ", bits); \
   }
 
@@ -404,7 +370,7 @@ void dequant_raw_impl(const torch::Tensor& codes, const torch::Tensor& scale,
 // Whether `bits` names a raw block format, and its values per block and code bytes per block
 // (0 where it does not).
 bool qgemv_is_raw(int64_t bits) {
-  return bits == Q2K || bits == Q3K || bits == Q5K || bits == IQ4NL || bits == IQ4XS;
+  return bits == Q2K || bits == Q3K || bits == Q5K;
 }
 int64_t qgemv_raw_block(int64_t bits) { return qgemv_is_raw(bits) ? qk_of(bits) : 0; }
 int64_t qgemv_raw_rest(int64_t bits) {
