@@ -33,8 +33,11 @@ def layer_and_weight(qtype: Q, n: int, k: int, seed: int = 5):
     return QuantLinear(pack_blocks(raw, qtype, (n, k))), w
 
 
+ROUNDED = [q for q in REPACKED if q != Q.Q6_K]  # Q6_K's 6-bit codes have no int8 body
+
+
 @needs_int8  # the formats kept as the file's blocks (Q5_K, ...) stay exact: test_quant_raw.py
-@pytest.mark.parametrize("qtype", REPACKED, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", ROUNDED, ids=lambda q: q.name)
 @pytest.mark.parametrize("m", [1, 3])
 def test_int8_activations_within_rounding_bound(qtype: Q, m: int) -> None:
     n, k = 72, 512
@@ -52,6 +55,16 @@ def test_int8_activations_within_rounding_bound(qtype: Q, m: int) -> None:
     assert (err <= bound).all(), f"max |Δ| {err.max().item():.3g}"
     assert err.max() > (exact.double() - ref).abs().max()  # it really rounds x
     set_int8_activations(layer, False)
+    assert torch.equal(layer(x), exact)
+
+
+@needs_int8
+def test_int8_activations_leave_q6_k_exact() -> None:
+    """Q6_K (6-bit codes, quant/kheads.py) has no int8 body: the product stays the exact one."""
+    layer, _ = layer_and_weight(Q.Q6_K, 72, 512)
+    x = torch.randn(3, 512)
+    exact = layer(x)
+    set_int8_activations(layer)
     assert torch.equal(layer(x), exact)
 
 

@@ -29,11 +29,13 @@ sub-block i < 4: sc = q[i] & 63, m = q[i + 4] & 63; i >= 4: sc = (q[i + 4] & 15)
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 HEAD = 16  # bytes of one Q4_K head: d, dmin (float16), 12 bytes of 6-bit sc and m
 HEAD6 = 18  # bytes of one Q6_K head: 16 int8 sc, d (float16)
 SUPER = 256  # values per super-block
+SIX, SIX_BYTES = 64, 48  # values and bytes of one code block of Q6_K's 6-bit codes
 
 
 def is_heads(scale: torch.Tensor) -> bool:
@@ -62,3 +64,25 @@ def expand_heads(heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None
     sc = torch.cat([a & 63, (c & 15) | ((a >> 6) << 4)], dim=-1).float()  # (N, nS, 8)
     m = torch.cat([b & 63, (c >> 4) | ((b >> 6) << 4)], dim=-1).float()  # (N, nS, 8)
     return (d * sc).reshape(n, ns * 8), (-(dmin * m)).reshape(n, ns * 8)
+
+
+def six_bit_blocks(codes: np.ndarray) -> np.ndarray:
+    """6-bit codes 0 .. 63 (n, ...) uint8 in value order, a multiple of 64 per row → the
+    kernel's code blocks (n, values // 64 * 48) uint8: per 64 values, 32 nibble bytes (byte j:
+    code j's low 4 bits, code j + 32's as high nibble), then 16 bytes (byte j: bits 4-5 of codes
+    j, j + 16, j + 32, j + 48 at bits 0-1, 2-3, 4-5, 6-7)."""
+    c = codes.reshape(codes.shape[0], -1, SIX).astype(np.uint8)  # (n, blocks, 64)
+    lo = (c[..., :32] & 0x0F) | ((c[..., 32:] & 0x0F) << 4)  # (n, blocks, 32)
+    hi = (c >> 4).reshape(*c.shape[:2], 4, 16)  # (n, blocks, 4 quarters, 16)
+    hb = hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)
+    return np.concatenate([lo, hb], axis=-1).astype(np.uint8).reshape(c.shape[0], -1)
+
+
+def six_bit_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """The kernel's 6-bit code blocks (..., 48) uint8 → their codes (..., 64) int32, 0 .. 63
+    (:func:`six_bit_blocks` inverted)."""
+    b = blocks.to(torch.int32)
+    lo = torch.cat([b[..., :32] & 0x0F, b[..., :32] >> 4], dim=-1)  # (..., 64)
+    shift = torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=blocks.device)[:, None]
+    hi = (b[..., None, 32:48] >> shift) & 3  # (..., 4 quarters, 16)
+    return lo | (hi.flatten(-2) << 4)

@@ -56,7 +56,8 @@ from torch import nn
 
 from clearlm.errors import ClearLMError
 from clearlm.quant.fields import WORD, from_fields, is_fields
-from clearlm.quant.kheads import HEAD, HEAD6, SUPER, expand_heads, heads_tile, is_heads
+from clearlm.quant.kheads import (HEAD, HEAD6, SIX, SIX_BYTES, SUPER, expand_heads, heads_tile,
+                                  is_heads, six_bit_blocks, six_bit_codes)
 from clearlm.quant.raw import RAW_BASE, RAW_TYPES, code_bytes, dequantize_raw, is_raw, split_blocks
 
 Q = GGMLQuantizationType
@@ -188,17 +189,24 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
     ql = (ql & 0x0F).reshape(nb, 8, 32)
     qh = b[:, 128:192].reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
     qh = (qh & 0x03).reshape(nb, 8, 32)
-    codes = (ql | (qh << 4)).astype(np.int8) - np.int8(32)  # (nb, 8, 32)
+    codes = six_bit_blocks(ql | (qh << 4))  # (nb, 4 code blocks × 48 bytes), kheads.py
     heads = torch.from_numpy(b[:, 192:210].copy()).reshape(n, k // SUPER, HEAD6)  # sc, d
-    return Packed(t(codes, k), heads, None, 8, 16, "Q6_K")
+    return Packed(t(codes, k // 64 * 48), heads, None, 6, 16, "Q6_K")
 
 
 def block_bytes(p: Packed) -> int:
-    """Bytes of one block's codes: int8 codes 1 per value, 4-bit 16, 5-bit 20, a raw block
-    its bytes but d / dmin (quant/raw.py)."""
+    """Bytes of one code block: int8 codes 1 per value, 4-bit 16, 5-bit 20, Q6_K's 6-bit
+    codes 48 (a code block of 64 values: :func:`code_blocks`), a raw block its bytes but
+    d / dmin (quant/raw.py)."""
     if is_raw(p.bits):
         return code_bytes(p.bits)
-    return p.block if p.bits == 8 else 16 if p.bits == 4 else 20
+    return p.block if p.bits == 8 else {4: 16, 5: 20, 6: SIX_BYTES}[p.bits]
+
+
+def code_blocks(p: Packed) -> int:
+    """Code blocks per row: K // block, except Q6_K's 6-bit codes (bits 6), whose code blocks
+    hold 64 values (4 scale blocks of 16; kheads.py)."""
+    return p.shape[1] // (SIX if p.bits == 6 else p.block)
 
 
 def untile_rows(p: Packed) -> Packed:
@@ -206,7 +214,7 @@ def untile_rows(p: Packed) -> Packed:
     if p.tile == 1:
         return p
     tile, (n, k) = p.tile, p.shape
-    nb, bpb = k // p.block, block_bytes(p)
+    nb, bpb = code_blocks(p), block_bytes(p)
     if p.bits == 5 and is_fields(p.codes, tile):  # (N // T, W, T * 32) → (N, W, 32) → ggml's
         w = p.codes.shape[1]
         codes = from_fields(p.codes.reshape(n // tile, w, tile, WORD).transpose(1, 2)
@@ -214,7 +222,7 @@ def untile_rows(p: Packed) -> Packed:
     else:
         codes = p.codes.reshape(n // tile, nb, tile, bpb).transpose(1, 2).reshape(n, nb * bpb)
 
-    def per_block(s: torch.Tensor) -> torch.Tensor:  # (tiles, nb, rows, ...) → (N, nb, ...)
+    def per_block(s: torch.Tensor) -> torch.Tensor:  # (tiles, nS, rows, ...) → (N, nS, ...)
         return s.transpose(1, 2).reshape(n, s.shape[1], *s.shape[3:])
 
     mn = None if p.min is None else per_block(p.min).contiguous()
@@ -228,8 +236,8 @@ def select_rows(p: Packed, rows: torch.Tensor) -> Packed:
     if p.tile == 1:
         mn = None if p.min is None else p.min[rows]
         return Packed(p.codes[rows], p.scale[rows], mn, p.bits, p.block, p.qtype)
-    tile, (_, k) = p.tile, p.shape
-    nb, bpb = k // p.block, block_bytes(p)
+    tile = p.tile
+    nb, bpb = code_blocks(p), block_bytes(p)
     t, r = rows // tile, rows % tile  # (R,) tile and row within it
     if p.bits == 5 and is_fields(p.codes, tile):  # the rows' words, back to ggml's layout
         codes = from_fields(p.codes.view(-1, p.codes.shape[1], tile, WORD)[t, :, r], nb)
@@ -255,6 +263,8 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
         return dequantize_raw(p.codes, p.scale, p.min, p.bits)
     if p.bits == 8:
         q = p.codes.view(n, nb, p.block).float()  # (N, nb, bs)
+    elif p.bits == 6:  # Q6_K: 64 codes per 48 bytes, centred (q - 32)
+        q = six_bit_codes(p.codes.view(n, k // SIX, SIX_BYTES)).view(n, nb, p.block).float() - 32
     else:
         c = p.codes.view(n, nb, 16 if p.bits == 4 else 20)
         q = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1).float()  # (N, nb, 32)

@@ -9,7 +9,13 @@
 //   bits = 4: uint8 (N, K/2), bs = 32; byte j of a block holds code j in its low nibble and code
 //             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
 //   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
-//             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh).
+//             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh);
+//   bits = 6: uint8 (N, K/64*48), Q6_K's 6-bit codes q in code blocks of 64 values (48 bytes)
+//             with a scale per 16 (W = scale * (q - 32)): 32 nibble bytes, byte j = the low 4
+//             bits of code j (low nibble) and of code j + 32 (high nibble), then 16 bytes whose
+//             byte j holds bits 4-5 of codes j, j + 16, j + 32, j + 48 at bits 0-1, 2-3, 4-5,
+//             6-7 (ggml's qh order). unpack6 turns a block into 64 int8 codes q - 32 (5 vector
+//             operations on AVX-512), which the int8 body then reads as before.
 // Scales and mins are float32 or float16 tensors (N, K/bs), or, for Q4_K (bits = 4, bs = 32),
 // the file's super-block heads (quant/kheads.py): scale uint8 (N, K/256, 16) = d, dmin (float16)
 // and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; for Q6_K (bits = 8, bs = 16)
@@ -47,10 +53,14 @@
 namespace {
 
 // Bytes of one block's codes, and of one row of K codes, in each code layout.
-constexpr int64_t block_bytes(int bits, int64_t bs) { return bits == 8 ? bs : bits == 4 ? 16 : 20; }
-constexpr int64_t row_bytes_of(int bits, int64_t K) {
-  return bits == 8 ? K : bits == 4 ? K / 2 : K / 32 * 20;
+constexpr int64_t block_bytes(int bits, int64_t bs) {
+  return bits == 8 ? bs : bits == 4 ? 16 : bits == 6 ? 48 : 20;
 }
+constexpr int64_t row_bytes_of(int bits, int64_t K) {
+  return bits == 8 ? K : bits == 4 ? K / 2 : bits == 6 ? K / 64 * 48 : K / 32 * 20;
+}
+// Values per scale: a code block's (BS), except Q6_K's 6-bit code blocks of 64, scaled per 16.
+constexpr int64_t scale_block(int bits, int64_t bs) { return bits == 6 ? 16 : bs; }
 
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
@@ -83,10 +93,57 @@ struct Arrangement {
   }
 };
 
+// The 64 codes of a 6-bit block (bits = 6 above) as int8 q - 32, into q[0..63] (64-byte
+// aligned). AVX-512: the 32 nibble bytes twice in one register, the upper copy shifted right by
+// 4 (codes 32 .. 63); the 16 high-bit bytes in each 16-byte lane, rotated so that lane i's bits
+// 2i, 2i + 1 land at bits 4-5 (left by 4, 2, 0, right by 2); then (lo & 15) | (hi & 48), - 32.
+inline void unpack6(const uint8_t* blk, int8_t* q) {
+#if defined(__AVX512BW__)
+  const __m512i v = _mm512_srlv_epi64(
+      _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk))),
+      _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0));
+  const __m512i h = _mm512_rolv_epi64(
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32))),
+      _mm512_set_epi64(62, 62, 0, 0, 2, 2, 4, 4));
+  const __m512i c = _mm512_ternarylogic_epi32(  // (v & 15) | (h & 48): imm 0xEA = (A & B) | C
+      v, _mm512_set1_epi8(0x0F), _mm512_and_si512(h, _mm512_set1_epi8(0x30)), 0xEA);
+  _mm512_store_si512(q, _mm512_sub_epi8(c, _mm512_set1_epi8(32)));
+#elif defined(__AVX2__)
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+  const __m256i h = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32)));
+  const __m256i f = _mm256_set1_epi8(0x0F), t = _mm256_set1_epi8(0x30), c = _mm256_set1_epi8(32);
+  // codes 0 .. 31: low nibbles, bits 0-1 (codes 0 .. 15) and 2-3 (16 .. 31) moved to 4-5
+  const __m256i h0 = _mm256_and_si256(_mm256_sllv_epi64(h, _mm256_set_epi64x(2, 2, 4, 4)), t);
+  const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, f), h0);
+  // codes 32 .. 63: high nibbles, bits 4-5 (codes 32 .. 47) and 6-7 (48 .. 63)
+  const __m256i h1 = _mm256_and_si256(_mm256_srlv_epi64(h, _mm256_set_epi64x(2, 2, 0, 0)), t);
+  const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), f), h1);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_sub_epi8(q0, c));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(q + 32), _mm256_sub_epi8(q1, c));
+#else
+  for (int j = 0; j < 64; ++j) {
+    const int lo = j < 32 ? blk[j] & 0x0F : blk[j - 32] >> 4;
+    const int hi = (blk[32 + (j & 15)] >> (2 * (j >> 4))) & 3;
+    q[j] = static_cast<int8_t>((lo | hi << 4) - 32);
+  }
+#endif
+}
+
 // Scalar reference: dequantize one row into out[K].
 template <int BITS, int BS, typename S>
 void dequant_row(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                  float* out) {
+  if constexpr (BITS == 6) {  // Q6_K: fmaf(d * sc, q - 32, 0) per value, as int8 codes were
+    alignas(64) int8_t q[64];
+    for (int64_t b = 0; b < K / 64; ++b) {
+      unpack6(codes + b * L.cbs, q);
+      for (int64_t j = 0; j < 64; ++j) {
+        out[b * 64 + j] = std::fmaf(to_f(sc[(4 * b + j / 16) * L.sbs]), float(q[j]), 0.0f);
+      }
+    }
+    return;
+  }
   for (int64_t b = 0; b < K / BS; ++b) {
     const uint8_t* blk = codes + b * L.cbs;
     const float s = to_f(sc[b * L.sbs]);
@@ -265,6 +322,23 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
     }
     UNROLL
     for (int r = 0; r < R; ++r) {
+      if constexpr (BITS == 6) {  // Q6_K: 64 int8 codes, then 4 x 16 as int8 codes were read
+        alignas(64) int8_t q[64];
+        unpack6(codes + r * L.crs + b * L.cbs, q);
+        UNROLL
+        for (int h = 0; h < 4; ++h) {
+          const __m512 s = _mm512_set1_ps(sc[r * L.srs + (4 * b + h) * L.sbs]);
+          const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h));
+          const __m512 w = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)),
+                                           _mm512_setzero_ps());
+          UNROLL
+          for (int i = 0; i < MC; ++i) {  // one accumulator, as blocks of 16 int8 codes
+            acc[i][r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * ldx + e + 16 * h), w,
+                                           acc[i][r][0]);
+          }
+        }
+        continue;
+      }
       const __m512 s = _mm512_set1_ps(sc[r * L.srs + b * L.sbs]);
       const uint8_t* blk = codes + r * L.crs + b * L.cbs;
       if (BS == 32 && !mn) {  // s * (x . q): one multiply by s per block
@@ -329,6 +403,20 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, cons
 template <int BITS, int BS, typename S>
 void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                       float* out) {
+  if constexpr (BITS == 6) {
+    alignas(64) int8_t q[64];
+    for (int64_t b = 0; b < K / 64; ++b) {
+      unpack6(codes + b * L.cbs, q);
+      for (int h = 0; h < 4; ++h) {
+        const __m512 s = _mm512_set1_ps(to_f(sc[(4 * b + h) * L.sbs]));
+        const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h));
+        _mm512_storeu_ps(out + b * 64 + 16 * h,
+                         _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)),
+                                         _mm512_setzero_ps()));
+      }
+    }
+    return;
+  }
   const float centre = (BITS == 8 || mn) ? 0.0f : BITS == 4 ? 8.0f : 16.0f;
   for (int64_t b = 0; b < K / BS; ++b) {
     const __m512 s = _mm512_set1_ps(to_f(sc[b * L.sbs]));
@@ -418,6 +506,23 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
     }
     UNROLL
     for (int r = 0; r < R; ++r) {
+      if constexpr (BITS == 6) {  // Q6_K: 64 int8 codes, then 8 x 8 as int8 codes were read
+        alignas(64) int8_t q[64];
+        unpack6(codes + r * L.crs + b * L.cbs, q);
+        UNROLL
+        for (int j = 0; j < 8; ++j) {
+          const __m256 s = _mm256_set1_ps(sc[r * L.srs + (4 * b + j / 2) * L.sbs]);
+          const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * j));
+          const __m256 w = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+                                           _mm256_setzero_ps());
+          UNROLL
+          for (int i = 0; i < MC; ++i) {  // blocks of 16: 8 values into each accumulator
+            const __m256 xv = _mm256_loadu_ps(x + i * ldx + e + 8 * j);
+            acc[i][r][j & 1] = _mm256_fmadd_ps(xv, w, acc[i][r][j & 1]);
+          }
+        }
+        continue;
+      }
       const __m256 s = _mm256_set1_ps(sc[r * L.srs + b * L.sbs]);
       const BlockCodes<BITS, centre> c(codes + r * L.crs + b * L.cbs);
       if constexpr (BS == 32 && !MIN) {  // s * (x . q): one multiply by s per block
@@ -477,6 +582,10 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, cons
 template <int BITS, int BS, typename S>
 void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                       float* out) {
+  if constexpr (BITS == 6) {
+    dequant_row<BITS, BS, S>(codes, sc, mn, L, K, out);  // the same fmaf per value
+    return;
+  }
   for (int64_t b = 0; b < K / BS; ++b) {
     const __m256 s = _mm256_set1_ps(to_f(sc[b * L.sbs]));
     const __m256 m = _mm256_set1_ps(mn ? to_f(mn[b * L.sbs]) : 0.0f);
@@ -857,7 +966,8 @@ void expand_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* 
 template <int BITS, int BS, typename S>
 void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
               const torch::Tensor& mn, int64_t T, torch::Tensor& y) {
-  const int64_t M = x.size(0), K = x.size(1), N = y.size(1), nb = K / BS;
+  // nb: scale blocks per row (Q6_K: 4 per 64-value code block)
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1), nb = K / scale_block(BITS, BS);
   const bool fields = is_fields(BITS, T, codes);  // 5-bit codes as bit fields (32-B words)
   const Arrangement A = arrangement<BITS, BS>(T, K, fields);
   const Steps L = A.steps();
@@ -941,7 +1051,7 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
 template <int BITS, int BS, typename S>
 void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                   int64_t T, int64_t r0, torch::Tensor& out) {
-  const int64_t K = out.size(1), nb = K / BS;
+  const int64_t K = out.size(1), nb = K / scale_block(BITS, BS);  // scale blocks per row
   const bool fields = is_fields(BITS, T, codes);
   const Arrangement A = arrangement<BITS, BS>(T, K, fields);
   const Steps L = A.steps();
@@ -977,7 +1087,8 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 
 #define DISPATCH(bits, bs, scale, FN, ...)                                         \
   if (scale.scalar_type() == torch::kByte) {  /* K-quant heads */                 \
-    if (bits == 8) FN<8, 16, uint8_t>(__VA_ARGS__);                               \
+    if (bits == 6) FN<6, 64, uint8_t>(__VA_ARGS__);                               \
+    else if (bits == 8) FN<8, 16, uint8_t>(__VA_ARGS__);                          \
     else FN<4, 32, uint8_t>(__VA_ARGS__);                                         \
   } else if (scale.scalar_type() == torch::kFloat) {                              \
     if (bits == 8 && bs == 16) FN<8, 16, float>(__VA_ARGS__);                     \
