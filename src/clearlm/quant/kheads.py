@@ -68,21 +68,17 @@ def expand_heads(heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None
 
 def six_bit_blocks(codes: np.ndarray) -> np.ndarray:
     """6-bit codes 0 .. 63 (n, ...) uint8 in value order, a multiple of 64 per row → the
-    kernel's code blocks (n, values // 64 * 48) uint8: per 64 values, 32 nibble bytes (byte j:
-    code j's low 4 bits, code j + 32's as high nibble), then 16 bytes (byte j: bits 4-5 of codes
-    j, j + 16, j + 32, j + 48 at bits 0-1, 2-3, 4-5, 6-7)."""
-    c = codes.reshape(codes.shape[0], -1, SIX).astype(np.uint8)  # (n, blocks, 64)
-    lo = (c[..., :32] & 0x0F) | ((c[..., 32:] & 0x0F) << 4)  # (n, blocks, 32)
-    hi = (c >> 4).reshape(*c.shape[:2], 4, 16)  # (n, blocks, 4 quarters, 16)
-    hb = hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)
-    return np.concatenate([lo, hb], axis=-1).astype(np.uint8).reshape(c.shape[0], -1)
+    kernel's code blocks (n, values // 64 * 48) uint8: a little-endian stream of 6-bit fields,
+    code j at bits 6j .. 6j + 5 (8 codes per 6 bytes)."""
+    c = codes.reshape(codes.shape[0], -1, 8).astype(np.uint64)  # (n, groups, 8)
+    v = (c << (6 * np.arange(8, dtype=np.uint64))).sum(axis=-1, dtype=np.uint64)  # (n, groups)
+    b = v.astype("<u8").view(np.uint8).reshape(*v.shape, 8)[..., :6]  # (n, groups, 6)
+    return np.ascontiguousarray(b).reshape(codes.shape[0], -1)
 
 
 def six_bit_codes(blocks: torch.Tensor) -> torch.Tensor:
-    """The kernel's 6-bit code blocks (..., 48) uint8 → their codes (..., 64) int32, 0 .. 63
+    """The kernel's 6-bit code blocks (..., 48) uint8 → their codes (..., 64) int64, 0 .. 63
     (:func:`six_bit_blocks` inverted)."""
-    b = blocks.to(torch.int32)
-    lo = torch.cat([b[..., :32] & 0x0F, b[..., :32] >> 4], dim=-1)  # (..., 64)
-    shift = torch.tensor([0, 2, 4, 6], dtype=torch.int32, device=blocks.device)[:, None]
-    hi = (b[..., None, 32:48] >> shift) & 3  # (..., 4 quarters, 16)
-    return lo | (hi.flatten(-2) << 4)
+    b = blocks.reshape(*blocks.shape[:-1], 8, 6).long()  # (..., 8 groups, 6 bytes)
+    v = (b << (8 * torch.arange(6, device=blocks.device))).sum(-1, keepdim=True)  # (..., 8, 1)
+    return ((v >> (6 * torch.arange(8, device=blocks.device))) & 63).flatten(-2)  # (..., 64)

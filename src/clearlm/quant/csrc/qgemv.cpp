@@ -10,12 +10,11 @@
 //             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
 //   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
 //             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh);
-//   bits = 6: uint8 (N, K/64*48), Q6_K's 6-bit codes q in code blocks of 64 values (48 bytes)
-//             with a scale per 16 (W = scale * (q - 32)): 32 nibble bytes, byte j = the low 4
-//             bits of code j (low nibble) and of code j + 32 (high nibble), then 16 bytes whose
-//             byte j holds bits 4-5 of codes j, j + 16, j + 32, j + 48 at bits 0-1, 2-3, 4-5,
-//             6-7 (ggml's qh order). unpack6 turns a block into 64 int8 codes q - 32 (5 vector
-//             operations on AVX-512), which the int8 body then reads as before.
+//   bits = 6: uint8 (N, K/64*48), Q6_K's 6-bit codes q (W = scale * (q - 32)) in code blocks
+//             of 64 values (48 bytes) with a scale per 16: a little-endian stream of 6-bit
+//             fields, code j at bits 6j .. 6j + 5 (8 codes per 6 bytes). unpack6 turns a block
+//             into 64 int8 4 * (q - 32) (3 vector operations with AVX-512 VBMI), which the int8
+//             body then reads with the scales d * sc / 4 (exact: a power of two).
 // Scales and mins are float32 or float16 tensors (N, K/bs), or, for Q4_K (bits = 4, bs = 32),
 // the file's super-block heads (quant/kheads.py): scale uint8 (N, K/256, 16) = d, dmin (float16)
 // and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; for Q6_K (bits = 8, bs = 16)
@@ -93,39 +92,37 @@ struct Arrangement {
   }
 };
 
-// The 64 codes of a 6-bit block (bits = 6 above) as int8 q - 32, into q[0..63] (64-byte
-// aligned). AVX-512: the 32 nibble bytes twice in one register, the upper copy shifted right by
-// 4 (codes 32 .. 63); the 16 high-bit bytes in each 16-byte lane, rotated so that lane i's bits
-// 2i, 2i + 1 land at bits 4-5 (left by 4, 2, 0, right by 2); then (lo & 15) | (hi & 48), - 32.
+// The 64 codes of a 6-bit block (bits = 6 above) as int8 4 * (q - 32) = (q << 2) ^ 0x80, into
+// q[0..63] (64-byte aligned); the kernel multiplies them by d * sc / 4 (expand_head6), which
+// gives d * sc * (q - 32) exactly. AVX-512 VBMI: vpermb puts the 6 bytes of codes 8k .. 8k + 7
+// in qword k, vpmultishiftqb moves code i's field to bits 2-7 of byte i (from bit 6i - 2, the
+// two bits below it are cleared), and one ternary-logic operation does & 0xFC, ^ 0x80. Else
+// BMI2's pdep deposits 8 fields into bits 2-7 of 8 bytes (fast on Intel and AMD since Zen 3;
+// correct, slow, on Zen 1-2), or plain shifts.
 inline void unpack6(const uint8_t* blk, int8_t* q) {
-#if defined(__AVX512BW__)
-  const __m512i v = _mm512_srlv_epi64(
-      _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk))),
-      _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0));
-  const __m512i h = _mm512_rolv_epi64(
-      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32))),
-      _mm512_set_epi64(62, 62, 0, 0, 2, 2, 4, 4));
-  const __m512i c = _mm512_ternarylogic_epi32(  // (v & 15) | (h & 48): imm 0xEA = (A & B) | C
-      v, _mm512_set1_epi8(0x0F), _mm512_and_si512(h, _mm512_set1_epi8(0x30)), 0xEA);
-  _mm512_store_si512(q, _mm512_sub_epi8(c, _mm512_set1_epi8(32)));
-#elif defined(__AVX2__)
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
-  const __m256i h = _mm256_broadcastsi128_si256(
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32)));
-  const __m256i f = _mm256_set1_epi8(0x0F), t = _mm256_set1_epi8(0x30), c = _mm256_set1_epi8(32);
-  // codes 0 .. 31: low nibbles, bits 0-1 (codes 0 .. 15) and 2-3 (16 .. 31) moved to 4-5
-  const __m256i h0 = _mm256_and_si256(_mm256_sllv_epi64(h, _mm256_set_epi64x(2, 2, 4, 4)), t);
-  const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v, f), h0);
-  // codes 32 .. 63: high nibbles, bits 4-5 (codes 32 .. 47) and 6-7 (48 .. 63)
-  const __m256i h1 = _mm256_and_si256(_mm256_srlv_epi64(h, _mm256_set_epi64x(2, 2, 0, 0)), t);
-  const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), f), h1);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_sub_epi8(q0, c));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(q + 32), _mm256_sub_epi8(q1, c));
+#if defined(__AVX512VBMI__)
+  auto pos = [](int k) { return int64_t(6 * k) * 0x0101010101010101LL + 0x0706050403020100LL; };
+  const __m512i from = _mm512_set_epi64(pos(7), pos(6), pos(5), pos(4), pos(3), pos(2), pos(1),
+                                        pos(0));  // byte 8k + b <- byte 6k + b
+  const __m512i at = _mm512_set1_epi64(0x28221C16100A043ELL);  // bits 62, 4, 10, .. 40
+  const __m512i v = _mm512_permutexvar_epi8(from, _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFULL, blk));
+  const __m512i c = _mm512_multishift_epi64_epi8(at, v);
+  _mm512_store_si512(q, _mm512_ternarylogic_epi32(c, _mm512_set1_epi8(static_cast<char>(0xFC)),
+                                                  _mm512_set1_epi8(static_cast<char>(0x80)),
+                                                  0x6A));  // (A & B) ^ C
+#elif defined(__BMI2__)
+  for (int k = 0; k < 8; ++k) {
+    uint64_t v = 0;
+    std::memcpy(&v, blk + 6 * k, 6);
+    const uint64_t c = _pdep_u64(v, 0xFCFCFCFCFCFCFCFCULL) ^ 0x8080808080808080ULL;
+    std::memcpy(q + 8 * k, &c, 8);
+  }
 #else
   for (int j = 0; j < 64; ++j) {
-    const int lo = j < 32 ? blk[j] & 0x0F : blk[j - 32] >> 4;
-    const int hi = (blk[32 + (j & 15)] >> (2 * (j >> 4))) & 3;
-    q[j] = static_cast<int8_t>((lo | hi << 4) - 32);
+    const int o = 6 * j;
+    int v = blk[o >> 3] >> (o & 7);
+    if ((o & 7) > 2) v |= blk[(o >> 3) + 1] << (8 - (o & 7));
+    q[j] = static_cast<int8_t>(((v & 63) << 2) ^ 0x80);
   }
 #endif
 }
@@ -134,7 +131,7 @@ inline void unpack6(const uint8_t* blk, int8_t* q) {
 template <int BITS, int BS, typename S>
 void dequant_row(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                  float* out) {
-  if constexpr (BITS == 6) {  // Q6_K: fmaf(d * sc, q - 32, 0) per value, as int8 codes were
+  if constexpr (BITS == 6) {  // Q6_K: fmaf(d * sc / 4, 4 * (q - 32), 0) = the int8 codes' value
     alignas(64) int8_t q[64];
     for (int64_t b = 0; b < K / 64; ++b) {
       unpack6(codes + b * L.cbs, q);
@@ -905,10 +902,10 @@ inline void expand_head(const uint8_t* p, float* s, float* m) {
 
 // One Q6_K head (quant/kheads.py: 16 int8 sub-scales sc, then d float16) → its 16 float32
 // scales d*sc into s[0..15] (exact: 11 x 8 bits, as gguf.quants computes them).
-inline void expand_head6(const uint8_t* p, float* s) {
+inline void expand_head6(const uint8_t* p, float* s, float unit = 1.0f) {
   at::Half dh;
   std::memcpy(&dh, p + 16, 2);
-  const float d = to_f(dh);
+  const float d = to_f(dh) * unit;  // unit 1/4 for 6-bit codes (unpack6): exact, stays normal
 #if defined(__AVX2__)
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256 dv = _mm256_set1_ps(d);
@@ -930,7 +927,7 @@ inline void expand_one(const uint8_t* p, float* s, float* m) {
   if constexpr (BITS == 4) {
     expand_head(p, s, m);
   } else {
-    expand_head6(p, s);
+    expand_head6(p, s, BITS == 6 ? 0.25f : 1.0f);  // 6-bit codes: d * sc / 4
   }
 }
 
