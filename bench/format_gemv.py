@@ -1,4 +1,4 @@
-"""Decode-sized products (x (1, K) @ W.T; --rows M: (M, K)) per weight format, against float32 F.linear.
+"""Decode-sized products (x (1, K) @ W.T; --rows M: x (M, K)) per weight format, against F.linear.
 
 Formats: float32 (``F.linear``); F16 and BF16 kept 16-bit (clearlm.quant.half.HalfLinear: the C++
 kernel csrc/qgemv_half.cpp, and its pure-torch fallback, widen + F.linear); torch's own 16-bit

@@ -17,14 +17,19 @@ with float32 scales and mins per 32 (1.33×). A float16 scale per 32 would not d
 has up to 17 significant bits.
 
 Q6_K (block_q6_K: 6-bit codes q, 16 int8 sub-scales sc, one per 16 values, float16 ``d``;
-``w = float32(d · sc_i) · (q_j - 32)``, exact: 11 × 8 bits) keeps its int8 codes ``q - 32``
-(pack.py) and its scale bytes as heads of 18 bytes, the file's sc[16] then d: ``scale`` uint8
-(N, K // 256, 18), expanded by the kernel into d · sc per 16 values as Q4_K's: 1.0703 bytes per
-value against the file's 0.8203 (1.30×; 1.25 bytes, 1.52×, with float32 scales per 16).
+``w = float32(d · sc_i) · (q_j - 32)``, exact: 11 × 8 bits) keeps its scale bytes as heads of
+18 bytes, the file's sc[16] then d: ``scale`` uint8 (N, K // 256, 18), expanded by the kernel
+as Q4_K's; and its codes at 6 bits (pack.py): code blocks of 64 values, 48 bytes each, a
+little-endian stream of 6-bit fields (code j at bits 6j .. 6j + 5; :func:`six_bit_blocks`),
+codes uint8 (N, K // 64 * 48) (row tiles: (N // T, K // 64, T * 48)). The kernel turns a block
+into 64 int8 ``4 · (q - 32)`` (three AVX-512 VBMI operations: vpermb, vpmultishiftqb, one
+ternary-logic op) and multiplies them by ``d · sc / 4``, which gives the same float32 weights
+bit for bit (a power of two), then runs the int8 codes' body: 0.8203 bytes per value, the
+file's (1.0703 with int8 codes, 1.25 with float32 scales per 16 too).
 
-The 6-bit unpacking (ggml's get_scale_min_k4, gguf-py's Q4_K.get_scale_min): bytes q[0..11],
-sub-block i < 4: sc = q[i] & 63, m = q[i + 4] & 63; i >= 4: sc = (q[i + 4] & 15) | (q[i - 4]
->> 6) << 4, m = (q[i + 4] >> 4) | (q[i] >> 6) << 4.
+Q4_K's 6-bit sc and m unpacking (ggml's get_scale_min_k4, gguf-py's Q4_K.get_scale_min):
+bytes q[0..11], sub-block i < 4: sc = q[i] & 63, m = q[i + 4] & 63; i >= 4: sc = (q[i + 4] &
+15) | (q[i - 4] >> 6) << 4, m = (q[i + 4] >> 4) | (q[i] >> 6) << 4.
 """
 
 from __future__ import annotations

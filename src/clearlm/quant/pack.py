@@ -19,24 +19,24 @@ Q5_0     uint5 q, centred (q - 16): ggml's  d / —        (f16, 32)       0.687
 Q5_1     uint5 q                            d / m        (f16, 32)       0.75   (0.75)
 Q4_K     uint4 q, repacked per 32           the file's d, dmin, 6-bit    0.5625 (0.5625)
                                             sc / m (quant/kheads.py)
-Q6_K     int8 q - 32                        the file's d, int8 sc        1.0703 (0.8203)
-                                            (quant/kheads.py, 16)
+Q6_K     uint6 q, centred (q - 32): 6-bit   the file's d, int8 sc        0.8203 (0.8203)
+         fields, 64 per 48 bytes            (quant/kheads.py, 16)
 Q2_K,    the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the file
 Q3_K, Q5_K, IQ4_XS; IQ4_NL                               (f16, 32)
 =======  =================================  ===========================  =====================
 
-Why this form: one kernel with three code layouts (int8, nibbles, nibbles + a 32-bit high-bit
-word, ggml's own Q5 layout, whose fifth bit costs one masked add per 16 codes) covers every
+Why this form: one kernel with four code layouts (int8, nibbles, nibbles + a 32-bit high-bit
+word, ggml's own Q5 layout, whose fifth bit costs one masked add per 16 codes; Q6_K's 6-bit
+fields, turned into int8 codes 64 at a time) covers every
 type in the three target GGUFs, and K-quants' two-level scales collapse exactly into per-block
 float32 products (d·sc is exact: 11 × 8 bits). Q4_0 and Q5_0 keep exactly the file's bytes:
 their offset is a fixed multiple of the scale, so the kernel computes d·Σ(q - 16)·x per block
 (csrc/qgemv.cpp) with no min tensor. Q4_K keeps the file's bytes too, and Q6_K its scales: they
 stay the super-blocks' heads (Q4_K: d, dmin, 6-bit sc and m; Q6_K: int8 sc and d;
 quant/kheads.py), which the kernel turns into the float32 d·sc (and -dmin·m) of 64 rows at a
-time in cache. The price is memory above the file for Q6_K's int8 codes (1.30×: a 6-bit
-layout the float32 kernel reads as fast is still to be found, docs/speed-log.md). Q2_K, Q3_K,
-Q5_K, IQ4_NL and IQ4_XS keep the file's blocks as they are (quant/raw.py: their kernel rebuilds
-the two-level scales per block); other types
+time in cache; Q6_K's codes stay 6-bit (kheads.py), so both are held at the file's bytes.
+Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS keep the file's blocks as they are (quant/raw.py: their
+kernel rebuilds the two-level scales per block); other types
 (IQ2 / IQ3 / IQ1, TQ, BF16, F16) are not packed (:class:`UnsupportedQuantError`; F16 and
 BF16 matrices stay 16-bit as stored instead: quant/half.py). Layouts:
 ggml-common.h (block_q4_0 … block_q6_K) and gguf-py's quants.py. A compact load then
@@ -56,8 +56,18 @@ from torch import nn
 
 from clearlm.errors import ClearLMError
 from clearlm.quant.fields import WORD, from_fields, is_fields
-from clearlm.quant.kheads import (HEAD, HEAD6, SIX, SIX_BYTES, SUPER, expand_heads, heads_tile,
-                                  is_heads, six_bit_blocks, six_bit_codes)
+from clearlm.quant.kheads import (
+    HEAD,
+    HEAD6,
+    SIX,
+    SIX_BYTES,
+    SUPER,
+    expand_heads,
+    heads_tile,
+    is_heads,
+    six_bit_blocks,
+    six_bit_codes,
+)
 from clearlm.quant.raw import RAW_BASE, RAW_TYPES, code_bytes, dequantize_raw, is_raw, split_blocks
 
 Q = GGMLQuantizationType
@@ -71,6 +81,8 @@ class UnsupportedQuantError(ClearLMError):
 class Packed:
     """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4;
     uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the high bits' uint32);
+    uint8 (N, K // 64 * 48) if 6 (Q6_K, block 16: 6-bit fields in code blocks of 64 values,
+    tiled (N // T, K // 64, T * 48); quant/kheads.py);
     bits >= RAW_BASE: a GGUF block kept as the file stores it (quant/raw.py), codes uint8
     (N, K // block * rest), scale = d and min = dmin (or None) float16 (N, K // block).
     scale / min: float16 or float32 (N, K // block); min None means 0 for 8-bit codes and
@@ -213,7 +225,7 @@ def untile_rows(p: Packed) -> Packed:
     """The row-major form of a tiled ``p`` (new tensors); a row-major ``p`` as it is."""
     if p.tile == 1:
         return p
-    tile, (n, k) = p.tile, p.shape
+    tile, n = p.tile, p.shape[0]
     nb, bpb = code_blocks(p), block_bytes(p)
     if p.bits == 5 and is_fields(p.codes, tile):  # (N // T, W, T * 32) → (N, W, 32) → ggml's
         w = p.codes.shape[1]

@@ -14,6 +14,7 @@ AVX-512, whose body computes 8 rows at once; with AVX2, 4, the rows of one pass,
 read 8 rows a pass; measurements in csrc/qgemv.cpp, qgemv_preferred_tile):
 
     codes (N, nb * bpb)  →  (N // T, nb, T * bpb)     bpb: bytes of one block's codes
+                                                     (Q6_K: code blocks of 64 values, 48 B)
     scale / min (N, nb)  →  (N // T, nb, T)
     Q4_K's heads (N, nS, 16)  →  (N // T, nS, T, 16)   (quant/kheads.py)
 
