@@ -1,4 +1,4 @@
-"""Decode-sized products (x (1, K) @ W.T) per weight format, against float32 F.linear.
+"""Decode-sized products (x (1, K) @ W.T; --rows M: x (M, K)) per weight format, against F.linear.
 
 Formats: float32 (``F.linear``); F16 and BF16 kept 16-bit (clearlm.quant.half.HalfLinear: the C++
 kernel csrc/qgemv_half.cpp, and its pure-torch fallback, widen + F.linear); torch's own 16-bit
@@ -16,7 +16,8 @@ decode step of a real model does. Each figure: "best / median" ms over --repeats
 (engines alternate inside each repeat), at 1 and 2 torch threads; the ratio to float32 is of
 the best times (the machine is shared: the best is the least disturbed). Usage:
 ``python bench/format_gemv.py [--cold-mb 768] [--repeats 5] [--inner 3] [--formats float32,Q4_K]
-[--shapes 4864x896] [--threads 1]`` (the cold pass uses the first shape).
+[--shapes 4864x896] [--threads 1] [--rows 4]`` (the cold pass uses the first shape; --rows: rows
+of x, 1 for decode, more for a few sequences or speculative tokens at once).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def bench(shape: tuple[int, int], copies: int, args) -> dict[str, tuple[int, Tim
     sets = [
         engines(torch.randn(*shape, generator=g) * 0.05, args.formats, i) for i in range(copies)
     ]
-    x = torch.randn(1, shape[1], generator=g)
+    x = torch.randn(args.rows, shape[1], generator=g)  # (M, K)
     out: dict[str, tuple[int, Timings]] = {}
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -124,7 +125,7 @@ def bench(shape: tuple[int, int], copies: int, args) -> dict[str, tuple[int, Tim
 def max_delta(shape: tuple[int, int], args) -> dict[str, float]:
     """Max |Δ| of each engine against float64 on the same (widened) weights."""
     g = torch.Generator().manual_seed(1)
-    w, x = torch.randn(*shape, generator=g) * 0.05, torch.randn(1, shape[1], generator=g)
+    w, x = torch.randn(*shape, generator=g) * 0.05, torch.randn(args.rows, shape[1], generator=g)
     out = {}
     for name, (_, fn) in engines(w, args.formats).items():
         ref_w = {"F16": torch.float16, "BF16": torch.bfloat16}.get(name.split()[0])
@@ -143,6 +144,7 @@ def main() -> None:
     ap.add_argument("--formats", help="comma-separated formats to time (default: all)")
     ap.add_argument("--shapes", help="comma-separated NxK shapes (default: the four below)")
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
+    ap.add_argument("--rows", type=int, default=1, help="rows of x (M)")
     args = ap.parse_args()
     args.formats = None if args.formats is None else set(args.formats.split(","))
     args.threads = [int(t) for t in args.threads.split(",")]

@@ -33,9 +33,9 @@ def layer_and_weight(qtype: Q, n: int, k: int, seed: int = 5):
     return QuantLinear(pack_blocks(raw, qtype, (n, k))), w
 
 
-# the formats kept as the file's blocks (Q5_K, ...) and IQ4's table codes stay exact:
-# test_quant_raw.py, test_quant_iq4.py
-WITH_INT8_BODY = [q for q in REPACKED if q not in (Q.IQ4_NL, Q.IQ4_XS)]
+# the formats kept as the file's blocks (Q5_K, ...), IQ4's table codes and Q6_K's 6-bit codes
+# stay exact: test_quant_raw.py, test_quant_iq4.py, test_quant_kheads.py
+WITH_INT8_BODY = [q for q in REPACKED if q not in (Q.IQ4_NL, Q.IQ4_XS, Q.Q6_K)]
 
 
 @needs_int8
@@ -57,6 +57,16 @@ def test_int8_activations_within_rounding_bound(qtype: Q, m: int) -> None:
     assert (err <= bound).all(), f"max |Δ| {err.max().item():.3g}"
     assert err.max() > (exact.double() - ref).abs().max()  # it really rounds x
     set_int8_activations(layer, False)
+    assert torch.equal(layer(x), exact)
+
+
+@needs_int8
+def test_int8_activations_leave_q6_k_exact() -> None:
+    """Q6_K (6-bit codes, quant/kheads.py) has no int8 body: the product stays the exact one."""
+    layer, _ = layer_and_weight(Q.Q6_K, 72, 512)
+    x = torch.randn(3, 512)
+    exact = layer(x)
+    set_int8_activations(layer)
     assert torch.equal(layer(x), exact)
 
 

@@ -20,8 +20,8 @@ Q5_0     uint5 q, centred (q - 16): ggml's  d / —        (f16, 32)       0.687
 Q5_1     uint5 q                            d / m        (f16, 32)       0.75   (0.75)
 Q4_K     uint4 q, repacked per 32           the file's d, dmin, 6-bit    0.5625 (0.5625)
                                             sc / m (quant/kheads.py)
-Q6_K     int8 q - 32                        the file's d, int8 sc        1.0703 (0.8203)
-                                            (quant/kheads.py, 16)
+Q6_K     uint6 q, centred (q - 32): 6-bit   the file's d, int8 sc        0.8203 (0.8203)
+         fields, 64 per 48 bytes            (quant/kheads.py, 16)
 IQ4_NL   uint4 q, valued kvalues[q]         d / —        (f16, 32)       0.5625 (0.5625)
 IQ4_XS   uint4 q as IQ4_NL, per 32          the file's d, 6-bit sc       0.53125 (0.53125)
                                             (quant/kheads.py)
@@ -29,24 +29,19 @@ Q2_K,    the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the f
 Q3_K, Q5_K
 =======  =================================  ===========================  =====================
 
-Why this form: one kernel with three code layouts (int8, nibbles, nibbles + a 32-bit high-bit
-word, ggml's own Q5 layout, whose fifth bit costs one masked add per 16 codes) covers every
-type in the three target GGUFs, and K-quants' two-level scales collapse exactly into per-block
-float32 products (d·sc is exact: 11 × 8 bits). Q4_0 and Q5_0 keep exactly the file's bytes:
-their offset is a fixed multiple of the scale, so the kernel computes d·Σ(q - 16)·x per block
-(csrc/qgemv.cpp) with no min tensor; IQ4_NL is Q4_0 whose codes the kernel looks up in IQ4's
-16-value table (bits = TABLE4, quant/iq4.py). Q4_K and IQ4_XS keep the file's bytes too, and
-Q6_K its scales: they stay the super-blocks' heads (Q4_K: d, dmin, 6-bit sc and m; Q6_K: int8
-sc and d; IQ4_XS: d and 6-bit sc; quant/kheads.py), which the kernel turns into the float32
-d·sc (and -dmin·m) of 64 rows at a time in cache. The price is memory above the file for Q6_K's
-int8 codes (1.30×: a 6-bit layout the float32 kernel reads as fast is still to be found,
-docs/speed-log.md). Q2_K, Q3_K and Q5_K keep the file's blocks (quant/raw.py: their kernel
-rebuilds the two-level scales per block); other types (IQ2 / IQ3 / IQ1, TQ, BF16, F16) are not
-packed (:class:`UnsupportedQuantError`; F16 and BF16 matrices stay 16-bit as stored instead:
-quant/half.py). Layouts: ggml-common.h (block_q4_0 … block_iq4_xs) and gguf-py's quants.py. A
-compact load then arranges most matrices in row tiles (quant/tiles.py), where 5-bit codes
-become bit fields (quant/fields.py: the same codes, +8.6 % of their bytes at K = 896, read in
-four vector operations per 8 codes instead of seven).
+Why this form: one kernel with four code layouts (int8; nibbles; nibbles + a 32-bit high-bit
+word, ggml's Q5 layout, the fifth bit one masked add per 16 codes; Q6_K's 6-bit fields, turned
+into int8 codes 64 at a time) covers the common types, and K-quants' two-level scales collapse
+exactly into per-block float32 products (d·sc: 11 × 8 bits). Q4_0 and Q5_0 keep the file's
+bytes: their offset is a fixed multiple of the scale, so the kernel computes d·Σ(q - 16)·x per
+block (csrc/qgemv.cpp) with no min tensor; IQ4_NL is Q4_0 valued through IQ4's 16-value table
+(bits = TABLE4, quant/iq4.py). Q4_K, Q6_K and IQ4_XS keep their super-blocks' heads (d, dmin,
+sc, m as stored; quant/kheads.py), which the kernel turns into float32 d·sc (and -dmin·m) 64
+rows at a time in cache. Q2_K, Q3_K and Q5_K keep the file's blocks (quant/raw.py); IQ2 / IQ3
+/ IQ1 and TQ are not packed (:class:`UnsupportedQuantError`; F16 and BF16 matrices stay 16-bit:
+quant/half.py). Layouts: ggml-common.h and gguf-py's quants.py. A compact load then arranges
+most matrices in row tiles (quant/tiles.py), where 5-bit codes become bit fields
+(quant/fields.py: +8.6 % bytes at K = 896, four vector operations per 8 codes instead of seven).
 """
 
 from __future__ import annotations
@@ -61,7 +56,16 @@ from torch import nn
 from clearlm.errors import ClearLMError
 from clearlm.quant.fields import WORD, from_fields, is_fields
 from clearlm.quant.iq4 import TABLE4, split_iq4, table_values
-from clearlm.quant.kheads import HEAD, HEAD6, SUPER, expand_heads, heads_tile, is_heads
+from clearlm.quant.kheads import (
+    SIX,
+    SIX_BYTES,
+    SUPER,
+    expand_heads,
+    heads_tile,
+    is_heads,
+    six_bit_codes,
+    split_k,
+)
 from clearlm.quant.raw import RAW_BASE, RAW_TYPES, code_bytes, dequantize_raw, is_raw, split_blocks
 
 Q = GGMLQuantizationType
@@ -74,7 +78,9 @@ class UnsupportedQuantError(ClearLMError):
 @dataclass(frozen=True)
 class Packed:
     """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4
-    or TABLE4 (quant/iq4.py); uint8 (N, K // 32 * 20) if 5 (16 nibble bytes, then a uint32);
+    or TABLE4 (quant/iq4.py); uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the
+    high bits' uint32); uint8 (N, K // 64 * 48) if 6 (Q6_K, block 16: 6-bit fields in code
+    blocks of 64 values, tiled (N // T, K // 64, T * 48); quant/kheads.py);
     bits >= RAW_BASE: a GGUF block kept as the file stores it (quant/raw.py), codes uint8
     (N, K // block * rest), scale = d and min = dmin (or None) float16 (N, K // block).
     scale / min: float16 or float32 (N, K // block); min None means 0 for 8-bit codes and
@@ -140,11 +146,6 @@ def _q5_codes(b: np.ndarray, off: int) -> np.ndarray:
     return out.view(np.uint8).reshape(b.shape[0], 20)
 
 
-def _nibbles_to_ggml(codes: np.ndarray) -> np.ndarray:
-    """(..., 32) codes 0..15 → (..., 16) bytes: byte j = code j | code j+16 << 4 (Q4_0 layout)."""
-    return (codes[..., :16] | (codes[..., 16:] << 4)).astype(np.uint8)
-
-
 def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> Packed:
     """Repack raw GGUF bytes (uint8, any shape holding N rows) of a (N, K) matrix.
 
@@ -158,7 +159,6 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
     if k % block:
         raise UnsupportedQuantError(f"row length {k} is not a multiple of {qtype.name}'s {block}")
     b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1, type_size)  # (n_blocks, type_size)
-    nb = b.shape[0]
     per_row = k // 32
 
     def t(a: np.ndarray, cols: int) -> torch.Tensor:
@@ -185,35 +185,32 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         codes = _q5_codes(b, off)  # (nb, 20)
         mn = t(_f16(b, 2), per_row) if qtype == Q.Q5_1 else None  # Q5_0: W = d * (q - 16)
         return Packed(t(codes, k // 32 * 20), t(d, per_row), mn, 5, 32, qtype.name)
-    if qtype == Q.Q4_K:  # codes repacked per 32; the heads (d, dmin, sc, m) as in the file
-        heads = torch.from_numpy(b[:, :HEAD].copy()).reshape(n, k // SUPER, HEAD)
-        qs = b[:, 16:].reshape(nb, 4, 32)  # 4 chunks of 64 values: low nibbles, then high
-        sub = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)  # (nb, 8 sub-blocks, 32)
-        return Packed(t(_nibbles_to_ggml(sub), k // 2), heads, None, 4, 32, "Q4_K")
-    # Q6_K: ql (128) | qh (64) | int8 scales (16) | d (f16)
-    ql = b[:, :128].reshape(nb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    ql = (ql & 0x0F).reshape(nb, 8, 32)
-    qh = b[:, 128:192].reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
-    qh = (qh & 0x03).reshape(nb, 8, 32)
-    codes = (ql | (qh << 4)).astype(np.int8) - np.int8(32)  # (nb, 8, 32)
-    heads = torch.from_numpy(b[:, 192:210].copy()).reshape(n, k // SUPER, HEAD6)  # sc, d
-    return Packed(t(codes, k), heads, None, 8, 16, "Q6_K")
+    # Q4_K (codes repacked per 32) and Q6_K (6-bit code blocks): the file's heads (kheads.py)
+    codes, heads = split_k(b, qtype == Q.Q6_K, n, k)
+    return Packed(codes, heads, None, *((6, 16) if qtype == Q.Q6_K else (4, 32)), qtype.name)
 
 
 def block_bytes(p: Packed) -> int:
-    """Bytes of one block's codes: int8 codes 1 per value, 4-bit 16, 5-bit 20, a raw block
-    its bytes but d / dmin (quant/raw.py)."""
+    """Bytes of one code block: int8 codes 1 per value, 4-bit 16, 5-bit 20, Q6_K's 6-bit
+    codes 48 (a code block of 64 values: :func:`code_blocks`), a raw block its bytes but
+    d / dmin (quant/raw.py)."""
     if is_raw(p.bits):
         return code_bytes(p.bits)
-    return p.block if p.bits == 8 else 20 if p.bits == 5 else 16
+    return p.block if p.bits == 8 else {4: 16, TABLE4: 16, 5: 20, 6: SIX_BYTES}[p.bits]
+
+
+def code_blocks(p: Packed) -> int:
+    """Code blocks per row: K // block, except Q6_K's 6-bit codes (bits 6), whose code blocks
+    hold 64 values (4 scale blocks of 16; kheads.py)."""
+    return p.shape[1] // (SIX if p.bits == 6 else p.block)
 
 
 def untile_rows(p: Packed) -> Packed:
     """The row-major form of a tiled ``p`` (new tensors); a row-major ``p`` as it is."""
     if p.tile == 1:
         return p
-    tile, (n, k) = p.tile, p.shape
-    nb, bpb = k // p.block, block_bytes(p)
+    tile, n = p.tile, p.shape[0]
+    nb, bpb = code_blocks(p), block_bytes(p)
     if p.bits == 5 and is_fields(p.codes, tile):  # (N // T, W, T * 32) → (N, W, 32) → ggml's
         w = p.codes.shape[1]
         codes = from_fields(p.codes.reshape(n // tile, w, tile, WORD).transpose(1, 2)
@@ -221,7 +218,7 @@ def untile_rows(p: Packed) -> Packed:
     else:
         codes = p.codes.reshape(n // tile, nb, tile, bpb).transpose(1, 2).reshape(n, nb * bpb)
 
-    def per_block(s: torch.Tensor) -> torch.Tensor:  # (tiles, nb, rows, ...) → (N, nb, ...)
+    def per_block(s: torch.Tensor) -> torch.Tensor:  # (tiles, nS, rows, ...) → (N, nS, ...)
         return s.transpose(1, 2).reshape(n, s.shape[1], *s.shape[3:])
 
     mn = None if p.min is None else per_block(p.min).contiguous()
@@ -235,8 +232,8 @@ def select_rows(p: Packed, rows: torch.Tensor) -> Packed:
     if p.tile == 1:
         mn = None if p.min is None else p.min[rows]
         return Packed(p.codes[rows], p.scale[rows], mn, p.bits, p.block, p.qtype)
-    tile, (_, k) = p.tile, p.shape
-    nb, bpb = k // p.block, block_bytes(p)
+    tile = p.tile
+    nb, bpb = code_blocks(p), block_bytes(p)
     t, r = rows // tile, rows % tile  # (R,) tile and row within it
     if p.bits == 5 and is_fields(p.codes, tile):  # the rows' words, back to ggml's layout
         codes = from_fields(p.codes.view(-1, p.codes.shape[1], tile, WORD)[t, :, r], nb)
@@ -262,6 +259,8 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
         return dequantize_raw(p.codes, p.scale, p.min, p.bits)
     if p.bits == 8:
         q = p.codes.view(n, nb, p.block).float()  # (N, nb, bs)
+    elif p.bits == 6:  # Q6_K: 64 codes per 48 bytes, centred (q - 32)
+        q = six_bit_codes(p.codes.view(n, k // SIX, SIX_BYTES)).view(n, nb, p.block).float() - 32
     else:
         c = p.codes.view(n, nb, 20 if p.bits == 5 else 16)
         q = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1)  # (N, nb, 32) codes

@@ -14,6 +14,7 @@ AVX-512, whose body computes 8 rows at once; with AVX2, 4, the rows of one pass,
 read 8 rows a pass; measurements in csrc/qgemv.cpp, qgemv_preferred_tile):
 
     codes (N, nb * bpb)  →  (N // T, nb, T * bpb)     bpb: bytes of one block's codes
+                                                     (Q6_K: code blocks of 64 values, 48 B)
     scale / min (N, nb)  →  (N // T, nb, T)
     Q4_K's heads (N, nS, 16)  →  (N // T, nS, T, 16)   (quant/kheads.py)
 
@@ -32,7 +33,7 @@ import torch
 
 from clearlm.quant.fields import WORD, preferred, to_fields
 from clearlm.quant.kernels import load_kernels
-from clearlm.quant.pack import Packed, block_bytes
+from clearlm.quant.pack import Packed, block_bytes, code_blocks
 
 TILE = 8  # rows per tile without the kernel (the torch fallback converts tiles back anyway)
 
@@ -63,8 +64,8 @@ def tile_rows(p: Packed, tile: int | None = None, fields: bool | None = None) ->
     tile = tile_size(p.bits, p.block) if tile is None else tile
     if not can_tile(p, tile):
         raise ValueError(f"cannot tile a {p.shape} weight (tile {p.tile}) in tiles of {tile} rows")
-    n, k = p.shape
-    nb, bpb = k // p.block, block_bytes(p)
+    n, _ = p.shape
+    nb, bpb = code_blocks(p), block_bytes(p)
 
     def codes(c: torch.Tensor) -> torch.Tensor:
         units, size = nb, bpb  # blocks, or for 5-bit codes the words of their bit fields

@@ -9,11 +9,19 @@
 //   bits = 4: uint8 (N, K/2), bs = 32; byte j of a block holds code j in its low nibble and code
 //             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
 //   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
-//             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh).
+//             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh);
+//   bits = 6: uint8 (N, K/64*48), Q6_K's 6-bit codes q (W = scale * (q - 32)) in code blocks
+//             of 64 values (48 bytes) with a scale per 16: a little-endian stream of 6-bit
+//             fields, code j at bits 6j .. 6j + 5 (8 codes per 6 bytes). AVX-512 VBMI turns a
+//             block into 64 int8 4 * (q - 32) in 3 vector operations and 16 of them at a time
+//             into float32 (q - 32) * 2^26 in 2 (six_bytes, six_dwords); other builds into int8
+//             4 * (q - 32) (unpack6) read as int8 codes; the scales are d * sc times 2^-26 or
+//             1/4 (SIX_UNIT): the same float32 weights, bit for bit.
 // Scales and mins are float32 or float16 tensors (N, K/bs), or, for Q4_K (bits = 4, bs = 32),
 // the file's super-block heads (quant/kheads.py): scale uint8 (N, K/256, 16) = d, dmin (float16)
-// and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; for Q6_K (bits = 8, bs = 16)
-// uint8 (N, K/256, 18) = 16 int8 sub-scales sc and d. expand_heads turns a band's heads into
+// and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; for Q6_K (bits = 6, or the
+// int8 codes it was held as before, bits = 8, bs = 16) uint8 (N, K/256, 18) = 16 int8 sub-scales
+// sc and d. expand_heads turns a band's heads into
 // the float32 scale d*sc (and min -(dmin*m)) of each block (exact products), so the products
 // below see the same float32 scales and mins as with float32 tensors.
 // Two arrangements of the same blocks (quant/tiles.py: tile_rows):
@@ -55,10 +63,14 @@ alignas(16) constexpr int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22,
                                             1,    13,   25,  38,  53,  69,  89,  113};
 
 // Bytes of one block's codes, and of one row of K codes, in each code layout.
-constexpr int64_t block_bytes(int bits, int64_t bs) { return bits == 8 ? bs : bits == 5 ? 20 : 16; }
-constexpr int64_t row_bytes_of(int bits, int64_t K) {
-  return bits == 8 ? K : bits == 5 ? K / 32 * 20 : K / 2;
+constexpr int64_t block_bytes(int bits, int64_t bs) {
+  return bits == 8 ? bs : bits == 5 ? 20 : bits == 6 ? 48 : 16;  // 4 and TABLE4: 16
 }
+constexpr int64_t row_bytes_of(int bits, int64_t K) {
+  return bits == 8 ? K : bits == 5 ? K / 32 * 20 : bits == 6 ? K / 64 * 48 : K / 2;
+}
+// Values per scale: a code block's (BS), except Q6_K's 6-bit code blocks of 64, scaled per 16.
+constexpr int64_t scale_block(int bits, int64_t bs) { return bits == 6 ? 16 : bs; }
 
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
@@ -91,10 +103,101 @@ struct Arrangement {
   }
 };
 
+// The 64 codes of a 6-bit block (bits = 6 above) as int8 4 * (q - 32) = (q << 2) ^ 0x80, into
+// q[0..63] (64-byte aligned); the kernel multiplies them by d * sc / 4 (expand_head6), which
+// gives d * sc * (q - 32) exactly. AVX-512 VBMI: vpermb puts the 6 bytes of codes 8k .. 8k + 7
+// in qword k, vpmultishiftqb moves code i's field to bits 2-7 of byte i (from bit 6i - 2, the
+// two bits below it are cleared), and one ternary-logic operation does & 0xFC, ^ 0x80. `more`:
+// whether 16 more bytes follow the block in the tensor (any block but a row's last), so that one
+// 64-byte load may read them (a masked load of 48 made a cached product ~5 % slower). Else
+// BMI2's pdep deposits 8 fields into bits 2-7 of 8 bytes (fast on Intel and AMD since Zen 3;
+// correct, slow, on Zen 1-2), or plain shifts.
+inline void unpack6(const uint8_t* blk, int8_t* q, bool more) {
+#if defined(__AVX512VBMI__)
+  auto pos = [](int k) { return int64_t(6 * k) * 0x0101010101010101LL + 0x0706050403020100LL; };
+  const __m512i from = _mm512_set_epi64(pos(7), pos(6), pos(5), pos(4), pos(3), pos(2), pos(1),
+                                        pos(0));  // byte 8k + b <- byte 6k + b
+  const __m512i at = _mm512_set1_epi64(0x28221C16100A043ELL);  // bits 62, 4, 10, .. 40
+  const __m512i raw =
+      more ? _mm512_loadu_si512(blk) : _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFULL, blk);
+  const __m512i v = _mm512_permutexvar_epi8(from, raw);
+  const __m512i c = _mm512_multishift_epi64_epi8(at, v);
+  _mm512_store_si512(q, _mm512_ternarylogic_epi32(c, _mm512_set1_epi8(static_cast<char>(0xFC)),
+                                                  _mm512_set1_epi8(static_cast<char>(0x80)),
+                                                  0x6A));  // (A & B) ^ C
+#elif defined(__BMI2__)
+  (void)more;
+  for (int k = 0; k < 8; ++k) {
+    uint64_t v = 0;
+    std::memcpy(&v, blk + 6 * k, 6);
+    const uint64_t c = _pdep_u64(v, 0xFCFCFCFCFCFCFCFCULL) ^ 0x8080808080808080ULL;
+    std::memcpy(q + 8 * k, &c, 8);
+  }
+#else
+  (void)more;
+  for (int j = 0; j < 64; ++j) {
+    const int o = 6 * j;
+    int v = blk[o >> 3] >> (o & 7);
+    if ((o & 7) > 2) v |= blk[(o >> 3) + 1] << (8 - (o & 7));
+    q[j] = static_cast<int8_t>(((v & 63) << 2) ^ 0x80);
+  }
+#endif
+}
+
+// What unpack6's codes are multiplied by: d * sc * SIX_UNIT (expand_head6). AVX-512 VBMI reads
+// the codes as (q - 32) * 2^26 (six_dwords), elsewhere as int8 4 * (q - 32): both exact.
+#if defined(__AVX512VBMI__)
+constexpr float SIX_UNIT = 0x1p-26f;
+
+// The 64 codes of a 6-bit block as int8 4 * (q - 32), in one register (unpack6's first steps).
+inline __m512i six_bytes(const uint8_t* blk, bool more) {
+  auto pos = [](int k) { return int64_t(6 * k) * 0x0101010101010101LL + 0x0706050403020100LL; };
+  const __m512i from = _mm512_set_epi64(pos(7), pos(6), pos(5), pos(4), pos(3), pos(2), pos(1),
+                                        pos(0));  // byte 8k + b <- byte 6k + b
+  __m512i raw;
+  if (more) {  // a plain load (a conditional one compiled to a masked load on every block: ~5 %)
+    raw = _mm512_loadu_si512(blk);
+  } else {
+    alignas(64) uint8_t tail[64] = {};
+    std::memcpy(tail, blk, 48);
+    raw = _mm512_load_si512(tail);
+  }
+  const __m512i c = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x28221C16100A043ELL),
+                                                 _mm512_permutexvar_epi8(from, raw));
+  return _mm512_ternarylogic_epi32(c, _mm512_set1_epi8(static_cast<char>(0xFC)),
+                                   _mm512_set1_epi8(static_cast<char>(0x80)), 0x6A);
+}
+
+// Codes 16h .. 16h + 15 of six_bytes' register as float32 (q - 32) * 2^26: one vpermb puts byte
+// 16h + l in the top byte of lane l and zeroes the rest (an exact int32), then one conversion.
+// Against sign-extending each 16 bytes (vextracti32x4 + vpmovsxbd) this frees a shuffle per 16
+// values: a cached 896 x 4864 product took ~0.87x the time in a stand-alone test.
+inline __m512 six_dwords(__m512i c, int h) {
+  const __m512i at = _mm512_add_epi32(
+      _mm512_set_epi32(15 << 24, 14 << 24, 13 << 24, 12 << 24, 11 << 24, 10 << 24, 9 << 24,
+                       8 << 24, 7 << 24, 6 << 24, 5 << 24, 4 << 24, 3 << 24, 2 << 24, 1 << 24, 0),
+      _mm512_set1_epi32((16 * h) << 24));
+  return _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x8888888888888888ULL, at, c));
+}
+#else
+constexpr float SIX_UNIT = 0.25f;
+#endif
+
 // Scalar reference: dequantize one row into out[K].
 template <int BITS, int BS, typename S>
 void dequant_row(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                  float* out) {
+  if constexpr (BITS == 6) {  // Q6_K: fmaf(d * sc * SIX_UNIT, (q - 32) / SIX_UNIT, 0), exact
+    alignas(64) int8_t q[64];
+    for (int64_t b = 0; b < K / 64; ++b) {
+      unpack6(codes + b * L.cbs, q, b + 1 < K / 64);
+      for (int64_t j = 0; j < 64; ++j) {
+        const float f = float(q[j]) * (SIX_UNIT == 0.25f ? 1.0f : 0x1p24f);  // exact
+        out[b * 64 + j] = std::fmaf(to_f(sc[(4 * b + j / 16) * L.sbs]), f, 0.0f);
+      }
+    }
+    return;
+  }
   for (int64_t b = 0; b < K / BS; ++b) {
     const uint8_t* blk = codes + b * L.cbs;
     const float s = to_f(sc[b * L.sbs]);
@@ -288,6 +391,31 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
     }
     UNROLL
     for (int r = 0; r < R; ++r) {
+      if constexpr (BITS == 6) {  // Q6_K: 64 codes, then 4 x 16 weights as int8 codes gave
+#if defined(__AVX512VBMI__)
+        const __m512i c = six_bytes(codes + r * L.crs + b * L.cbs, b + 1 < K / 64);
+#else
+        alignas(64) int8_t q[64];
+        unpack6(codes + r * L.crs + b * L.cbs, q, b + 1 < K / 64);
+#endif
+        UNROLL
+        for (int h = 0; h < 4; ++h) {  // expanded heads: scale steps (nb, 1), L.sbs = 1
+          const __m512 s = _mm512_set1_ps(sc[r * L.srs + 4 * b + h]);
+#if defined(__AVX512VBMI__)
+          const __m512 qf = six_dwords(c, h);
+#else
+          const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+              _mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h))));
+#endif
+          const __m512 w = _mm512_fmadd_ps(s, qf, _mm512_setzero_ps());
+          UNROLL
+          for (int i = 0; i < MC; ++i) {  // one accumulator, as blocks of 16 int8 codes
+            acc[i][r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * ldx + e + 16 * h), w,
+                                           acc[i][r][0]);
+          }
+        }
+        continue;
+      }
       const __m512 s = _mm512_set1_ps(sc[r * L.srs + b * L.sbs]);
       const uint8_t* blk = codes + r * L.crs + b * L.cbs;
       if (BS == 32 && !mn) {  // s * (x . q): one multiply by s per block
@@ -352,6 +480,21 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, cons
 template <int BITS, int BS, typename S>
 void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                       float* out) {
+  if constexpr (BITS == 6) {
+#if defined(__AVX512VBMI__)
+    for (int64_t b = 0; b < K / 64; ++b) {
+      const __m512i c = six_bytes(codes + b * L.cbs, b + 1 < K / 64);
+      for (int h = 0; h < 4; ++h) {
+        const __m512 s = _mm512_set1_ps(to_f(sc[(4 * b + h) * L.sbs]));
+        _mm512_storeu_ps(out + b * 64 + 16 * h,
+                         _mm512_fmadd_ps(s, six_dwords(c, h), _mm512_setzero_ps()));
+      }
+    }
+#else
+    dequant_row<BITS, BS, S>(codes, sc, mn, L, K, out);  // the same fmaf per value
+#endif
+    return;
+  }
   const float centre = (BITS == 8 || mn) ? 0.0f : BITS == 4 ? 8.0f : 16.0f;
   for (int64_t b = 0; b < K / BS; ++b) {
     const __m512 s = _mm512_set1_ps(to_f(sc[b * L.sbs]));
@@ -451,6 +594,23 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
     }
     UNROLL
     for (int r = 0; r < R; ++r) {
+      if constexpr (BITS == 6) {  // Q6_K: 64 int8 codes, then 8 x 8 as int8 codes were read
+        alignas(64) int8_t q[64];
+        unpack6(codes + r * L.crs + b * L.cbs, q, b + 1 < K / 64);
+        UNROLL
+        for (int j = 0; j < 8; ++j) {
+          const __m256 s = _mm256_set1_ps(sc[r * L.srs + (4 * b + j / 2) * L.sbs]);
+          const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * j));
+          const __m256 w = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+                                           _mm256_setzero_ps());
+          UNROLL
+          for (int i = 0; i < MC; ++i) {  // blocks of 16: 8 values into each accumulator
+            const __m256 xv = _mm256_loadu_ps(x + i * ldx + e + 8 * j);
+            acc[i][r][j & 1] = _mm256_fmadd_ps(xv, w, acc[i][r][j & 1]);
+          }
+        }
+        continue;
+      }
       const __m256 s = _mm256_set1_ps(sc[r * L.srs + b * L.sbs]);
       const BlockCodes<BITS, centre> c(codes + r * L.crs + b * L.cbs);
       if constexpr (BS == 32 && !MIN) {  // s * (x . q): one multiply by s per block
@@ -510,6 +670,10 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, cons
 template <int BITS, int BS, typename S>
 void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                       float* out) {
+  if constexpr (BITS == 6) {
+    dequant_row<BITS, BS, S>(codes, sc, mn, L, K, out);  // the same fmaf per value
+    return;
+  }
   for (int64_t b = 0; b < K / BS; ++b) {
     const __m256 s = _mm256_set1_ps(to_f(sc[b * L.sbs]));
     const __m256 m = _mm256_set1_ps(mn ? to_f(mn[b * L.sbs]) : 0.0f);
@@ -829,10 +993,11 @@ inline void expand_head(const uint8_t* p, float* s, float* m) {
 
 // One Q6_K head (quant/kheads.py: 16 int8 sub-scales sc, then d float16) → its 16 float32
 // scales d*sc into s[0..15] (exact: 11 x 8 bits, as gguf.quants computes them).
-inline void expand_head6(const uint8_t* p, float* s) {
+inline void expand_head6(const uint8_t* p, float* s, float unit = 1.0f) {
   at::Half dh;
   std::memcpy(&dh, p + 16, 2);
-  const float d = to_f(dh);
+  // unit 2^-26 or 1/4 for 6-bit codes (SIX_UNIT): exact, d * sc stays normal (>= 2^-50)
+  const float d = to_f(dh) * unit;
 #if defined(__AVX2__)
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256 dv = _mm256_set1_ps(d);
@@ -885,7 +1050,7 @@ inline void expand_one(const uint8_t* p, float* s, float* m) {
   } else if constexpr (BITS == TABLE4) {
     expand_head_xs(p, s);
   } else {
-    expand_head6(p, s);
+    expand_head6(p, s, BITS == 6 ? SIX_UNIT : 1.0f);  // 6-bit codes: see SIX_UNIT
   }
 }
 
@@ -921,7 +1086,8 @@ void expand_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* 
 template <int BITS, int BS, typename S>
 void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
               const torch::Tensor& mn, int64_t T, torch::Tensor& y) {
-  const int64_t M = x.size(0), K = x.size(1), N = y.size(1), nb = K / BS;
+  // nb: scale blocks per row (Q6_K: 4 per 64-value code block)
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1), nb = K / scale_block(BITS, BS);
   const bool fields = is_fields(BITS, T, codes);  // 5-bit codes as bit fields (32-B words)
   const Arrangement A = arrangement<BITS, BS>(T, K, fields);
   const Steps L = A.steps();
@@ -1005,7 +1171,7 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
 template <int BITS, int BS, typename S>
 void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                   int64_t T, int64_t r0, torch::Tensor& out) {
-  const int64_t K = out.size(1), nb = K / BS;
+  const int64_t K = out.size(1), nb = K / scale_block(BITS, BS);  // scale blocks per row
   const bool fields = is_fields(BITS, T, codes);
   const Arrangement A = arrangement<BITS, BS>(T, K, fields);
   const Steps L = A.steps();
@@ -1041,7 +1207,8 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 
 #define DISPATCH(bits, bs, scale, FN, ...)                                         \
   if (scale.scalar_type() == torch::kByte) {  /* K-quant and IQ4_XS heads */     \
-    if (bits == 8) FN<8, 16, uint8_t>(__VA_ARGS__);                               \
+    if (bits == 6) FN<6, 64, uint8_t>(__VA_ARGS__);                               \
+    else if (bits == 8) FN<8, 16, uint8_t>(__VA_ARGS__);                          \
     else if (bits == TABLE4) FN<TABLE4, 32, uint8_t>(__VA_ARGS__);                \
     else FN<4, 32, uint8_t>(__VA_ARGS__);                                         \
   } else if (scale.scalar_type() == torch::kFloat) {                              \
