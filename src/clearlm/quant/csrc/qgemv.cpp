@@ -1037,11 +1037,11 @@ inline void expand_head_xs(const uint8_t* p, float* s) {
 #endif
 }
 
-// Heads by code layout: Q4_K (BITS 4) 16 bytes for 8 blocks of 32, with mins; Q6_K (BITS 8,
-// int8 codes) 18 bytes for 16 blocks of 16, without; IQ4_XS (TABLE4) 8 bytes for 8 blocks of 32,
-// without.
+// Heads by code layout: Q4_K (BITS 4) 16 bytes for 8 blocks of 32, with mins; Q6_K (BITS 6,
+// or 8: int8 codes) 18 bytes for 16 blocks of 16, without; IQ4_XS (TABLE4) 8 bytes for 8 blocks
+// of 32, without.
 constexpr int64_t head_bytes(int bits) { return bits == 4 ? 16 : bits == TABLE4 ? 8 : 18; }
-constexpr int64_t head_blocks(int bits) { return bits == 8 ? 16 : 8; }
+constexpr int64_t head_blocks(int bits) { return bits == 4 || bits == TABLE4 ? 8 : 16; }
 
 template <int BITS>
 inline void expand_one(const uint8_t* p, float* s, float* m) {
