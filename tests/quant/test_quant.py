@@ -94,15 +94,6 @@ def test_unsupported_type_raises() -> None:
         pack_blocks(np.zeros((1, 34), np.uint8), Q.Q8_0, (1, 40))
 
 
-@pytest.fixture(params=["kernel", "torch"])
-def path_kind(request, monkeypatch) -> str:
-    if request.param == "kernel" and load_kernels() is None:
-        pytest.skip("no C++ compiler: kernel path unavailable")
-    if request.param == "torch":
-        monkeypatch.setattr(qlinear, "load_kernels", lambda: None)
-    return request.param
-
-
 @pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
 @pytest.mark.parametrize("t", [1, 3, 8, 21])  # decode, kernel: 6 and 16 (SMALL_M) rows, prefill
 def test_quant_linear_matches_f_linear(qtype: Q, t: int, path_kind: str, monkeypatch) -> None:

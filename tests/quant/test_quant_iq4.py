@@ -66,15 +66,6 @@ def test_values_equal_gguf_bit_for_bit(qtype: Q, tile: int) -> None:
         np.testing.assert_array_equal(got.numpy(), ref)
 
 
-@pytest.fixture(params=["kernel", "torch"])
-def path_kind(request, monkeypatch) -> str:
-    if request.param == "kernel" and load_kernels() is None:
-        pytest.skip("no C++ compiler: kernel path unavailable")
-    if request.param == "torch":
-        monkeypatch.setattr(qlinear, "load_kernels", lambda: None)
-    return request.param
-
-
 @IQ4
 @pytest.mark.parametrize("t", [1, 5, 21])  # decode, kernel with several rows, chunked prefill
 @pytest.mark.parametrize("tile", [1, 8])

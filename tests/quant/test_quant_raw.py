@@ -97,15 +97,6 @@ def test_scales_from_real_weights_exact(qtype: Q, smollm2) -> None:
             torch.ops.clearlm_kernels.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
 
 
-@pytest.fixture(params=["kernel", "torch"])
-def path_kind(request, monkeypatch) -> str:
-    if request.param == "kernel" and load_kernels() is None:
-        pytest.skip("no C++ compiler: kernel path unavailable")
-    if request.param == "torch":
-        monkeypatch.setattr(qlinear, "load_kernels", lambda: None)
-    return request.param
-
-
 @RAW
 @pytest.mark.parametrize("t", [1, 5, 21])  # decode, kernel with several rows, chunked prefill
 @pytest.mark.parametrize("tile", [1, 8])
