@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
@@ -31,8 +32,11 @@ def test_json_on_smollm2_compact_against_float32(smollm2, smollm2_path, tmp_path
     from float32 by a little, no block passes the threshold, and the top-1 agreement is the one
     computed here from the two models' own logits."""
     png = tmp_path / "diff.png"
+    # the thread count of this process: float32 matmuls sum in an order that depends on it, and
+    # the CLI's default (the free cores) drops on a busy machine
     proc = cli("diff", str(smollm2_path), str(smollm2_path), PROMPT, "--weights", "float32",
-               "--weights", "compact", "--json", "--plot", str(png), "-q")
+               "--weights", "compact", "--json", "--plot", str(png), "-q",
+               "--threads", str(torch.get_num_threads()))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     n = len(smollm2.encode(PROMPT))
