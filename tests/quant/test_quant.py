@@ -94,18 +94,19 @@ def test_unsupported_type_raises() -> None:
         pack_blocks(np.zeros((1, 34), np.uint8), Q.Q8_0, (1, 40))
 
 
-@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
-@pytest.mark.parametrize("t", [1, 3, 8, 21])  # decode, kernel: 6 and 16 (SMALL_M) rows, prefill
-def test_quant_linear_matches_f_linear(qtype: Q, t: int, path_kind: str, monkeypatch) -> None:
-    n, k = 80, 512
-    monkeypatch.setattr(qlinear, "CHUNK_ELEMS", 32 * k)  # force several chunks on the prefill path
-    raw = random_blocks(qtype, n, k, seed=2)
+def assert_within_float32_bound(raw: np.ndarray, qtype: Q, n: int, k: int, t: int,
+                                path_kind: str, tile: int = 1) -> None:
+    """QuantLinear on the blocks ``raw`` of an (n, k) weight (in row tiles of ``tile``), with a
+    bias, against F.linear on gguf's dequantized weight, for x (2, t, k): within the float32
+    summation bound, and equal where both run torch's matmul on the same dequantized weight."""
+    from clearlm.quant.tiles import tile_rows
+
     w = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (N, K)
+    p = pack_blocks(raw, qtype, (n, k))
     bias = torch.randn(n)
-    layer = QuantLinear(pack_blocks(raw, qtype, (n, k)), bias)
+    layer = QuantLinear(p if tile == 1 else tile_rows(p, tile), bias)
     x = torch.randn(2, t, k)  # (B, T, K)
-    y = layer(x)
-    ref = F.linear(x, w, bias)
+    y, ref = layer(x), F.linear(x, w, bias)
     assert y.shape == ref.shape == (2, t, n)
     bound = k * U * (x.abs() @ w.abs().T + bias.abs())
     excess = ((y - ref).abs() - bound).max().item()
@@ -113,6 +114,14 @@ def test_quant_linear_matches_f_linear(qtype: Q, t: int, path_kind: str, monkeyp
     if path_kind == "torch" or t > qlinear.SMALL_M:
         # the same dequantized weight and torch's matmul: identical to the reference
         assert torch.equal(y, ref)
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED, ids=lambda q: q.name)
+@pytest.mark.parametrize("t", [1, 3, 8, 21])  # decode, kernel: 6 and 16 (SMALL_M) rows, prefill
+def test_quant_linear_matches_f_linear(qtype: Q, t: int, path_kind: str, monkeypatch) -> None:
+    n, k = 80, 512
+    monkeypatch.setattr(qlinear, "CHUNK_ELEMS", 32 * k)  # force several chunks on the prefill path
+    assert_within_float32_bound(random_blocks(qtype, n, k, seed=2), qtype, n, k, t, path_kind)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q5_0, Q.Q4_K], ids=lambda q: q.name)

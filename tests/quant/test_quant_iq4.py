@@ -13,16 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
-from test_quant import U, random_blocks
+from test_quant import assert_within_float32_bound, random_blocks
 
-from clearlm.quant import linear as qlinear
 from clearlm.quant.iq4 import TABLE4
 from clearlm.quant.kernels import load_kernels
-from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import dequantize_packed, pack_blocks
 from clearlm.quant.tiles import tile_rows
 
@@ -71,17 +68,7 @@ def test_values_equal_gguf_bit_for_bit(qtype: Q, tile: int) -> None:
 @pytest.mark.parametrize("tile", [1, 8])
 def test_product_within_the_float32_bound(qtype: Q, t: int, tile: int, path_kind: str) -> None:
     n, k = 40, 512
-    raw = blocks(qtype, n, k, seed=2)
-    w = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (N, K)
-    p = pack_blocks(raw, qtype, (n, k))
-    bias = torch.randn(n)
-    layer = QuantLinear(p if tile == 1 else tile_rows(p, tile), bias)
-    x = torch.randn(2, t, k)  # (B, T, K)
-    y, ref = layer(x), F.linear(x, w, bias)
-    bound = k * U * (x.abs() @ w.abs().T + bias.abs())
-    assert ((y - ref).abs() - bound).max().item() <= 0
-    if path_kind == "torch" or t > qlinear.SMALL_M:  # the dequantized weight and torch's matmul
-        assert torch.equal(y, ref)
+    assert_within_float32_bound(blocks(qtype, n, k, seed=2), qtype, n, k, t, path_kind, tile)
 
 
 @pytest.mark.skipif(load_kernels() is None, reason="no C++ kernel (needs g++)")

@@ -13,12 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 from test_compact_load import TOKENS
-from test_quant import U, random_blocks
+from test_quant import assert_within_float32_bound, random_blocks
 from tiny_gguf import random_raw, write_tiny_llama
 
 import clearlm
@@ -105,16 +104,7 @@ def test_product_within_the_float32_bound(qtype: Q, t: int, tile: int, path_kind
     n, k = 40, 512
     monkeypatch.setattr(qlinear, "CHUNK_ELEMS", 16 * k)  # several bands on the prefill path
     raw = random_blocks(qtype, n, k, seed=2)
-    w = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (N, K)
-    p = pack_blocks(raw, qtype, (n, k))
-    bias = torch.randn(n)
-    layer = QuantLinear(p if tile == 1 else tile_rows(p, tile), bias)
-    x = torch.randn(2, t, k)  # (B, T, K)
-    y, ref = layer(x), F.linear(x, w, bias)
-    bound = k * U * (x.abs() @ w.abs().T + bias.abs())
-    assert ((y - ref).abs() - bound).max().item() <= 0
-    if path_kind == "torch" or t > qlinear.SMALL_M:  # the dequantized weight and torch's matmul
-        assert torch.equal(y, ref)
+    assert_within_float32_bound(raw, qtype, n, k, t, path_kind, tile)
 
 
 @needs_kernel
