@@ -3,8 +3,8 @@
 Formats: float32 (``F.linear``); F16 and BF16 kept 16-bit (clearlm.quant.half.HalfLinear: the C++
 kernel csrc/qgemv_half.cpp, and its pure-torch fallback, widen + F.linear); torch's own 16-bit
 ``F.linear`` with x rounded to 16 bits (not exact: shown for speed only, its max |Δ| against
-the float32 product on the same weights in the last column); Q8_0, Q4_0, Q4_K, Q6_K, IQ4_NL
-and IQ4_XS as a compact load holds them (QuantLinear, row tiles of the kernel's
+the float32 product on the same weights in the last column); Q8_0, Q4_0, Q4_K, Q6_K, Q3_K, Q2_K,
+Q5_K, IQ4_NL and IQ4_XS as a compact load holds them (QuantLinear, row tiles of the kernel's
 quant/tiles.tile_size), for the existing formats' speed (Q8_0 and Q4_0 quantized from the
 weights by gguf; the others, which gguf-py cannot quantize, are random blocks of the same shape
 with small float16 scales: the same bytes to read).
@@ -43,12 +43,13 @@ SHAPES = [(4864, 896), (896, 4864), (1536, 576), (8192, 2048)]  # (N out, K in)
 
 
 def k_blocks(qtype: Q, shape: tuple[int, int], seed: int) -> np.ndarray:
-    """Random Q4_K / Q6_K / IQ4_NL / IQ4_XS blocks of a (N, K) matrix, float16 scales in
+    """Random K-quant / IQ4_NL / IQ4_XS blocks of a (N, K) matrix, float16 scales in
     [2^-12, 2^-8)."""
     rng = np.random.default_rng(seed)
     block, size = GGML_QUANT_SIZES[qtype]
     b = rng.integers(0, 256, (shape[0] * shape[1] // block, size), dtype=np.uint8)
-    for at in {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}.get(qtype, (0,)):  # d, dmin (Q4_K); d
+    at_d = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q3_K: (108,), Q.Q2_K: (80, 82)}
+    for at in at_d.get(qtype, (0,)):  # d, dmin; d
         f = rng.uniform(2**-12, 2**-8, b.shape[0]).astype("<f2")
         b[:, at : at + 2] = f.view(np.uint8).reshape(-1, 2)
     return b
@@ -76,7 +77,7 @@ def engines(
         blocks = quantize(w.numpy(), qtype)
         p = tile_rows(pack_blocks(blocks, qtype, tuple(w.shape)))
         out[qtype.name] = (p.nbytes(), QuantLinear(p))
-    for qtype in (Q.Q4_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS):
+    for qtype in (Q.Q4_K, Q.Q6_K, Q.Q3_K, Q.Q2_K, Q.Q5_K, Q.IQ4_NL, Q.IQ4_XS):
         if w.shape[1] % GGML_QUANT_SIZES[qtype][0] == 0:  # rows of whole blocks
             shape = tuple(w.shape)
             p = tile_rows(pack_blocks(k_blocks(qtype, shape, seed), qtype, shape))

@@ -1,8 +1,9 @@
-"""quant/kheads.py: Q4_K / Q6_K scales kept as the file's super-block heads, Q6_K's 6-bit codes.
-The values are checked against gguf in test_quant.py (every format, both layouts); here: the
-bytes held, a traced embedding lookup (the kernel's dequant operator) equal to the eager one, and
-Q6_K's 6-bit code blocks: gguf's values bit for bit, and products bit-identical to those of the
-int8 codes (q - 32) Q6_K was held as before (bits 8, which the kernel still reads)."""
+"""quant/kheads.py: Q4_K / Q6_K / Q3_K scales kept as the file's super-block heads, Q6_K's 6-bit
+and Q3_K's 3-bit field codes. The values are checked against gguf in test_quant.py (every format,
+both layouts); here: the bytes held, a traced embedding lookup (the kernel's dequant operator)
+equal to the eager one, and the field code blocks: gguf's values bit for bit, and products
+bit-identical to those of the same weights as int8 codes (q - 32 or q - 4) with float32 scales
+per 16 (bits 8, block 16: the kernel's plain int8 body)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,25 @@ from test_quant import random_blocks
 
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.kernels import load_kernels
-from clearlm.quant.kheads import SIX, SIX_BYTES, six_bit_codes
+from clearlm.quant.kheads import FIELD, expand_heads, field_codes, q3_k_scales
 from clearlm.quant.pack import Packed, dequantize_packed, pack_blocks
 from clearlm.quant.tiles import tile_rows
 
 N, K = 64, 512
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q3_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("tile", [1, 8])
 def test_bytes_held(qtype: Q, tile: int) -> None:
-    """Exactly the file's bytes (Q6_K: 6-bit codes, 48 bytes per 64, and the 18-byte heads)."""
+    """Exactly the file's bytes (Q6_K: 6-bit codes, 48 bytes per 64, and the 18-byte heads;
+    Q3_K: 3-bit codes, 24 bytes per 64, and the 14-byte heads)."""
     raw = random_blocks(qtype, N, K)
     p = pack_blocks(raw, qtype, (N, K))
     p = p if tile == 1 else tile_rows(p, tile)
     assert p.nbytes() == raw.nbytes and p.shape == (N, K) and p.tile == tile
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q3_K], ids=lambda q: q.name)
 def test_traced_embedding_equals_eager(qtype: Q) -> None:
     raw = random_blocks(qtype, N, K, seed=3)
     ref = torch.from_numpy(dequantize(raw, qtype).reshape(N, K))  # (N, K) gguf's values
@@ -43,22 +45,36 @@ def test_traced_embedding_equals_eager(qtype: Q) -> None:
 
 
 def int8_codes(p: Packed) -> Packed:
-    """A row-major Q6_K Packed with its codes as int8 q - 32 (N, K): the layout (bits 8) Q6_K
-    was held in before its 6-bit code blocks."""
+    """A row-major Q6_K / Q3_K Packed (bits 6 / 3) as int8 codes q - 32 / q - 4 (N, K) with
+    float32 scales d · sc per 16 (N, K // 16): the same weights in the plain int8 layout."""
     n, k = p.shape
-    q = six_bit_codes(p.codes.view(n, k // SIX, SIX_BYTES)).reshape(n, k) - 32  # (N, K)
-    return Packed(q.to(torch.int8), p.scale, None, 8, 16, "Q6_K")
+    q = field_codes(p.codes.view(n, k // FIELD, 8 * p.bits), p.bits).reshape(n, k)  # (N, K)
+    return Packed((q - 2 ** (p.bits - 1)).to(torch.int8), expand_heads(p.scale)[0], None, 8, 16,
+                  p.qtype)
 
 
+def test_q3_k_scales_as_ggml_unpacks_them() -> None:
+    """The 12 bytes of every Q3_K head unpacked as ggml's kmask1 / kmask2 words do (written out
+    here per byte from dequantize_row_q3_K), on every byte value."""
+    heads = torch.randint(0, 256, (300, 12), dtype=torch.uint8, generator=torch.Generator()
+                          .manual_seed(2))
+    b = heads.long()
+    want = torch.stack([(b[:, i % 8] >> (4 * (i // 8)) & 15) | ((b[:, 8 + i % 4] >> (2 * (i // 4))
+                        & 3) << 4) for i in range(16)], dim=1)  # (300, 16)
+    assert torch.equal(q3_k_scales(heads).long(), want)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q3_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("tile", [1, 4, 8])
-def test_q6_k_six_bit_blocks_exact_and_products_as_int8_codes(tile: int) -> None:
+def test_field_code_blocks_exact_and_products_as_int8_codes(qtype: Q, tile: int) -> None:
     """Random blocks (every code pattern): dequantized (torch, kernel, every row range) equal to
     gguf.quants.dequantize, and products for 1, 2, 3, 4 and 8 rows of x bit-identical to the
     int8 codes' (the same float32 weights summed in the same order)."""
     n, k = 64, 768
-    raw = random_blocks(Q.Q6_K, n, k, seed=7)
-    ref = torch.from_numpy(dequantize(raw, Q.Q6_K).reshape(n, k))  # (N, K) gguf's values
-    p = pack_blocks(raw, Q.Q6_K, (n, k))
+    raw = random_blocks(qtype, n, k, seed=7)
+    ref = torch.from_numpy(dequantize(raw, qtype).reshape(n, k))  # (N, K) gguf's values
+    p = pack_blocks(raw, qtype, (n, k))
+    bits = p.bits
     old = int8_codes(p)
     t = p if tile == 1 else tile_rows(p, tile)
     assert torch.equal(dequantize_packed(t), ref)
@@ -66,11 +82,12 @@ def test_q6_k_six_bit_blocks_exact_and_products_as_int8_codes(tile: int) -> None
     if kern is None:
         pytest.skip("no C++ kernel")
     empty = torch.empty(0, dtype=torch.uint8)
-    assert torch.equal(kern.dequant(t.codes, t.scale, empty, 6, 16, 0, n), ref)
-    assert torch.equal(kern.dequant(t.codes, t.scale, empty, 6, 16, 5, 13), ref[5:13])
+    assert torch.equal(kern.dequant(t.codes, t.scale, empty, bits, 16, 0, n), ref)
+    assert torch.equal(kern.dequant(t.codes, t.scale, empty, bits, 16, 5, 13), ref[5:13])
     o = old if tile == 1 else tile_rows(old, tile)
+    none = torch.empty(0)
     x = torch.randn(8, k, generator=torch.Generator().manual_seed(1))  # (8, K)
     for m in (1, 2, 3, 4, 8):
-        got = kern.qmm(x[:m], t.codes, t.scale, empty, 6, 16)  # (m, N)
-        assert torch.equal(got, kern.qmm(x[:m], o.codes, o.scale, empty, 8, 16))
-        assert torch.equal(got, kern.qmm_i8(x[:m], t.codes, t.scale, empty, 6, 16))  # exact
+        got = kern.qmm(x[:m], t.codes, t.scale, empty, bits, 16)  # (m, N)
+        assert torch.equal(got, kern.qmm(x[:m], o.codes, o.scale, none, 8, 16))
+        assert torch.equal(got, kern.qmm_i8(x[:m], t.codes, t.scale, empty, bits, 16))  # exact

@@ -1,4 +1,5 @@
-"""Q2_K, Q3_K, Q5_K kept as the file's blocks (quant/raw.py, csrc/qgemv_raw.cpp).
+"""Q2_K, Q5_K kept as the file's blocks (quant/raw.py, csrc/qgemv_raw.cpp); Q3_K, once kept
+so and now 3-bit field codes (quant/kheads.py), in the tiny-GGUF tests here.
 
 References: ``gguf.quants.dequantize`` (llama.cpp's reference dequantization in Python) for the
 values, bit for bit, on random blocks (every byte random but finite float16 scales: codes and
@@ -126,7 +127,7 @@ def test_kernel_row_does_not_depend_on_the_rows_beside_it(qtype: Q) -> None:
         assert torch.equal(y[m], kern.qmm(x[m : m + 1], p.codes, p.scale, mn, p.bits, p.block)[0])
 
 
-@RAW
+@pytest.mark.parametrize("qtype", [*RAW_TYPES, Q.Q3_K], ids=lambda q: q.name)
 def test_tiny_gguf_loads_compact(tmp_path, qtype: Q) -> None:
     """Every matrix packed, memory = the file's bytes for them, and the logits equal the float32
     load's within the bound the other formats keep on SmolLM2 (test_compact_load.py)."""
@@ -152,11 +153,11 @@ def test_tiny_gguf_loads_compact(tmp_path, qtype: Q) -> None:
 
 
 def test_traced_decode_step_equals_eager(tmp_path) -> None:
-    """The decode step of a model of every raw format and of IQ4's table codes (the embedding
-    IQ4_NL, whose eager lookup builds a table tensor) traces whole with torch.export, as the
-    compiled steps trace it (clearlm.runtime.aot_build), and the traced graph's logits equal the
-    eager step's: the embedding's rows through the dequantization operator, the products
-    through qmm."""
+    """The decode step of a model of every raw format, of Q3_K's 3-bit field codes and of IQ4's
+    table codes (the embedding IQ4_NL, whose eager lookup builds a table tensor) traces whole
+    with torch.export, as the compiled steps trace it (clearlm.runtime.aot_build), and the
+    traced graph's logits equal the eager step's: the embedding's rows through the
+    dequantization operator, the products through qmm."""
     from clearlm.generation.loop import decode_step, prefill
     from clearlm.model.kv_cache import KVCache
     from clearlm.runtime.aot_build import _Step, rope_tables, tables_as_inputs
@@ -165,9 +166,9 @@ def test_traced_decode_step_equals_eager(tmp_path) -> None:
     path = write_tiny_llama(tmp_path / "t.gguf", n_layers=1, matrix_type=Q.Q5_K, d_model=256,
                             d_ff=256, seed=4, tied=False, tensor_types=types)
     net = clearlm.load(path, threads=1).transformer
-    iq4 = {"IQ4_NL", "IQ4_XS"}  # quant/iq4.py: through the main kernel
+    main = {"IQ4_NL", "IQ4_XS", "Q3_K"}  # quant/iq4.py, kheads.py: through the main kernel
     held = {m.qtype for m in net.modules() if hasattr(m, "qtype")}
-    assert held == {t.name for t in RAW_TYPES} | iq4
+    assert held == {t.name for t in RAW_TYPES} | main
     cache = net.new_cache(1, 12)
     with torch.inference_mode():
         prefill(net, TOKENS[:, :5], cache)

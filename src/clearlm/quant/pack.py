@@ -22,26 +22,29 @@ Q4_K     uint4 q, repacked per 32           the file's d, dmin, 6-bit    0.5625 
                                             sc / m (quant/kheads.py)
 Q6_K     uint6 q, centred (q - 32): 6-bit   the file's d, int8 sc        0.8203 (0.8203)
          fields, 64 per 48 bytes            (quant/kheads.py, 16)
+Q3_K     uint3 q, centred (q - 4): 3-bit    the file's d, 6-bit sc       0.4297 (0.4297)
+         fields, 64 per 24 bytes            (quant/kheads.py, 16)
 IQ4_NL   uint4 q, valued kvalues[q]         d / —        (f16, 32)       0.5625 (0.5625)
 IQ4_XS   uint4 q as IQ4_NL, per 32          the file's d, 6-bit sc       0.53125 (0.53125)
                                             (quant/kheads.py)
 Q2_K,    the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the file
-Q3_K, Q5_K
+Q5_K
 =======  =================================  ===========================  =====================
 
 Why this form: one kernel with four code layouts (int8; nibbles; nibbles + a 32-bit high-bit
-word, ggml's Q5 layout, the fifth bit one masked add per 16 codes; Q6_K's 6-bit fields, turned
-into int8 codes 64 at a time) covers the common types, and K-quants' two-level scales collapse
-exactly into per-block float32 products (d·sc: 11 × 8 bits). Q4_0 and Q5_0 keep the file's
-bytes: their offset is a fixed multiple of the scale, so the kernel computes d·Σ(q - 16)·x per
-block (csrc/qgemv.cpp) with no min tensor; IQ4_NL is Q4_0 valued through IQ4's 16-value table
-(bits = TABLE4, quant/iq4.py). Q4_K, Q6_K and IQ4_XS keep their super-blocks' heads (d, dmin,
-sc, m as stored; quant/kheads.py), which the kernel turns into float32 d·sc (and -dmin·m) 64
-rows at a time in cache. Q2_K, Q3_K and Q5_K keep the file's blocks (quant/raw.py); IQ2 / IQ3
-/ IQ1 and TQ are not packed (:class:`UnsupportedQuantError`; F16 and BF16 matrices stay 16-bit:
-quant/half.py). Layouts: ggml-common.h and gguf-py's quants.py. A compact load then arranges
-most matrices in row tiles (quant/tiles.py), where 5-bit codes become bit fields
-(quant/fields.py: +8.6 % bytes at K = 896, four vector operations per 8 codes instead of seven).
+word, ggml's Q5 layout, the fifth bit one masked add per 16 codes; Q6_K's 6-bit and Q3_K's 3-bit
+fields, turned into int8 codes 64 at a time) covers the common types, and K-quants' two-level
+scales collapse exactly into per-block float32 products (d·sc: 11 × 8 bits). Q4_0 and Q5_0 keep
+the file's bytes: their offset is a fixed multiple of the scale, so the kernel computes
+d·Σ(q - 16)·x per block (csrc/qgemv.cpp) with no min tensor; IQ4_NL is Q4_0 valued through IQ4's
+16-value table (bits = TABLE4, quant/iq4.py). Q4_K, Q6_K, Q3_K and IQ4_XS keep their
+super-blocks' heads (d, dmin, sc, m as stored; quant/kheads.py), which the kernel turns into
+float32 d·sc (and -dmin·m) 64 rows at a time in cache. Q2_K and Q5_K keep the file's blocks
+(quant/raw.py); IQ2 / IQ3 / IQ1 and TQ are not packed (:class:`UnsupportedQuantError`; F16 and
+BF16 matrices stay 16-bit: quant/half.py). Layouts: ggml-common.h and gguf-py's quants.py. A
+compact load then arranges most matrices in row tiles (quant/tiles.py), where 5-bit codes become
+bit fields (quant/fields.py: +8.6 % bytes at K = 896, four vector operations per 8 codes instead
+of seven).
 """
 
 from __future__ import annotations
@@ -54,18 +57,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from clearlm.errors import ClearLMError
+from clearlm.quant import kheads
 from clearlm.quant.fields import WORD, from_fields, is_fields
 from clearlm.quant.iq4 import TABLE4, split_iq4, table_values
-from clearlm.quant.kheads import (
-    SIX,
-    SIX_BYTES,
-    SUPER,
-    expand_heads,
-    heads_tile,
-    is_heads,
-    six_bit_codes,
-    split_k,
-)
 from clearlm.quant.raw import RAW_BASE, RAW_TYPES, code_bytes, dequantize_raw, is_raw, split_blocks
 
 Q = GGMLQuantizationType
@@ -79,8 +73,8 @@ class UnsupportedQuantError(ClearLMError):
 class Packed:
     """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4
     or TABLE4 (quant/iq4.py); uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the
-    high bits' uint32); uint8 (N, K // 64 * 48) if 6 (Q6_K, block 16: 6-bit fields in code
-    blocks of 64 values, tiled (N // T, K // 64, T * 48); quant/kheads.py);
+    high bits' uint32); uint8 (N, K // 64 * 8 · bits) if 6 or 3 (Q6_K, Q3_K, block 16: 6/3-bit
+    fields in code blocks of 64 values, tiled (N // T, K // 64, T * 8 · bits); kheads.py);
     bits >= RAW_BASE: a GGUF block kept as the file stores it (quant/raw.py), codes uint8
     (N, K // block * rest), scale = d and min = dmin (or None) float16 (N, K // block).
     scale / min: float16 or float32 (N, K // block); min None means 0 for 8-bit codes and
@@ -88,9 +82,9 @@ class Packed:
     Row tiles (quant/tiles.py, the layout decode reads fastest): the same blocks, T rows
     interleaved block by block: codes (N // T, K // block, T * bytes per block), scale / min
     (N // T, K // block, T); 5-bit codes in tiles may be bit fields (quant/fields.py): codes
-    (N // T, W, T * 32), W = ceil(4 * K // 32 / 6) words per row. Q4_K / Q6_K / IQ4_XS: scale =
-    the file's super-block heads uint8 (N, K // 256, 16 / 18 / 8), tiled (N // T, K // 256, T,
-    16 / 18 / 8), min None (quant/kheads.py)."""
+    (N // T, W, T * 32), W = ceil(4 * K // 32 / 6) words per row. Q4_K / Q6_K / Q3_K / IQ4_XS:
+    scale = the file's super-block heads uint8 (N, K // 256, 16 / 18 / 14 / 8), tiled
+    (N // T, K // 256, T, 16 / 18 / 14 / 8), min None (quant/kheads.py)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
@@ -102,14 +96,14 @@ class Packed:
     @property
     def shape(self) -> tuple[int, int]:
         """(N, K): output and input features."""
-        per = SUPER if is_heads(self.scale) else self.block
+        per = kheads.SUPER if kheads.is_heads(self.scale) else self.block
         return self.scale.shape[0] * self.tile, self.scale.shape[1] * per
 
     @property
     def tile(self) -> int:
         """Rows per row tile: 1 for the row-major layout."""
-        if is_heads(self.scale):
-            return heads_tile(self.scale)
+        if kheads.is_heads(self.scale):
+            return kheads.heads_tile(self.scale)
         return self.scale.shape[2] if self.scale.dim() == 3 else 1
 
     def nbytes(self) -> int:
@@ -117,7 +111,7 @@ class Packed:
         return self.codes.nbytes + self.scale.nbytes + extra
 
 
-REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
+REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS)
 SUPPORTED = REPACKED + RAW_TYPES  # every type a compact load keeps compact
 
 
@@ -185,24 +179,25 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         codes = _q5_codes(b, off)  # (nb, 20)
         mn = t(_f16(b, 2), per_row) if qtype == Q.Q5_1 else None  # Q5_0: W = d * (q - 16)
         return Packed(t(codes, k // 32 * 20), t(d, per_row), mn, 5, 32, qtype.name)
-    # Q4_K (codes repacked per 32) and Q6_K (6-bit code blocks): the file's heads (kheads.py)
-    codes, heads = split_k(b, qtype == Q.Q6_K, n, k)
-    return Packed(codes, heads, None, *((6, 16) if qtype == Q.Q6_K else (4, 32)), qtype.name)
+    # Q4_K (codes repacked per 32), Q6_K / Q3_K (6/3-bit code blocks): the file's heads (kheads)
+    codes, heads = kheads.split_k(b, qtype.value, n, k)
+    bits = {Q.Q6_K: 6, Q.Q3_K: 3}.get(qtype, 4)
+    return Packed(codes, heads, None, bits, 32 if bits == 4 else 16, qtype.name)
 
 
 def block_bytes(p: Packed) -> int:
     """Bytes of one code block: int8 codes 1 per value, 4-bit 16, 5-bit 20, Q6_K's 6-bit
-    codes 48 (a code block of 64 values: :func:`code_blocks`), a raw block its bytes but
-    d / dmin (quant/raw.py)."""
+    codes 48 and Q3_K's 3-bit 24 (code blocks of 64 values: :func:`code_blocks`), a raw block
+    its bytes but d / dmin (quant/raw.py)."""
     if is_raw(p.bits):
         return code_bytes(p.bits)
-    return p.block if p.bits == 8 else {4: 16, TABLE4: 16, 5: 20, 6: SIX_BYTES}[p.bits]
+    return p.block if p.bits == 8 else {4: 16, TABLE4: 16, 5: 20, 6: 48, 3: 24}[p.bits]
 
 
 def code_blocks(p: Packed) -> int:
-    """Code blocks per row: K // block, except Q6_K's 6-bit codes (bits 6), whose code blocks
-    hold 64 values (4 scale blocks of 16; kheads.py)."""
-    return p.shape[1] // (SIX if p.bits == 6 else p.block)
+    """Code blocks per row: K // block, except Q6_K's / Q3_K's field codes (bits 6 / 3), whose
+    code blocks hold 64 values (4 scale blocks of 16; kheads.py)."""
+    return p.shape[1] // (kheads.FIELD if p.bits in (3, 6) else p.block)
 
 
 def untile_rows(p: Packed) -> Packed:
@@ -253,14 +248,15 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
     p = untile_rows(p)
     n, k = p.shape
     nb = k // p.block
-    if is_heads(p.scale):  # K-quants: the float32 d·sc (and -dmin·m) per block (kheads.py)
-        p = Packed(p.codes, *expand_heads(p.scale), p.bits, p.block, p.qtype)
+    if kheads.is_heads(p.scale):  # K-quants: the float32 d·sc (and -dmin·m) per block (kheads.py)
+        p = Packed(p.codes, *kheads.expand_heads(p.scale), p.bits, p.block, p.qtype)
     if is_raw(p.bits):  # gguf's own dequantization of the file's blocks
         return dequantize_raw(p.codes, p.scale, p.min, p.bits)
     if p.bits == 8:
         q = p.codes.view(n, nb, p.block).float()  # (N, nb, bs)
-    elif p.bits == 6:  # Q6_K: 64 codes per 48 bytes, centred (q - 32)
-        q = six_bit_codes(p.codes.view(n, k // SIX, SIX_BYTES)).view(n, nb, p.block).float() - 32
+    elif p.bits in (3, 6):  # Q6_K / Q3_K: 64 codes per 48 / 24 bytes, centred (q - 32 / 4)
+        c = p.codes.view(n, k // kheads.FIELD, 8 * p.bits)  # (N, code blocks, bytes)
+        q = kheads.field_codes(c, p.bits).view(n, nb, p.block).float() - 2 ** (p.bits - 1)
     else:
         c = p.codes.view(n, nb, 20 if p.bits == 5 else 16)
         q = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1)  # (N, nb, 32) codes

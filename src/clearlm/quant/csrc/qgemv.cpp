@@ -10,18 +10,21 @@
 //             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
 //   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
 //             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh);
-//   bits = 6: uint8 (N, K/64*48), Q6_K's 6-bit codes q (W = scale * (q - 32)) in code blocks
-//             of 64 values (48 bytes) with a scale per 16: a little-endian stream of 6-bit
-//             fields, code j at bits 6j .. 6j + 5 (8 codes per 6 bytes). AVX-512 VBMI turns a
-//             block into 64 int8 4 * (q - 32) in 3 vector operations and 16 of them at a time
-//             into float32 (q - 32) * 2^26 in 2 (six_bytes, six_dwords); other builds into int8
-//             4 * (q - 32) (unpack6) read as int8 codes; the scales are d * sc times 2^-26 or
-//             1/4 (SIX_UNIT): the same float32 weights, bit for bit.
+//   bits = 6 / 3: uint8 (N, K/64*48) / (N, K/64*24), "field codes": Q6_K's 6-bit codes q
+//             (W = scale * (q - 32)) or Q3_K's 3-bit codes (W = scale * (q - 4)) in code blocks
+//             of 64 values (8 * bits bytes) with a scale per 16: a little-endian stream of
+//             `bits`-bit fields, code j at bits bits*j .. bits*j + bits - 1 (8 codes per `bits`
+//             bytes). AVX-512 VBMI turns a block into 64 int8 (q - c) * 2^(8 - bits) in 3 vector
+//             operations and 16 of them at a time into float32 (q - c) * 2^(32 - bits) in 2
+//             (field_reg, field_dwords); other builds into the int8 codes (unpack_fields); the
+//             scales are d * sc times the inverse power of two (field_unit): the same float32
+//             weights, bit for bit.
 // Scales and mins are float32 or float16 tensors (N, K/bs), or, for Q4_K (bits = 4, bs = 32),
 // the file's super-block heads (quant/kheads.py): scale uint8 (N, K/256, 16) = d, dmin (float16)
 // and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; for Q6_K (bits = 6, or the
 // int8 codes it was held as before, bits = 8, bs = 16) uint8 (N, K/256, 18) = 16 int8 sub-scales
-// sc and d. expand_heads turns a band's heads into
+// sc and d; for Q3_K (bits = 3) uint8 (N, K/256, 14) = the file's 12 bytes of 6-bit sub-scales
+// and d. expand_heads turns a band's heads into
 // the float32 scale d*sc (and min -(dmin*m)) of each block (exact products), so the products
 // below see the same float32 scales and mins as with float32 tensors.
 // Two arrangements of the same blocks (quant/tiles.py: tile_rows):
@@ -63,14 +66,16 @@ alignas(16) constexpr int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22,
                                             1,    13,   25,  38,  53,  69,  89,  113};
 
 // Bytes of one block's codes, and of one row of K codes, in each code layout.
+// Field codes (bits 6: Q6_K, 3: Q3_K): code blocks of 64 values, `bits` bytes per 8 codes.
+constexpr bool is_field(int bits) { return bits == 6 || bits == 3; }
 constexpr int64_t block_bytes(int bits, int64_t bs) {
-  return bits == 8 ? bs : bits == 5 ? 20 : bits == 6 ? 48 : 16;  // 4 and TABLE4: 16
+  return bits == 8 ? bs : bits == 5 ? 20 : is_field(bits) ? 8 * bits : 16;  // 4, TABLE4: 16
 }
 constexpr int64_t row_bytes_of(int bits, int64_t K) {
-  return bits == 8 ? K : bits == 5 ? K / 32 * 20 : bits == 6 ? K / 64 * 48 : K / 2;
+  return bits == 8 ? K : bits == 5 ? K / 32 * 20 : is_field(bits) ? K / 64 * 8 * bits : K / 2;
 }
-// Values per scale: a code block's (BS), except Q6_K's 6-bit code blocks of 64, scaled per 16.
-constexpr int64_t scale_block(int bits, int64_t bs) { return bits == 6 ? 16 : bs; }
+// Values per scale: a code block's (BS), except field codes' blocks of 64, scaled per 16.
+constexpr int64_t scale_block(int bits, int64_t bs) { return is_field(bits) ? 16 : bs; }
 
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
@@ -103,96 +108,104 @@ struct Arrangement {
   }
 };
 
-// The 64 codes of a 6-bit block (bits = 6 above) as int8 4 * (q - 32) = (q << 2) ^ 0x80, into
-// q[0..63] (64-byte aligned); the kernel multiplies them by d * sc / 4 (expand_head6), which
-// gives d * sc * (q - 32) exactly. AVX-512 VBMI: vpermb puts the 6 bytes of codes 8k .. 8k + 7
-// in qword k, vpmultishiftqb moves code i's field to bits 2-7 of byte i (from bit 6i - 2, the
-// two bits below it are cleared), and one ternary-logic operation does & 0xFC, ^ 0x80. `more`:
-// whether 16 more bytes follow the block in the tensor (any block but a row's last), so that one
-// 64-byte load may read them (a masked load of 48 made a cached product ~5 % slower). Else
-// BMI2's pdep deposits 8 fields into bits 2-7 of 8 bytes (fast on Intel and AMD since Zen 3;
-// correct, slow, on Zen 1-2), or plain shifts.
-inline void unpack6(const uint8_t* blk, int8_t* q, bool more) {
+// Field codes (bits = 6 or 3 above, W = bits): the 64 codes of a block are read as int8
+// (q - c) * 2^(8 - W) = (q << (8 - W)) ^ 0x80, c = 2^(W - 1) (32 or 4), and multiplied by
+// d * sc * 2^-(8 - W) (field_unit, expand_head6 / expand_head3), which gives d * sc * (q - c)
+// exactly. AVX-512 VBMI (field_reg): vpermb puts the W bytes of codes 8k .. 8k + 7 in qword k,
+// vpmultishiftqb moves code i's field to bits 8-W .. 7 of byte i (from bit W*i - (8 - W); the
+// bits below it are cleared), and one ternary-logic operation does & mask, ^ 0x80. `more`:
+// whether more bytes follow the block in the tensor (any block but a row's last), so that one
+// 64-byte (W = 6) or 32-byte (W = 3) load may read them (a masked load of 48 made a cached
+// product ~5 % slower). Else BMI2's pdep deposits 8 fields into the top W bits of 8 bytes (fast
+// on Intel and AMD since Zen 3; correct, slow, on Zen 1-2), or plain shifts.
+constexpr uint8_t field_mask(int W) { return static_cast<uint8_t>((0xFF << (8 - W)) & 0xFF); }
+
 #if defined(__AVX512VBMI__)
-  auto pos = [](int k) { return int64_t(6 * k) * 0x0101010101010101LL + 0x0706050403020100LL; };
-  const __m512i from = _mm512_set_epi64(pos(7), pos(6), pos(5), pos(4), pos(3), pos(2), pos(1),
-                                        pos(0));  // byte 8k + b <- byte 6k + b
-  const __m512i at = _mm512_set1_epi64(0x28221C16100A043ELL);  // bits 62, 4, 10, .. 40
-  const __m512i raw =
-      more ? _mm512_loadu_si512(blk) : _mm512_maskz_loadu_epi8(0xFFFFFFFFFFFFULL, blk);
-  const __m512i v = _mm512_permutexvar_epi8(from, raw);
-  const __m512i c = _mm512_multishift_epi64_epi8(at, v);
-  _mm512_store_si512(q, _mm512_ternarylogic_epi32(c, _mm512_set1_epi8(static_cast<char>(0xFC)),
-                                                  _mm512_set1_epi8(static_cast<char>(0x80)),
-                                                  0x6A));  // (A & B) ^ C
-#elif defined(__BMI2__)
-  (void)more;
-  for (int k = 0; k < 8; ++k) {
-    uint64_t v = 0;
-    std::memcpy(&v, blk + 6 * k, 6);
-    const uint64_t c = _pdep_u64(v, 0xFCFCFCFCFCFCFCFCULL) ^ 0x8080808080808080ULL;
-    std::memcpy(q + 8 * k, &c, 8);
-  }
-#else
-  (void)more;
-  for (int j = 0; j < 64; ++j) {
-    const int o = 6 * j;
-    int v = blk[o >> 3] >> (o & 7);
-    if ((o & 7) > 2) v |= blk[(o >> 3) + 1] << (8 - (o & 7));
-    q[j] = static_cast<int8_t>(((v & 63) << 2) ^ 0x80);
-  }
-#endif
+// The multishift selector: byte i of every qword reads the 8 bits from W*i - (8 - W) (mod 64).
+constexpr uint64_t field_at(int W) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t((W * i - (8 - W)) & 63) << (8 * i);
+  return v;
 }
 
-// What unpack6's codes are multiplied by: d * sc * SIX_UNIT (expand_head6). AVX-512 VBMI reads
-// the codes as (q - 32) * 2^26 (six_dwords), elsewhere as int8 4 * (q - 32): both exact.
-#if defined(__AVX512VBMI__)
-constexpr float SIX_UNIT = 0x1p-26f;
-
-// The 64 codes of a 6-bit block as int8 4 * (q - 32), in one register (unpack6's first steps).
-inline __m512i six_bytes(const uint8_t* blk, bool more) {
-  auto pos = [](int k) { return int64_t(6 * k) * 0x0101010101010101LL + 0x0706050403020100LL; };
+// The 64 codes of a field block as int8 (q - c) * 2^(8 - W), in one register.
+template <int W>
+inline __m512i field_reg(const uint8_t* blk, bool more) {
+  auto pos = [](int k) { return int64_t(W * k) * 0x0101010101010101LL + 0x0706050403020100LL; };
   const __m512i from = _mm512_set_epi64(pos(7), pos(6), pos(5), pos(4), pos(3), pos(2), pos(1),
-                                        pos(0));  // byte 8k + b <- byte 6k + b
+                                        pos(0));  // byte 8k + b <- byte Wk + b
   __m512i raw;
   if (more) {  // a plain load (a conditional one compiled to a masked load on every block: ~5 %)
-    raw = _mm512_loadu_si512(blk);
+    raw = W == 6 ? _mm512_loadu_si512(blk)
+                 : _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
   } else {
     alignas(64) uint8_t tail[64] = {};
-    std::memcpy(tail, blk, 48);
+    std::memcpy(tail, blk, 8 * W);
     raw = _mm512_load_si512(tail);
   }
-  const __m512i c = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(0x28221C16100A043ELL),
+  const __m512i c = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(static_cast<int64_t>(field_at(W))),
                                                  _mm512_permutexvar_epi8(from, raw));
-  return _mm512_ternarylogic_epi32(c, _mm512_set1_epi8(static_cast<char>(0xFC)),
-                                   _mm512_set1_epi8(static_cast<char>(0x80)), 0x6A);
+  return _mm512_ternarylogic_epi32(c, _mm512_set1_epi8(static_cast<char>(field_mask(W))),
+                                   _mm512_set1_epi8(static_cast<char>(0x80)), 0x6A);  // (A&B)^C
 }
 
-// Codes 16h .. 16h + 15 of six_bytes' register as float32 (q - 32) * 2^26: one vpermb puts byte
-// 16h + l in the top byte of lane l and zeroes the rest (an exact int32), then one conversion.
-// Against sign-extending each 16 bytes (vextracti32x4 + vpmovsxbd) this frees a shuffle per 16
-// values: a cached 896 x 4864 product took ~0.87x the time in a stand-alone test.
-inline __m512 six_dwords(__m512i c, int h) {
+// Codes 16h .. 16h + 15 of field_reg's register as float32 (q - c) * 2^(32 - W): one vpermb puts
+// byte 16h + l in the top byte of lane l and zeroes the rest (an exact int32), then one
+// conversion. Against sign-extending each 16 bytes (vextracti32x4 + vpmovsxbd) this frees a
+// shuffle per 16 values: a cached 896 x 4864 Q6_K product took ~0.87x the time in a test.
+inline __m512 field_dwords(__m512i c, int h) {
   const __m512i at = _mm512_add_epi32(
       _mm512_set_epi32(15 << 24, 14 << 24, 13 << 24, 12 << 24, 11 << 24, 10 << 24, 9 << 24,
                        8 << 24, 7 << 24, 6 << 24, 5 << 24, 4 << 24, 3 << 24, 2 << 24, 1 << 24, 0),
       _mm512_set1_epi32((16 * h) << 24));
   return _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x8888888888888888ULL, at, c));
 }
+
+// What field codes are multiplied by: d * sc * field_unit(W), the codes read as (q - c) *
+// 2^(32 - W) (field_dwords). Exact: d * sc stays normal (>= 2^-53).
+constexpr float field_unit(int W) { return 1.0f / static_cast<float>(1ULL << (32 - W)); }
+constexpr float FIELD_INT8_TO_UNIT = 0x1p24f;  // unpack_fields' int8 codes, read as field_dwords'
 #else
-constexpr float SIX_UNIT = 0.25f;
+// Elsewhere the codes are int8 (q - c) * 2^(8 - W): scales d * sc * 2^-(8 - W).
+constexpr float field_unit(int W) { return 1.0f / static_cast<float>(1 << (8 - W)); }
+constexpr float FIELD_INT8_TO_UNIT = 1.0f;
 #endif
+
+// The 64 codes of a field block as int8 (q - c) * 2^(8 - W) into q[0..63] (64-byte aligned).
+template <int W>
+inline void unpack_fields(const uint8_t* blk, int8_t* q, bool more) {
+#if defined(__AVX512VBMI__)
+  _mm512_store_si512(q, field_reg<W>(blk, more));
+#elif defined(__BMI2__)
+  (void)more;
+  constexpr uint64_t mask = 0x0101010101010101ULL * field_mask(W);
+  for (int k = 0; k < 8; ++k) {
+    uint64_t v = 0;
+    std::memcpy(&v, blk + W * k, W);
+    const uint64_t c = _pdep_u64(v, mask) ^ 0x8080808080808080ULL;
+    std::memcpy(q + 8 * k, &c, 8);
+  }
+#else
+  (void)more;
+  for (int j = 0; j < 64; ++j) {
+    const int o = W * j;
+    int v = blk[o >> 3] >> (o & 7);
+    if ((o & 7) + W > 8) v |= blk[(o >> 3) + 1] << (8 - (o & 7));
+    q[j] = static_cast<int8_t>(((v & ((1 << W) - 1)) << (8 - W)) ^ 0x80);
+  }
+#endif
+}
 
 // Scalar reference: dequantize one row into out[K].
 template <int BITS, int BS, typename S>
 void dequant_row(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                  float* out) {
-  if constexpr (BITS == 6) {  // Q6_K: fmaf(d * sc * SIX_UNIT, (q - 32) / SIX_UNIT, 0), exact
+  if constexpr (is_field(BITS)) {  // fmaf(d * sc * unit, (q - c) / unit, 0), exact
     alignas(64) int8_t q[64];
     for (int64_t b = 0; b < K / 64; ++b) {
-      unpack6(codes + b * L.cbs, q, b + 1 < K / 64);
+      unpack_fields<BITS>(codes + b * L.cbs, q, b + 1 < K / 64);
       for (int64_t j = 0; j < 64; ++j) {
-        const float f = float(q[j]) * (SIX_UNIT == 0.25f ? 1.0f : 0x1p24f);  // exact
+        const float f = float(q[j]) * FIELD_INT8_TO_UNIT;  // (q - c) / field_unit: exact
         out[b * 64 + j] = std::fmaf(to_f(sc[(4 * b + j / 16) * L.sbs]), f, 0.0f);
       }
     }
@@ -391,18 +404,18 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
     }
     UNROLL
     for (int r = 0; r < R; ++r) {
-      if constexpr (BITS == 6) {  // Q6_K: 64 codes, then 4 x 16 weights as int8 codes gave
+      if constexpr (is_field(BITS)) {  // 64 codes, then 4 x 16 weights as int8 codes gave
 #if defined(__AVX512VBMI__)
-        const __m512i c = six_bytes(codes + r * L.crs + b * L.cbs, b + 1 < K / 64);
+        const __m512i c = field_reg<BITS>(codes + r * L.crs + b * L.cbs, b + 1 < K / 64);
 #else
         alignas(64) int8_t q[64];
-        unpack6(codes + r * L.crs + b * L.cbs, q, b + 1 < K / 64);
+        unpack_fields<BITS>(codes + r * L.crs + b * L.cbs, q, b + 1 < K / 64);
 #endif
         UNROLL
         for (int h = 0; h < 4; ++h) {  // expanded heads: scale steps (nb, 1), L.sbs = 1
           const __m512 s = _mm512_set1_ps(sc[r * L.srs + 4 * b + h]);
 #if defined(__AVX512VBMI__)
-          const __m512 qf = six_dwords(c, h);
+          const __m512 qf = field_dwords(c, h);
 #else
           const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
               _mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h))));
@@ -480,14 +493,14 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, cons
 template <int BITS, int BS, typename S>
 void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                       float* out) {
-  if constexpr (BITS == 6) {
+  if constexpr (is_field(BITS)) {
 #if defined(__AVX512VBMI__)
     for (int64_t b = 0; b < K / 64; ++b) {
-      const __m512i c = six_bytes(codes + b * L.cbs, b + 1 < K / 64);
+      const __m512i c = field_reg<BITS>(codes + b * L.cbs, b + 1 < K / 64);
       for (int h = 0; h < 4; ++h) {
         const __m512 s = _mm512_set1_ps(to_f(sc[(4 * b + h) * L.sbs]));
         _mm512_storeu_ps(out + b * 64 + 16 * h,
-                         _mm512_fmadd_ps(s, six_dwords(c, h), _mm512_setzero_ps()));
+                         _mm512_fmadd_ps(s, field_dwords(c, h), _mm512_setzero_ps()));
       }
     }
 #else
@@ -594,9 +607,9 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
     }
     UNROLL
     for (int r = 0; r < R; ++r) {
-      if constexpr (BITS == 6) {  // Q6_K: 64 int8 codes, then 8 x 8 as int8 codes were read
+      if constexpr (is_field(BITS)) {  // 64 int8 codes, then 8 x 8 as int8 codes were read
         alignas(64) int8_t q[64];
-        unpack6(codes + r * L.crs + b * L.cbs, q, b + 1 < K / 64);
+        unpack_fields<BITS>(codes + r * L.crs + b * L.cbs, q, b + 1 < K / 64);
         UNROLL
         for (int j = 0; j < 8; ++j) {
           const __m256 s = _mm256_set1_ps(sc[r * L.srs + (4 * b + j / 2) * L.sbs]);
@@ -670,7 +683,7 @@ void dot_rows(const float* x, int64_t M, int64_t ldx, const uint8_t* codes, cons
 template <int BITS, int BS, typename S>
 void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                       float* out) {
-  if constexpr (BITS == 6) {
+  if constexpr (is_field(BITS)) {
     dequant_row<BITS, BS, S>(codes, sc, mn, L, K, out);  // the same fmaf per value
     return;
   }
@@ -996,7 +1009,7 @@ inline void expand_head(const uint8_t* p, float* s, float* m) {
 inline void expand_head6(const uint8_t* p, float* s, float unit = 1.0f) {
   at::Half dh;
   std::memcpy(&dh, p + 16, 2);
-  // unit 2^-26 or 1/4 for 6-bit codes (SIX_UNIT): exact, d * sc stays normal (>= 2^-50)
+  // unit: field_unit(6) for 6-bit codes, 1 for int8 codes: exact, d * sc stays normal
   const float d = to_f(dh) * unit;
 #if defined(__AVX2__)
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -1006,6 +1019,38 @@ inline void expand_head6(const uint8_t* p, float* s, float unit = 1.0f) {
                                                 _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)))));
 #else
   for (int k = 0; k < 16; ++k) s[k] = d * static_cast<float>(static_cast<int8_t>(p[k]));
+#endif
+}
+
+// One Q3_K head (quant/kheads.py: the file's 12 bytes of 6-bit sub-scales, then d float16) →
+// its 16 float32 scales d*(sc - 32) * unit into s[0..15] (ggml's dequantize_row_q3_K, whose
+// kmask1 / kmask2 words amount to: sub-scale i's low 4 bits in nibble i / 8 of byte i % 8, its
+// high 2 bits at bit 2 (i / 4) of byte 8 + i % 4; exact: 11 x 6 bits, as gguf.quants computes).
+inline void expand_head3(const uint8_t* p, float* s, float unit) {
+  at::Half dh;
+  std::memcpy(&dh, p + 12, 2);
+  const float d = to_f(dh) * unit;  // exact: a power of two
+#if defined(__AVX2__)
+  // loaded straight from the head (a copy through a small array stalls on store forwarding)
+  const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));  // bytes 0 .. 7
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(a, low),
+                                        _mm_and_si128(_mm_srli_epi16(a, 4), low));  // sc & 15
+  // byte i <- byte 8 + i % 4, shifted right by 2 (i / 4) (within its byte: bits 0 .. 7)
+  const __m128i t = _mm_shuffle_epi8(_mm_cvtsi32_si128(static_cast<int>(load_u32(p + 8))),
+                                     _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
+  const __m128i hi = _mm_and_si128(_mm_srlv_epi32(t, _mm_setr_epi32(0, 2, 4, 6)),
+                                   _mm_set1_epi8(3));
+  const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+  const __m256 dv = _mm256_set1_ps(d);
+  _mm256_storeu_ps(s, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+  _mm256_storeu_ps(s + 8, _mm256_mul_ps(dv, _mm256_cvtepi32_ps(
+                                                _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+#else
+  for (int i = 0; i < 16; ++i) {
+    const int lo = (p[i % 8] >> (4 * (i / 8))) & 15, hi = (p[8 + i % 4] >> (2 * (i / 4))) & 3;
+    s[i] = d * static_cast<float>((lo | hi << 4) - 32);
+  }
 #endif
 }
 
@@ -1038,9 +1083,11 @@ inline void expand_head_xs(const uint8_t* p, float* s) {
 }
 
 // Heads by code layout: Q4_K (BITS 4) 16 bytes for 8 blocks of 32, with mins; Q6_K (BITS 6,
-// or 8: int8 codes) 18 bytes for 16 blocks of 16, without; IQ4_XS (TABLE4) 8 bytes for 8 blocks
-// of 32, without.
-constexpr int64_t head_bytes(int bits) { return bits == 4 ? 16 : bits == TABLE4 ? 8 : 18; }
+// or 8: int8 codes) 18 bytes for 16 blocks of 16, without; Q3_K (BITS 3) 14 bytes for 16 blocks
+// of 16, without; IQ4_XS (TABLE4) 8 bytes for 8 blocks of 32, without.
+constexpr int64_t head_bytes(int bits) {
+  return bits == 4 ? 16 : bits == TABLE4 ? 8 : bits == 3 ? 14 : 18;
+}
 constexpr int64_t head_blocks(int bits) { return bits == 4 || bits == TABLE4 ? 8 : 16; }
 
 template <int BITS>
@@ -1049,8 +1096,10 @@ inline void expand_one(const uint8_t* p, float* s, float* m) {
     expand_head(p, s, m);
   } else if constexpr (BITS == TABLE4) {
     expand_head_xs(p, s);
+  } else if constexpr (BITS == 3) {
+    expand_head3(p, s, field_unit(3));
   } else {
-    expand_head6(p, s, BITS == 6 ? SIX_UNIT : 1.0f);  // 6-bit codes: see SIX_UNIT
+    expand_head6(p, s, BITS == 6 ? field_unit(6) : 1.0f);  // int8 codes (bits 8): 1
   }
 }
 
@@ -1208,6 +1257,7 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 #define DISPATCH(bits, bs, scale, FN, ...)                                         \
   if (scale.scalar_type() == torch::kByte) {  /* K-quant and IQ4_XS heads */     \
     if (bits == 6) FN<6, 64, uint8_t>(__VA_ARGS__);                               \
+    else if (bits == 3) FN<3, 64, uint8_t>(__VA_ARGS__);                          \
     else if (bits == 8) FN<8, 16, uint8_t>(__VA_ARGS__);                          \
     else if (bits == TABLE4) FN<TABLE4, 32, uint8_t>(__VA_ARGS__);                \
     else FN<4, 32, uint8_t>(__VA_ARGS__);                                         \

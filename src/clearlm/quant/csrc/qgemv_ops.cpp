@@ -1,6 +1,6 @@
 // The extension's Python and torch-operator entry points: argument checks, then the kernels of
 // qgemv.cpp (exact float32 activations), qgemv_raw.cpp (GGUF blocks kept as the file stores
-// them: Q2_K, Q3_K, Q5_K), qgemv_i8.cpp (int8 activations) and qgemv_half.cpp
+// them: Q2_K, Q5_K), qgemv_i8.cpp (int8 activations) and qgemv_half.cpp
 // (float16 / bfloat16 weights).
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/extension.h>
@@ -74,21 +74,26 @@ Shape check_raw(const torch::Tensor& codes, const torch::Tensor& scale, const to
 // (N, K/2) or (N/T, nb, T * 16) with heads uint8 (N, K/256, 16) or (N/T, K/256, T, 16); Q6_K,
 // 6-bit codes (bits 6, scales per 16) uint8 (N, K/64 * 48) or (N/T, K/64, T * 48) in code
 // blocks of 64 values, or int8 codes (bits 8) (N, K) or (N/T, nb, T * 16), with heads of 18
-// bytes; IQ4_XS (bits kTable4) as Q4_K with heads of 8 bytes; min empty.
+// bytes; Q3_K, 3-bit codes (bits 3, scales per 16) as Q6_K's in blocks of 24 bytes, with heads
+// of 14 bytes; IQ4_XS (bits kTable4) as Q4_K with heads of 8 bytes; min empty.
 Shape check_heads(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                   int64_t bits, int64_t bs) {
-  TORCH_CHECK(((bits == 4 || bits == kTable4) && bs == 32) || ((bits == 6 || bits == 8) && bs == 16),
-              "super-block heads need 4-bit codes in blocks of 32 or 6/8-bit codes in blocks of 16");
+  TORCH_CHECK(((bits == 4 || bits == kTable4) && bs == 32) ||
+                  ((bits == 3 || bits == 6 || bits == 8) && bs == 16),
+              "super-block heads need 4-bit codes in blocks of 32 or 3/6/8-bit codes in blocks of "
+              "16");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
   TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
   TORCH_CHECK(!mn.numel(), "a weight with super-block heads has no min tensor");
-  // bytes of a head; of a code block (6-bit: 64 values, else one scale's values)
-  const int64_t hb = bits == 4 ? 16 : bits == kTable4 ? 8 : 18, bpb = bits == 6 ? 48 : 16;
+  // bytes of a head; of a code block (3/6-bit: 64 values, else one scale's values)
+  const bool field = bits == 3 || bits == 6;
+  const int64_t hb = bits == 4 ? 16 : bits == kTable4 ? 8 : bits == 3 ? 14 : 18;
+  const int64_t bpb = field ? 8 * bits : 16;
   TORCH_CHECK((scale.dim() == 3 || scale.dim() == 4) && scale.size(-1) == hb &&
                   codes.dim() == scale.dim() - 1 && codes.size(0) == scale.size(0),
               "heads must be (N, K/256, bytes) with codes (N, row bytes), or row tiles of both");
   const int64_t T = scale.dim() == 4 ? scale.size(2) : 1;
-  const int64_t nb = scale.size(1) * (bits == 6 ? 4 : 256 / bs);  // code blocks per row
+  const int64_t nb = scale.size(1) * (field ? 4 : 256 / bs);  // code blocks per row
   TORCH_CHECK(T == 1 || T == 4 || T == 8, "row tiles must hold 4 or 8 rows");
   TORCH_CHECK(T == 1 ? codes.size(1) == nb * bpb
                      : codes.size(1) == nb && codes.size(2) == T * bpb,
@@ -159,9 +164,10 @@ torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
-  // exact: 5-bit bit fields, Q6_K's 6-bit codes, IQ4's table codes and raw blocks have no
-  // int8 body
-  if (qgemv_is_fields(bits, w.T, codes) || bits == 6 || bits == kTable4 || qgemv_is_raw(bits)) {
+  // exact: 5-bit bit fields, Q6_K's 6-bit and Q3_K's 3-bit codes, IQ4's table codes and raw
+  // blocks have no int8 body
+  if (qgemv_is_fields(bits, w.T, codes) || bits == 6 || bits == 3 || bits == kTable4 ||
+      qgemv_is_raw(bits)) {
     return qmm(x, codes, scale, mn, bits, bs);
   }
   std::vector<int64_t> exact_rows;  // rows with a block max |x| outside the int8 path's range

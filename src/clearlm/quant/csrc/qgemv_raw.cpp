@@ -1,6 +1,6 @@
 // Products and dequantization for GGUF blocks kept as the file stores them (quant/raw.py):
-// Q2_K, Q3_K, Q5_K (256 values a block; IQ4_NL and IQ4_XS, kept here once, are qgemv.cpp's
-// table codes now: quant/iq4.py). A weight is
+// Q2_K, Q5_K (256 values a block; IQ4_NL, IQ4_XS and Q3_K, kept here once, are qgemv.cpp's
+// table or field codes now: quant/iq4.py, quant/kheads.py). A weight is
 //   codes (N, nb * REST) uint8: each block's bytes but its float16 d / dmin, in the block's order;
 //   scale = d, min = dmin (or empty) (N, nb) float16;
 // or the same blocks in row tiles of T rows (codes (N/T, nb, T * REST), scales (N/T, nb, T),
@@ -24,12 +24,12 @@
 
 namespace {
 
-enum : int { Q2K = 110, Q3K = 111, Q5K = 113 };
+enum : int { Q2K = 110, Q5K = 113 };
 
 // values per block and bytes of a block's codes (its bytes but d / dmin)
 constexpr int qk_of(int) { return 256; }
 constexpr int rest_of(int f) {
-  return f == Q2K ? 80 : f == Q3K ? 108 : 172;
+  return f == Q2K ? 80 : 172;
 }
 
 
@@ -56,7 +56,6 @@ inline I16 srl(I16 a, int s) { return {_mm512_srl_epi32(a.v, _mm_cvtsi32_si128(s
 inline I16 sll(I16 a, int s) { return {_mm512_sll_epi32(a.v, _mm_cvtsi32_si128(s))}; }
 inline I16 band(I16 a, int m) { return {_mm512_and_si512(a.v, _mm512_set1_epi32(m))}; }
 inline I16 bor(I16 a, I16 b) { return {_mm512_or_si512(a.v, b.v)}; }
-inline I16 subc(I16 a, int c) { return {_mm512_sub_epi32(a.v, _mm512_set1_epi32(c))}; }
 struct FV {  // 16 float32 lanes
   __m512 v;
 };
@@ -92,10 +91,6 @@ inline I16 band(I16 a, int m) {
   return {_mm256_and_si256(a.lo, v), _mm256_and_si256(a.hi, v)};
 }
 inline I16 bor(I16 a, I16 b) { return {_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)}; }
-inline I16 subc(I16 a, int c) {
-  const __m256i v = _mm256_set1_epi32(c);
-  return {_mm256_sub_epi32(a.lo, v), _mm256_sub_epi32(a.hi, v)};
-}
 struct FV {  // lanes 0-7, 8-15
   __m256 lo, hi;
 };
@@ -141,10 +136,6 @@ inline I16 band(I16 a, int m) {
 }
 inline I16 bor(I16 a, I16 b) {
   for (int l = 0; l < 16; ++l) a.v[l] |= b.v[l];
-  return a;
-}
-inline I16 subc(I16 a, int c) {
-  for (int32_t& x : a.v) x -= c;
   return a;
 }
 struct FV {
@@ -209,24 +200,6 @@ inline void dequant_block(const uint8_t* c, float d, float dmin, Sink& out) {
       // value v = 16 i + l: byte 32 (v / 128) + v % 32, bits 2 ((v % 128) / 32)
       const I16 q = load_u8(qs + 32 * (i / 8) + 16 * (i % 2));
       out.put(16 * i, w_fma(band(srl(q, 2 * ((i % 8) / 2)), 3), dl[i], nml[i]));
-    }
-  } else if constexpr (F == Q3K) {  // hmask[32] qs[64] scales[12]: 16 sub-blocks of 16
-    const uint8_t *hm = c, *qs = c + 32, *sc = c + 96;
-    alignas(64) uint8_t s6[16];  // the 6-bit scales
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) {
-      const int lo = i < 8 ? sc[i] & 0x0F : sc[i - 8] >> 4;
-      s6[i] = static_cast<uint8_t>(lo | (((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4));
-    }
-    alignas(64) float dl[16];
-    fv_store(dl, w_mul(subc(load_u8(s6), 32), d));
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) {
-      // 2 low bits as Q2_K's; the offset 4 applies where hmask byte v % 32's bit v / 32 is 0:
-      // q = ql - 4 + 4 h = (ql | h << 2) - 4
-      const I16 ql = band(srl(load_u8(qs + 32 * (i / 8) + 16 * (i % 2)), 2 * ((i % 8) / 2)), 3);
-      const I16 h = band(srl(load_u8(hm + 16 * (i % 2)), i / 2), 1);
-      out.put(16 * i, w_mul(subc(bor(ql, sll(h, 2)), 4), dl[i]));
     }
   }
 }
@@ -360,7 +333,6 @@ void dequant_raw_impl(const torch::Tensor& codes, const torch::Tensor& scale,
 #define RAW_DISPATCH(bits, FN, ...)                               \
   switch (bits) {                                                 \
     case Q2K: FN<Q2K>(__VA_ARGS__); break;                        \
-    case Q3K: FN<Q3K>(__VA_ARGS__); break;                        \
     case Q5K: FN<Q5K>(__VA_ARGS__); break;                        \
     default: TORCH_CHECK(false, "unknown raw block format ", bits); \
   }
@@ -370,7 +342,7 @@ void dequant_raw_impl(const torch::Tensor& codes, const torch::Tensor& scale,
 // Whether `bits` names a raw block format, and its values per block and code bytes per block
 // (0 where it does not).
 bool qgemv_is_raw(int64_t bits) {
-  return bits == Q2K || bits == Q3K || bits == Q5K;
+  return bits == Q2K || bits == Q5K;
 }
 int64_t qgemv_raw_block(int64_t bits) { return qgemv_is_raw(bits) ? qk_of(bits) : 0; }
 int64_t qgemv_raw_rest(int64_t bits) {
