@@ -33,9 +33,9 @@ def layer_and_weight(qtype: Q, n: int, k: int, seed: int = 5):
     return QuantLinear(pack_blocks(raw, qtype, (n, k))), w
 
 
-# the formats kept as the file's blocks (Q5_K, ...), IQ4's table codes and Q6_K's / Q3_K's field
-# codes stay exact: test_quant_raw.py, test_quant_iq4.py, test_quant_kheads.py
-WITH_INT8_BODY = [q for q in REPACKED if q not in (Q.IQ4_NL, Q.IQ4_XS, Q.Q6_K, Q.Q3_K)]
+# the formats kept as the file's blocks (Q5_K), IQ4's table codes and Q6_K's / Q3_K's / Q2_K's
+# field codes stay exact: test_quant_raw.py, test_quant_iq4.py, test_quant_kheads.py
+WITH_INT8_BODY = [q for q in REPACKED if q not in (Q.IQ4_NL, Q.IQ4_XS, Q.Q6_K, Q.Q3_K, Q.Q2_K)]
 
 
 @needs_int8
@@ -61,10 +61,10 @@ def test_int8_activations_within_rounding_bound(qtype: Q, m: int) -> None:
 
 
 @needs_int8
-@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q3_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q3_K, Q.Q2_K], ids=lambda q: q.name)
 def test_int8_activations_leave_field_codes_exact(qtype: Q) -> None:
-    """Q6_K's and Q3_K's field codes (quant/kheads.py) have no int8 body: the product stays the
-    exact one."""
+    """Q6_K's, Q3_K's and Q2_K's field codes (quant/kheads.py) have no int8 body: the product
+    stays the exact one."""
     layer, _ = layer_and_weight(qtype, 72, 512)
     x = torch.randn(3, 512)
     exact = layer(x)

@@ -22,18 +22,18 @@ from clearlm.quant.tiles import tile_rows
 N, K = 64, 512
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q3_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q3_K, Q.Q2_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("tile", [1, 8])
 def test_bytes_held(qtype: Q, tile: int) -> None:
     """Exactly the file's bytes (Q6_K: 6-bit codes, 48 bytes per 64, and the 18-byte heads;
-    Q3_K: 3-bit codes, 24 bytes per 64, and the 14-byte heads)."""
+    Q3_K: 3-bit codes, 24 bytes per 64, and the 14-byte heads; Q2_K: 16 per 64, 20-byte heads)."""
     raw = random_blocks(qtype, N, K)
     p = pack_blocks(raw, qtype, (N, K))
     p = p if tile == 1 else tile_rows(p, tile)
     assert p.nbytes() == raw.nbytes and p.shape == (N, K) and p.tile == tile
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q3_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q3_K, Q.Q2_K], ids=lambda q: q.name)
 def test_traced_embedding_equals_eager(qtype: Q) -> None:
     raw = random_blocks(qtype, N, K, seed=3)
     ref = torch.from_numpy(dequantize(raw, qtype).reshape(N, K))  # (N, K) gguf's values
@@ -45,12 +45,13 @@ def test_traced_embedding_equals_eager(qtype: Q) -> None:
 
 
 def int8_codes(p: Packed) -> Packed:
-    """A row-major Q6_K / Q3_K Packed (bits 6 / 3) as int8 codes q - 32 / q - 4 (N, K) with
-    float32 scales d · sc per 16 (N, K // 16): the same weights in the plain int8 layout."""
+    """A row-major Q6_K / Q3_K / Q2_K Packed (bits 6 / 3 / 2) as int8 codes q - 32 / q - 4 / q
+    (N, K) with float32 scales d · sc (and Q2_K's mins -(dmin · m)) per 16 (N, K // 16): the
+    same weights in the plain int8 layout."""
     n, k = p.shape
     q = field_codes(p.codes.view(n, k // FIELD, 8 * p.bits), p.bits).reshape(n, k)  # (N, K)
-    return Packed((q - 2 ** (p.bits - 1)).to(torch.int8), expand_heads(p.scale)[0], None, 8, 16,
-                  p.qtype)
+    centre = 0 if p.bits == 2 else 2 ** (p.bits - 1)
+    return Packed((q - centre).to(torch.int8), *expand_heads(p.scale), 8, 16, p.qtype)
 
 
 def test_q3_k_scales_as_ggml_unpacks_them() -> None:
@@ -64,7 +65,7 @@ def test_q3_k_scales_as_ggml_unpacks_them() -> None:
     assert torch.equal(q3_k_scales(heads).long(), want)
 
 
-@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q3_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q3_K, Q.Q2_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("tile", [1, 4, 8])
 def test_field_code_blocks_exact_and_products_as_int8_codes(qtype: Q, tile: int) -> None:
     """Random blocks (every code pattern): dequantized (torch, kernel, every row range) equal to
@@ -85,9 +86,9 @@ def test_field_code_blocks_exact_and_products_as_int8_codes(qtype: Q, tile: int)
     assert torch.equal(kern.dequant(t.codes, t.scale, empty, bits, 16, 0, n), ref)
     assert torch.equal(kern.dequant(t.codes, t.scale, empty, bits, 16, 5, 13), ref[5:13])
     o = old if tile == 1 else tile_rows(old, tile)
-    none = torch.empty(0)
+    omin = o.min if o.min is not None else torch.empty(0)
     x = torch.randn(8, k, generator=torch.Generator().manual_seed(1))  # (8, K)
     for m in (1, 2, 3, 4, 8):
         got = kern.qmm(x[:m], t.codes, t.scale, empty, bits, 16)  # (m, N)
-        assert torch.equal(got, kern.qmm(x[:m], o.codes, o.scale, none, 8, 16))
+        assert torch.equal(got, kern.qmm(x[:m], o.codes, o.scale, omin, 8, 16))
         assert torch.equal(got, kern.qmm_i8(x[:m], t.codes, t.scale, empty, bits, 16))  # exact

@@ -1,5 +1,5 @@
-"""Q2_K, Q5_K kept as the file's blocks (quant/raw.py, csrc/qgemv_raw.cpp); Q3_K, once kept
-so and now 3-bit field codes (quant/kheads.py), in the tiny-GGUF tests here.
+"""Q5_K kept as the file's blocks (quant/raw.py, csrc/qgemv_raw.cpp); Q3_K and Q2_K, once kept
+so and now field codes (quant/kheads.py), in the tiny-GGUF tests here.
 
 References: ``gguf.quants.dequantize`` (llama.cpp's reference dequantization in Python) for the
 values, bit for bit, on random blocks (every byte random but finite float16 scales: codes and
@@ -78,7 +78,7 @@ def simple_quantize(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.nda
     return raw
 
 
-@RAW
+@pytest.mark.parametrize("qtype", [*RAW_TYPES, Q.Q3_K, Q.Q2_K], ids=lambda q: q.name)
 def test_scales_from_real_weights_exact(qtype: Q, smollm2) -> None:
     """Blocks whose float16 scales span a real matrix's range (SmolLM2's first down
     projection) instead of random ones: still gguf's values bit for bit."""
@@ -127,7 +127,7 @@ def test_kernel_row_does_not_depend_on_the_rows_beside_it(qtype: Q) -> None:
         assert torch.equal(y[m], kern.qmm(x[m : m + 1], p.codes, p.scale, mn, p.bits, p.block)[0])
 
 
-@pytest.mark.parametrize("qtype", [*RAW_TYPES, Q.Q3_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [*RAW_TYPES, Q.Q3_K, Q.Q2_K], ids=lambda q: q.name)
 def test_tiny_gguf_loads_compact(tmp_path, qtype: Q) -> None:
     """Every matrix packed, memory = the file's bytes for them, and the logits equal the float32
     load's within the bound the other formats keep on SmolLM2 (test_compact_load.py)."""
@@ -166,7 +166,7 @@ def test_traced_decode_step_equals_eager(tmp_path) -> None:
     path = write_tiny_llama(tmp_path / "t.gguf", n_layers=1, matrix_type=Q.Q5_K, d_model=256,
                             d_ff=256, seed=4, tied=False, tensor_types=types)
     net = clearlm.load(path, threads=1).transformer
-    main = {"IQ4_NL", "IQ4_XS", "Q3_K"}  # quant/iq4.py, kheads.py: through the main kernel
+    main = {"IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K"}  # quant/iq4.py, kheads.py: the main kernel
     held = {m.qtype for m in net.modules() if hasattr(m, "qtype")}
     assert held == {t.name for t in RAW_TYPES} | main
     cache = net.new_cache(1, 12)

@@ -1,4 +1,4 @@
-"""Q4_K's, Q6_K's, Q3_K's and IQ4_XS's two-level scales kept as the file stores them.
+"""Q4_K's, Q6_K's, Q3_K's, Q2_K's and IQ4_XS's two-level scales kept as the file stores them.
 
 A Q4_K super-block (ggml-common.h block_q4_K) is ``d`` (float16), ``dmin`` (float16), 12 bytes
 of 6-bit sub-scales ``sc`` and sub-mins ``m`` (8 each, one per 32 values) and 128 bytes of
@@ -35,6 +35,14 @@ blocks of 64 values, 24 bytes each (:func:`field_blocks` with width 3; the hmask
 planes put back in value order). The kernel reads them as Q6_K's (int8 ``32 · (q - 4)``): 0.4297
 bytes per value, the file's (1.25 with float32 scales per 16 and int8 codes).
 
+Q2_K (block_q2_K: 16 bytes of 4-bit sub-scales sc (low nibble) and sub-mins m (high nibble),
+qs[64], float16 ``d`` and ``dmin``; ``w = float32(d · sc_i) · q_j - float32(dmin · m_i)``, q 2
+bits, both products exact) keeps its sub-scales, d and dmin as heads of :data:`HEAD2` bytes
+(``scale`` uint8 (N, K // 256, 20), expanded into scale ``d · sc`` and min ``-(dmin · m)`` per
+16) and its codes as 2-bit fields, 64 values per 16 bytes, in value order (not centred: the
+kernel rebuilds ``fmaf(d · sc, q, -(dmin · m))``, one rounding as the reference): 0.3281 bytes
+per value, the file's.
+
 IQ4_XS (quant/iq4.py) keeps its first 8 bytes, d, scales_h, scales_l, as heads of
 :data:`HEADX` bytes: ``scale`` uint8 (N, K // 256, 8), expanded into ``d · (sc - 32)`` per 32
 (exact: 11 × 6 bits), its codes the file's: 0.53125 bytes per value, the file's.
@@ -51,13 +59,15 @@ import torch
 
 from clearlm.quant.iq4 import HEADX, expand_xs
 
-Q3_K, Q6_K = 11, 14  # GGML type ids (gguf.GGMLQuantizationType)
+Q2_K, Q3_K, Q6_K = 10, 11, 14  # GGML type ids (gguf.GGMLQuantizationType)
 
 HEAD = 16  # bytes of one Q4_K head: d, dmin (float16), 12 bytes of 6-bit sc and m
 HEAD6 = 18  # bytes of one Q6_K head: 16 int8 sc, d (float16)
 HEAD3 = 14  # bytes of one Q3_K head: 12 bytes of 6-bit sc, d (float16)
+HEAD2 = 20  # bytes of one Q2_K head: 16 bytes of 4-bit sc and m, d, dmin (float16)
 SUPER = 256  # values per super-block
-FIELD = 64  # values per code block of field codes (Q6_K's 6-bit, Q3_K's 3-bit): 8 · width bytes
+FIELD = 64  # values per code block of field codes (Q6_K's, Q3_K's, Q2_K's): 8 · width bytes
+FIELD_BITS = (2, 3, 6)  # Packed.bits of field codes: their width; 3 and 6 centred (q - 2^(w-1))
 
 
 def is_heads(scale: torch.Tensor) -> bool:
@@ -84,12 +94,19 @@ def q3_k_scales(q: torch.Tensor) -> torch.Tensor:
 def expand_heads(heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Row-major heads (N, nS, B) uint8 → Q4_K (B = 16): scale ``d · sc`` and min
     ``-(dmin · m)``, each (N, nS * 8) float32; Q6_K (B = 18): scale ``d · sc`` (N, nS * 16),
-    min None; Q3_K (B = 14): scale ``d · (sc - 32)`` (N, nS * 16), min None; IQ4_XS (B = 8):
+    min None; Q3_K (B = 14): scale ``d · (sc - 32)`` (N, nS * 16), min None; Q2_K (B = 20):
+    scale ``d · sc`` and min ``-(dmin · m)`` (N, nS * 16); IQ4_XS (B = 8):
     scale ``d · (sc - 32)`` (N, nS * 8), min None. Sub-block i of super-block s in column
     s · blocks + i (exact products)."""
     n, ns = heads.shape[0], heads.shape[1]
     if heads.shape[2] == HEADX:
         return expand_xs(heads), None
+    if heads.shape[2] == HEAD2:
+        q = heads[..., :16].to(torch.int32)  # (N, nS, 16)
+        d2 = heads[..., 16:18].contiguous().view(torch.float16).float()  # (N, nS, 1)
+        dmin = heads[..., 18:20].contiguous().view(torch.float16).float()  # (N, nS, 1)
+        return (d2 * (q & 15).float()).reshape(n, ns * 16), (-(dmin * (q >> 4).float())).reshape(
+            n, ns * 16)
     if heads.shape[2] == HEAD3:
         sc = (q3_k_scales(heads[..., :12]) - 32).float()  # (N, nS, 16)
         d3 = heads[..., 12:14].contiguous().view(torch.float16).float()  # (N, nS, 1)
@@ -127,16 +144,23 @@ def field_codes(blocks: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def split_k(b: np.ndarray, qtype: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K, Q6_K or Q3_K blocks (n_blocks, type_size) uint8 of an (n, k) matrix (``qtype`` the
-    GGML type id) → (codes, heads uint8 (n, k // 256, HEAD, HEAD6 or HEAD3)). Q4_K: codes
+    """Q4_K, Q6_K, Q3_K or Q2_K blocks (n_blocks, type_size) uint8 of an (n, k) matrix (``qtype``
+    the GGML type id) → (codes, heads uint8 (n, k // 256, HEAD, HEAD6, HEAD3 or HEAD2)). Q4_K: codes
     (n, k // 2) uint8, each 32 values' nibbles in the kernel's 4-bit block (byte j = code j |
     code j + 16 << 4); Q6_K (ql[128] qh[64] sc[16] d): codes (n, k // 64 * 48),
     :func:`field_blocks` of q at 6 bits; Q3_K (hmask[32] qs[64] sc[12] d): codes
-    (n, k // 64 * 24), :func:`field_blocks` of q at 3 bits."""
+    (n, k // 64 * 24), :func:`field_blocks` of q at 3 bits; Q2_K (sc[16] qs[64] d dmin): codes
+    (n, k // 64 * 16) at 2 bits."""
     nb = b.shape[0]
+    shift = np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)  # 4h + j
+    if qtype == Q2_K:  # value 128h + 32j + l: qs[32h + l] >> 2j (2 bits)
+        low = b[:, 16:80].reshape(nb, 2, 1, 32) >> (2 * (shift % 4))  # (nb, 2, 4, 32)
+        codes = field_blocks((low & 3).reshape(nb, SUPER), 2)  # (nb, 4 code blocks × 16 bytes)
+        heads = np.concatenate([b[:, :16], b[:, 80:84]], axis=1)  # (nb, 20): sc, d, dmin
+        return (torch.from_numpy(codes.reshape(n, k // FIELD * 16)),
+                torch.from_numpy(heads).reshape(n, k // SUPER, HEAD2))
     if qtype == Q3_K:  # value 128h + 32j + l: qs[32h + l] >> 2j (2 bits), hmask[l] bit 4h + j
-        shift = np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)  # 4h + j
-        low = b[:, 32:96].reshape(nb, 2, 1, 32) >> (2 * (shift[:, :1] % 4))  # (nb, 2, 4, 32)
+        low = b[:, 32:96].reshape(nb, 2, 1, 32) >> (2 * (shift % 4))  # (nb, 2, 4, 32)
         high = b[:, :32].reshape(nb, 1, 1, 32) >> shift  # (nb, 2, 4, 32)
         q = ((low & 3) | ((high & 1) << 2)).reshape(nb, SUPER)  # (nb, 256) 3-bit codes
         codes = field_blocks(q, 3)  # (nb, 4 code blocks × 24 bytes)

@@ -24,22 +24,23 @@ Q6_K     uint6 q, centred (q - 32): 6-bit   the file's d, int8 sc        0.8203 
          fields, 64 per 48 bytes            (quant/kheads.py, 16)
 Q3_K     uint3 q, centred (q - 4): 3-bit    the file's d, 6-bit sc       0.4297 (0.4297)
          fields, 64 per 24 bytes            (quant/kheads.py, 16)
+Q2_K     uint2 q: 2-bit fields, 64 per 16   the file's d, dmin, 4-bit    0.3281 (0.3281)
+         bytes                              sc / m (quant/kheads.py, 16)
 IQ4_NL   uint4 q, valued kvalues[q]         d / —        (f16, 32)       0.5625 (0.5625)
 IQ4_XS   uint4 q as IQ4_NL, per 32          the file's d, 6-bit sc       0.53125 (0.53125)
                                             (quant/kheads.py)
-Q2_K,    the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the file
-Q5_K
+Q5_K     the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the file
 =======  =================================  ===========================  =====================
 
 Why this form: one kernel with four code layouts (int8; nibbles; nibbles + a 32-bit high-bit
-word, ggml's Q5 layout, the fifth bit one masked add per 16 codes; Q6_K's 6-bit and Q3_K's 3-bit
+word, ggml's Q5 layout, the fifth bit one masked add per 16 codes; Q6_K's, Q3_K's and Q2_K's
 fields, turned into int8 codes 64 at a time) covers the common types, and K-quants' two-level
 scales collapse exactly into per-block float32 products (d·sc: 11 × 8 bits). Q4_0 and Q5_0 keep
 the file's bytes: their offset is a fixed multiple of the scale, so the kernel computes
 d·Σ(q - 16)·x per block (csrc/qgemv.cpp) with no min tensor; IQ4_NL is Q4_0 valued through IQ4's
-16-value table (bits = TABLE4, quant/iq4.py). Q4_K, Q6_K, Q3_K and IQ4_XS keep their
+16-value table (bits = TABLE4, quant/iq4.py). Q4_K, Q6_K, Q3_K, Q2_K and IQ4_XS keep their
 super-blocks' heads (d, dmin, sc, m as stored; quant/kheads.py), which the kernel turns into
-float32 d·sc (and -dmin·m) 64 rows at a time in cache. Q2_K and Q5_K keep the file's blocks
+float32 d·sc (and -dmin·m) 64 rows at a time in cache. Q5_K keeps the file's blocks
 (quant/raw.py); IQ2 / IQ3 / IQ1 and TQ are not packed (:class:`UnsupportedQuantError`; F16 and
 BF16 matrices stay 16-bit: quant/half.py). Layouts: ggml-common.h and gguf-py's quants.py. A
 compact load then arranges most matrices in row tiles (quant/tiles.py), where 5-bit codes become
@@ -111,7 +112,8 @@ class Packed:
         return self.codes.nbytes + self.scale.nbytes + extra
 
 
-REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS)
+REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K, Q.Q3_K, Q.Q2_K, Q.IQ4_NL,
+            Q.IQ4_XS)
 SUPPORTED = REPACKED + RAW_TYPES  # every type a compact load keeps compact
 
 
@@ -179,9 +181,9 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         codes = _q5_codes(b, off)  # (nb, 20)
         mn = t(_f16(b, 2), per_row) if qtype == Q.Q5_1 else None  # Q5_0: W = d * (q - 16)
         return Packed(t(codes, k // 32 * 20), t(d, per_row), mn, 5, 32, qtype.name)
-    # Q4_K (codes repacked per 32), Q6_K / Q3_K (6/3-bit code blocks): the file's heads (kheads)
+    # Q4_K (codes repacked per 32), Q6_K / Q3_K / Q2_K (field codes): the file's heads (kheads)
     codes, heads = kheads.split_k(b, qtype.value, n, k)
-    bits = {Q.Q6_K: 6, Q.Q3_K: 3}.get(qtype, 4)
+    bits = {Q.Q6_K: 6, Q.Q3_K: 3, Q.Q2_K: 2}.get(qtype, 4)
     return Packed(codes, heads, None, bits, 32 if bits == 4 else 16, qtype.name)
 
 
@@ -191,13 +193,13 @@ def block_bytes(p: Packed) -> int:
     its bytes but d / dmin (quant/raw.py)."""
     if is_raw(p.bits):
         return code_bytes(p.bits)
-    return p.block if p.bits == 8 else {4: 16, TABLE4: 16, 5: 20, 6: 48, 3: 24}[p.bits]
+    return p.block if p.bits == 8 else {4: 16, TABLE4: 16, 5: 20, 6: 48, 3: 24, 2: 16}[p.bits]
 
 
 def code_blocks(p: Packed) -> int:
     """Code blocks per row: K // block, except Q6_K's / Q3_K's field codes (bits 6 / 3), whose
     code blocks hold 64 values (4 scale blocks of 16; kheads.py)."""
-    return p.shape[1] // (kheads.FIELD if p.bits in (3, 6) else p.block)
+    return p.shape[1] // (kheads.FIELD if p.bits in kheads.FIELD_BITS else p.block)
 
 
 def untile_rows(p: Packed) -> Packed:
@@ -254,9 +256,10 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
         return dequantize_raw(p.codes, p.scale, p.min, p.bits)
     if p.bits == 8:
         q = p.codes.view(n, nb, p.block).float()  # (N, nb, bs)
-    elif p.bits in (3, 6):  # Q6_K / Q3_K: 64 codes per 48 / 24 bytes, centred (q - 32 / 4)
+    elif p.bits in kheads.FIELD_BITS:  # Q6_K / Q3_K centred (q - 32 / 4), Q2_K as they are
         c = p.codes.view(n, k // kheads.FIELD, 8 * p.bits)  # (N, code blocks, bytes)
-        q = kheads.field_codes(c, p.bits).view(n, nb, p.block).float() - 2 ** (p.bits - 1)
+        q = kheads.field_codes(c, p.bits).view(n, nb, p.block).float()
+        q = q if p.bits == 2 else q - 2 ** (p.bits - 1)
     else:
         c = p.codes.view(n, nb, 20 if p.bits == 5 else 16)
         q = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1)  # (N, nb, 32) codes

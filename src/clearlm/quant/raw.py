@@ -1,4 +1,4 @@
-"""GGUF blocks kept as the file stores them: Q2_K, Q5_K.
+"""GGUF blocks kept as the file stores them: Q5_K.
 
 These formats' two-level scales do not collapse into one float16 scale per block, and turning
 them into float32 scales per 16 or 32 values (as pack.py does for Q4_K and Q6_K) would cost
@@ -13,7 +13,6 @@ operations ``gguf.quants.dequantize`` does (ggml-common.h's layouts, gguf-py's q
 =======  =====  ======================================  ================================
 GGUF     block  codes (bytes after d / dmin)            weight
 =======  =====  ======================================  ================================
-Q2_K     256    scales[16] qs[64]                       (d·sc)·q - (dmin·m), q 2-bit
 Q5_K     256    scales[12] qh[32] qs[128]               (d·sc)·q - (dmin·m), q 5-bit
 =======  =====  ======================================  ================================
 
@@ -25,7 +24,7 @@ kernel, :func:`dequantize_raw` puts the blocks back together and calls ``gguf.qu
 itself.
 
 Speed: the kernel unpacks 16 codes at a time in vector registers (loops unrolled, the sub-block
-scales of Q2_K computed 16 at a time) and, for a decode product (M = 1), feeds them
+scales computed 16 at a time) and, for a decode product (M = 1), feeds them
 straight into the row's sums instead of through a block buffer (the same sums in the same
 order). A 896 × 4864 decode product (1 thread, AVX-512, weights in cache, best of 30, on a
 shared, busy machine: ±30 %), before → after: Q2_K 0.96 → 0.51 ms, Q3_K 1.28 → 1.09, Q5_K
@@ -34,7 +33,7 @@ where decode spends its time, they read the fewest bytes. int8 activations
 (linear.set_int8_activations) leave these layers exact: the int8 kernel has no body for them.
 IQ4_NL and IQ4_XS, once kept here too, are Q4_0's layout with a table of values (quant/iq4.py)
 and go through the main kernel, at Q4_0's speed; Q3_K (1.09 ms above) goes through it as 3-bit
-field codes, as Q6_K's 6-bit ones (quant/kheads.py).
+field codes, as Q6_K's 6-bit ones, and Q2_K (0.51 ms) as 2-bit field codes (quant/kheads.py).
 
 A format is named in a Packed by ``bits`` = RAW_BASE + its GGML type id (pack.py's 4, 5, 8 name
 the repacked code layouts).
@@ -52,7 +51,6 @@ RAW_BASE = 100  # bits = RAW_BASE + GGML type id: a block kept as the file store
 
 # type → (byte of d, byte of dmin or None): the block's other bytes are its codes, in order
 FIELDS: dict[GGMLQuantizationType, tuple[int, int | None]] = {
-    Q.Q2_K: (80, 82),
     Q.Q5_K: (0, 2),
 }
 RAW_TYPES = tuple(FIELDS)

@@ -10,15 +10,15 @@
 //             j + 16 in its high nibble (ggml's Q4_0/Q4_1 layout; Q4_K is repacked into it);
 //   bits = 5: uint8 (N, K/32*20), bs = 32; per block the 16 nibble bytes as for bits = 4, then a
 //             little-endian uint32 whose bit j is bit 4 of code j (ggml's Q5_0/Q5_1 qs and qh);
-//   bits = 6 / 3: uint8 (N, K/64*48) / (N, K/64*24), "field codes": Q6_K's 6-bit codes q
-//             (W = scale * (q - 32)) or Q3_K's 3-bit codes (W = scale * (q - 4)) in code blocks
-//             of 64 values (8 * bits bytes) with a scale per 16: a little-endian stream of
-//             `bits`-bit fields, code j at bits bits*j .. bits*j + bits - 1 (8 codes per `bits`
-//             bytes). AVX-512 VBMI turns a block into 64 int8 (q - c) * 2^(8 - bits) in 3 vector
-//             operations and 16 of them at a time into float32 (q - c) * 2^(32 - bits) in 2
-//             (field_reg, field_dwords); other builds into the int8 codes (unpack_fields); the
-//             scales are d * sc times the inverse power of two (field_unit): the same float32
-//             weights, bit for bit.
+//   bits = 6 / 3 / 2: uint8 (N, K/64 * 8 * bits), "field codes": Q6_K's 6-bit codes q
+//             (W = scale * (q - 32)), Q3_K's 3-bit codes (W = scale * (q - 4)) or Q2_K's 2-bit
+//             codes (W = scale * q + min) in code blocks of 64 values (8 * bits bytes) with a
+//             scale (and min) per 16: a little-endian stream of `bits`-bit fields, code j at bits
+//             bits*j .. bits*j + bits - 1 (8 codes per `bits` bytes). AVX-512 VBMI turns a block
+//             into 64 int8 codes in 3 vector operations and 16 of them at a time into float32
+//             codes times a power of two in 2 (field_reg, field_dwords); other builds into the
+//             int8 codes (unpack_fields); the scales are d * sc times the inverse power of two
+//             (field_unit): the same float32 weights, bit for bit.
 // Scales and mins are float32 or float16 tensors (N, K/bs), or, for Q4_K (bits = 4, bs = 32),
 // the file's super-block heads (quant/kheads.py): scale uint8 (N, K/256, 16) = d, dmin (float16)
 // and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; for Q6_K (bits = 6, or the
@@ -66,8 +66,8 @@ alignas(16) constexpr int8_t KVALUES[16] = {-127, -104, -83, -65, -49, -35, -22,
                                             1,    13,   25,  38,  53,  69,  89,  113};
 
 // Bytes of one block's codes, and of one row of K codes, in each code layout.
-// Field codes (bits 6: Q6_K, 3: Q3_K): code blocks of 64 values, `bits` bytes per 8 codes.
-constexpr bool is_field(int bits) { return bits == 6 || bits == 3; }
+// Field codes (bits 6: Q6_K, 3: Q3_K, 2: Q2_K): code blocks of 64 values, `bits` bytes per 8.
+constexpr bool is_field(int bits) { return bits == 6 || bits == 3 || bits == 2; }
 constexpr int64_t block_bytes(int bits, int64_t bs) {
   return bits == 8 ? bs : bits == 5 ? 20 : is_field(bits) ? 8 * bits : 16;  // 4, TABLE4: 16
 }
@@ -108,27 +108,32 @@ struct Arrangement {
   }
 };
 
-// Field codes (bits = 6 or 3 above, W = bits): the 64 codes of a block are read as int8
-// (q - c) * 2^(8 - W) = (q << (8 - W)) ^ 0x80, c = 2^(W - 1) (32 or 4), and multiplied by
-// d * sc * 2^-(8 - W) (field_unit, expand_head6 / expand_head3), which gives d * sc * (q - c)
-// exactly. AVX-512 VBMI (field_reg): vpermb puts the W bytes of codes 8k .. 8k + 7 in qword k,
-// vpmultishiftqb moves code i's field to bits 8-W .. 7 of byte i (from bit W*i - (8 - W); the
-// bits below it are cleared), and one ternary-logic operation does & mask, ^ 0x80. `more`:
+// Field codes (bits = 6, 3 or 2 above, W = bits). Q6_K's and Q3_K's codes are centred: they are
+// read as int8 (q - c) * 2^(8 - W) = (q << (8 - W)) ^ 0x80, c = 2^(W - 1) (32 or 4), and
+// multiplied by d * sc * 2^-(8 - W) (field_unit, expand_head6 / expand_head3), which gives
+// d * sc * (q - c) exactly. Q2_K's (with mins) are not: read as q, 0 .. 3, in the byte's low bits,
+// rebuilt as fmaf(d * sc, q, -(dmin * m)) (expand_head2), as the reference rounds once.
+// AVX-512 VBMI (field_reg): vpermb puts the W bytes of codes 8k .. 8k + 7 in qword k,
+// vpmultishiftqb moves code i's field to bits s .. s + W - 1 of byte i (s = field_shift: 8 - W
+// centred, else 0), and one ternary-logic operation does & mask, ^ 0x80 (centred). `more`:
 // whether more bytes follow the block in the tensor (any block but a row's last), so that one
-// 64-byte (W = 6) or 32-byte (W = 3) load may read them (a masked load of 48 made a cached
-// product ~5 % slower). Else BMI2's pdep deposits 8 fields into the top W bits of 8 bytes (fast
-// on Intel and AMD since Zen 3; correct, slow, on Zen 1-2), or plain shifts.
-constexpr uint8_t field_mask(int W) { return static_cast<uint8_t>((0xFF << (8 - W)) & 0xFF); }
+// 64-byte (W = 6) or 32-byte (W = 3, 2) load may read them (a masked load of 48 made a cached
+// product ~5 % slower). Else BMI2's pdep deposits 8 fields into bits s .. s + W - 1 of 8 bytes
+// (fast on Intel and AMD since Zen 3; correct, slow, on Zen 1-2), or plain shifts.
+constexpr bool field_centred(int W) { return W != 2; }
+constexpr int field_shift(int W) { return field_centred(W) ? 8 - W : 0; }
+constexpr uint8_t field_mask(int W) { return static_cast<uint8_t>(((1 << W) - 1) << field_shift(W)); }
+constexpr uint8_t field_xor(int W) { return field_centred(W) ? 0x80 : 0; }
 
 #if defined(__AVX512VBMI__)
-// The multishift selector: byte i of every qword reads the 8 bits from W*i - (8 - W) (mod 64).
+// The multishift selector: byte i of every qword reads the 8 bits from W*i - shift (mod 64).
 constexpr uint64_t field_at(int W) {
   uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t((W * i - (8 - W)) & 63) << (8 * i);
+  for (int i = 0; i < 8; ++i) v |= uint64_t((W * i - field_shift(W)) & 63) << (8 * i);
   return v;
 }
 
-// The 64 codes of a field block as int8 (q - c) * 2^(8 - W), in one register.
+// The 64 codes of a field block as int8 (q - c) * 2^(8 - W) (centred) or q, in one register.
 template <int W>
 inline __m512i field_reg(const uint8_t* blk, bool more) {
   auto pos = [](int k) { return int64_t(W * k) * 0x0101010101010101LL + 0x0706050403020100LL; };
@@ -146,13 +151,14 @@ inline __m512i field_reg(const uint8_t* blk, bool more) {
   const __m512i c = _mm512_multishift_epi64_epi8(_mm512_set1_epi64(static_cast<int64_t>(field_at(W))),
                                                  _mm512_permutexvar_epi8(from, raw));
   return _mm512_ternarylogic_epi32(c, _mm512_set1_epi8(static_cast<char>(field_mask(W))),
-                                   _mm512_set1_epi8(static_cast<char>(0x80)), 0x6A);  // (A&B)^C
+                                   _mm512_set1_epi8(static_cast<char>(field_xor(W))),
+                                   0x6A);  // (A & B) ^ C
 }
 
-// Codes 16h .. 16h + 15 of field_reg's register as float32 (q - c) * 2^(32 - W): one vpermb puts
-// byte 16h + l in the top byte of lane l and zeroes the rest (an exact int32), then one
-// conversion. Against sign-extending each 16 bytes (vextracti32x4 + vpmovsxbd) this frees a
-// shuffle per 16 values: a cached 896 x 4864 Q6_K product took ~0.87x the time in a test.
+// Codes 16h .. 16h + 15 of field_reg's register as float32 (q - c) * 2^(32 - W) (centred) or
+// q * 2^24: one vpermb puts byte 16h + l in the top byte of lane l and zeroes the rest (an exact
+// int32), then one conversion. Against sign-extending each 16 bytes (vextracti32x4 + vpmovsxbd)
+// this frees a shuffle per 16 values: a cached 896 x 4864 Q6_K product took ~0.87x the time.
 inline __m512 field_dwords(__m512i c, int h) {
   const __m512i at = _mm512_add_epi32(
       _mm512_set_epi32(15 << 24, 14 << 24, 13 << 24, 12 << 24, 11 << 24, 10 << 24, 9 << 24,
@@ -161,17 +167,20 @@ inline __m512 field_dwords(__m512i c, int h) {
   return _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(0x8888888888888888ULL, at, c));
 }
 
-// What field codes are multiplied by: d * sc * field_unit(W), the codes read as (q - c) *
-// 2^(32 - W) (field_dwords). Exact: d * sc stays normal (>= 2^-53).
-constexpr float field_unit(int W) { return 1.0f / static_cast<float>(1ULL << (32 - W)); }
+// What field codes are multiplied by: d * sc * field_unit(W), the codes read as field_dwords'.
+// Exact: d * sc stays normal (>= 2^-53).
+constexpr float field_unit(int W) {
+  return 1.0f / static_cast<float>(1ULL << (24 + field_shift(W)));
+}
 constexpr float FIELD_INT8_TO_UNIT = 0x1p24f;  // unpack_fields' int8 codes, read as field_dwords'
 #else
-// Elsewhere the codes are int8 (q - c) * 2^(8 - W): scales d * sc * 2^-(8 - W).
-constexpr float field_unit(int W) { return 1.0f / static_cast<float>(1 << (8 - W)); }
+// Elsewhere the codes are unpack_fields' int8: scales d * sc * 2^-(8 - W) (centred) or d * sc.
+constexpr float field_unit(int W) { return 1.0f / static_cast<float>(1 << field_shift(W)); }
 constexpr float FIELD_INT8_TO_UNIT = 1.0f;
 #endif
 
-// The 64 codes of a field block as int8 (q - c) * 2^(8 - W) into q[0..63] (64-byte aligned).
+// The 64 codes of a field block as int8 (q - c) * 2^(8 - W) (centred) or q into q[0..63]
+// (64-byte aligned).
 template <int W>
 inline void unpack_fields(const uint8_t* blk, int8_t* q, bool more) {
 #if defined(__AVX512VBMI__)
@@ -179,10 +188,11 @@ inline void unpack_fields(const uint8_t* blk, int8_t* q, bool more) {
 #elif defined(__BMI2__)
   (void)more;
   constexpr uint64_t mask = 0x0101010101010101ULL * field_mask(W);
+  constexpr uint64_t flip = 0x0101010101010101ULL * field_xor(W);
   for (int k = 0; k < 8; ++k) {
     uint64_t v = 0;
     std::memcpy(&v, blk + W * k, W);
-    const uint64_t c = _pdep_u64(v, mask) ^ 0x8080808080808080ULL;
+    const uint64_t c = _pdep_u64(v, mask) ^ flip;
     std::memcpy(q + 8 * k, &c, 8);
   }
 #else
@@ -191,7 +201,7 @@ inline void unpack_fields(const uint8_t* blk, int8_t* q, bool more) {
     const int o = W * j;
     int v = blk[o >> 3] >> (o & 7);
     if ((o & 7) + W > 8) v |= blk[(o >> 3) + 1] << (8 - (o & 7));
-    q[j] = static_cast<int8_t>(((v & ((1 << W) - 1)) << (8 - W)) ^ 0x80);
+    q[j] = static_cast<int8_t>(((v & ((1 << W) - 1)) << field_shift(W)) ^ field_xor(W));
   }
 #endif
 }
@@ -200,13 +210,14 @@ inline void unpack_fields(const uint8_t* blk, int8_t* q, bool more) {
 template <int BITS, int BS, typename S>
 void dequant_row(const uint8_t* codes, const S* sc, const S* mn, const Steps& L, int64_t K,
                  float* out) {
-  if constexpr (is_field(BITS)) {  // fmaf(d * sc * unit, (q - c) / unit, 0), exact
-    alignas(64) int8_t q[64];
+  if constexpr (is_field(BITS)) {  // fmaf(d * sc * unit, (q - c) / unit, min or 0): exact or
+    alignas(64) int8_t q[64];       // rounded once (Q2_K's min)
     for (int64_t b = 0; b < K / 64; ++b) {
       unpack_fields<BITS>(codes + b * L.cbs, q, b + 1 < K / 64);
       for (int64_t j = 0; j < 64; ++j) {
         const float f = float(q[j]) * FIELD_INT8_TO_UNIT;  // (q - c) / field_unit: exact
-        out[b * 64 + j] = std::fmaf(to_f(sc[(4 * b + j / 16) * L.sbs]), f, 0.0f);
+        const int64_t at = (4 * b + j / 16) * L.sbs;
+        out[b * 64 + j] = std::fmaf(to_f(sc[at]), f, BITS == 2 ? to_f(mn[at]) : 0.0f);
       }
     }
     return;
@@ -420,7 +431,9 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
           const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
               _mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h))));
 #endif
-          const __m512 w = _mm512_fmadd_ps(s, qf, _mm512_setzero_ps());
+          const __m512 m = BITS == 2 ? _mm512_set1_ps(mn[r * L.srs + 4 * b + h])  // Q2_K's min
+                                     : _mm512_setzero_ps();
+          const __m512 w = _mm512_fmadd_ps(s, qf, m);
           UNROLL
           for (int i = 0; i < MC; ++i) {  // one accumulator, as blocks of 16 int8 codes
             acc[i][r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * ldx + e + 16 * h), w,
@@ -499,8 +512,8 @@ void dequant_row_fast(const uint8_t* codes, const S* sc, const S* mn, const Step
       const __m512i c = field_reg<BITS>(codes + b * L.cbs, b + 1 < K / 64);
       for (int h = 0; h < 4; ++h) {
         const __m512 s = _mm512_set1_ps(to_f(sc[(4 * b + h) * L.sbs]));
-        _mm512_storeu_ps(out + b * 64 + 16 * h,
-                         _mm512_fmadd_ps(s, field_dwords(c, h), _mm512_setzero_ps()));
+        const __m512 m = _mm512_set1_ps(BITS == 2 ? to_f(mn[(4 * b + h) * L.sbs]) : 0.0f);
+        _mm512_storeu_ps(out + b * 64 + 16 * h, _mm512_fmadd_ps(s, field_dwords(c, h), m));
       }
     }
 #else
@@ -612,10 +625,11 @@ void dot_tile(const float* x, int64_t ldx, const uint8_t* codes, const float* sc
         unpack_fields<BITS>(codes + r * L.crs + b * L.cbs, q, b + 1 < K / 64);
         UNROLL
         for (int j = 0; j < 8; ++j) {
-          const __m256 s = _mm256_set1_ps(sc[r * L.srs + (4 * b + j / 2) * L.sbs]);
+          const int64_t at = r * L.srs + (4 * b + j / 2) * L.sbs;
+          const __m256 s = _mm256_set1_ps(sc[at]);
+          const __m256 m = _mm256_set1_ps(BITS == 2 ? mn[at] : 0.0f);  // Q2_K's min
           const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * j));
-          const __m256 w = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
-                                           _mm256_setzero_ps());
+          const __m256 w = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), m);
           UNROLL
           for (int i = 0; i < MC; ++i) {  // blocks of 16: 8 values into each accumulator
             const __m256 xv = _mm256_loadu_ps(x + i * ldx + e + 8 * j);
@@ -1054,6 +1068,34 @@ inline void expand_head3(const uint8_t* p, float* s, float unit) {
 #endif
 }
 
+// One Q2_K head (quant/kheads.py: the file's 16 bytes of 4-bit sub-scales sc (low nibble) and
+// sub-mins m (high nibble), then d and dmin float16) → float32 scales d*sc * unit into s[0..15]
+// and mins -(dmin*m) into m[0..15] (ggml's dequantize_row_q2_K; exact: 11 x 4 bits, as
+// gguf.quants computes them).
+inline void expand_head2(const uint8_t* p, float* s, float* m, float unit) {
+  at::Half dh, mh;
+  std::memcpy(&dh, p + 16, 2), std::memcpy(&mh, p + 18, 2);
+  const float d = to_f(dh) * unit, nm = -to_f(mh);  // exact: a power of two; -(dmin*m) exact
+#if defined(__AVX2__)
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m128i sc = _mm_and_si128(v, low), mm = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+  const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(nm);
+  auto lanes = [](__m128i b, int half) {  // bytes 8 half .. 8 half + 7 as 8 float32
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(half ? _mm_srli_si128(b, 8) : b));
+  };
+  _mm256_storeu_ps(s, _mm256_mul_ps(dv, lanes(sc, 0)));
+  _mm256_storeu_ps(s + 8, _mm256_mul_ps(dv, lanes(sc, 1)));
+  _mm256_storeu_ps(m, _mm256_mul_ps(mv, lanes(mm, 0)));
+  _mm256_storeu_ps(m + 8, _mm256_mul_ps(mv, lanes(mm, 1)));
+#else
+  for (int i = 0; i < 16; ++i) {
+    s[i] = d * static_cast<float>(p[i] & 15);
+    m[i] = nm * static_cast<float>(p[i] >> 4);
+  }
+#endif
+}
+
 // One IQ4_XS head (quant/kheads.py: d float16, scales_h uint16, scales_l[4]) → its 8 float32
 // scales d*(sc - 32) into s[0..7], sc the 6-bit sub-scale of block i: low 4 bits in nibble i % 2
 // of scales_l[i / 2], high 2 bits at bit 2i of scales_h (ggml's dequantize_row_iq4_xs; exact:
@@ -1084,10 +1126,13 @@ inline void expand_head_xs(const uint8_t* p, float* s) {
 
 // Heads by code layout: Q4_K (BITS 4) 16 bytes for 8 blocks of 32, with mins; Q6_K (BITS 6,
 // or 8: int8 codes) 18 bytes for 16 blocks of 16, without; Q3_K (BITS 3) 14 bytes for 16 blocks
-// of 16, without; IQ4_XS (TABLE4) 8 bytes for 8 blocks of 32, without.
+// of 16, without; Q2_K (BITS 2) 20 bytes for 16 blocks of 16, with mins; IQ4_XS (TABLE4) 8
+// bytes for 8 blocks of 32, without.
 constexpr int64_t head_bytes(int bits) {
-  return bits == 4 ? 16 : bits == TABLE4 ? 8 : bits == 3 ? 14 : 18;
+  return bits == 4 ? 16 : bits == TABLE4 ? 8 : bits == 3 ? 14 : bits == 2 ? 20 : 18;
 }
+// Whether a head format has mins (Q4_K, Q2_K).
+constexpr bool head_mins(int bits) { return bits == 4 || bits == 2; }
 constexpr int64_t head_blocks(int bits) { return bits == 4 || bits == TABLE4 ? 8 : 16; }
 
 template <int BITS>
@@ -1098,6 +1143,8 @@ inline void expand_one(const uint8_t* p, float* s, float* m) {
     expand_head_xs(p, s);
   } else if constexpr (BITS == 3) {
     expand_head3(p, s, field_unit(3));
+  } else if constexpr (BITS == 2) {
+    expand_head2(p, s, m, field_unit(2));
   } else {
     expand_head6(p, s, BITS == 6 ? field_unit(6) : 1.0f);  // int8 codes (bits 8): 1
   }
@@ -1124,7 +1171,7 @@ void expand_heads(const uint8_t* h, int64_t rows, int64_t T, int64_t ns, float* 
           expand_one<BITS>(p, ts, tm);
           for (int k = 0; k < PER; ++k) {
             s[t0 * nb + (j * PER + k) * T + r] = ts[k];
-            if (BITS == 4) m[t0 * nb + (j * PER + k) * T + r] = tm[k];
+            if (head_mins(BITS)) m[t0 * nb + (j * PER + k) * T + r] = tm[k];
           }
         }
       }
@@ -1165,7 +1212,7 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
     std::vector<float> sbuf, mbuf;
     if constexpr (!std::is_same_v<S, float>) {
       sbuf.resize(band * nb);
-      if (mp || (heads && BITS == 4)) mbuf.resize(band * nb);
+      if (mp || (heads && head_mins(BITS))) mbuf.resize(band * nb);
     }
     for (int64_t b0 = n0; b0 < n1; b0 += band) {
       const int64_t b1 = b0 + band < n1 ? b0 + band : n1;
@@ -1179,7 +1226,7 @@ void qmm_impl(const torch::Tensor& x, const torch::Tensor& codes, const torch::T
       if constexpr (std::is_same_v<S, float>) {
         sf = sp + b0 * nb, mf = mp ? mp + b0 * nb : nullptr;
       } else if constexpr (heads) {
-        float* mb = BITS == 4 ? mbuf.data() : nullptr;  // Q6_K: no mins
+        float* mb = head_mins(BITS) ? mbuf.data() : nullptr;  // Q6_K, ...: no mins
         expand_heads<BITS, true>(sp + b0 * srow, b1 - b0, T, nb / head_blocks(BITS), sbuf.data(),
                                  mb);
         sf = sbuf.data(), mf = mb;  // row-major (band, nb): see rows below
@@ -1241,7 +1288,7 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
                            hm.data() + j * PER);
         }
         dequant_row_fast<BITS, BS, float>(cp + A.code_at(n), hs.data(),
-                                          BITS == 4 ? hm.data() : nullptr,
+                                          head_mins(BITS) ? hm.data() : nullptr,
                                           Steps{L.crs, L.cbs, nb, 1}, K, op + i * K);
       } else if (fields) {
         dequant_row_fields<S>(cp + A.code_at(n), sp + s, mp ? mp + s : nullptr, L, nb,
@@ -1258,6 +1305,7 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
   if (scale.scalar_type() == torch::kByte) {  /* K-quant and IQ4_XS heads */     \
     if (bits == 6) FN<6, 64, uint8_t>(__VA_ARGS__);                               \
     else if (bits == 3) FN<3, 64, uint8_t>(__VA_ARGS__);                          \
+    else if (bits == 2) FN<2, 64, uint8_t>(__VA_ARGS__);                          \
     else if (bits == 8) FN<8, 16, uint8_t>(__VA_ARGS__);                          \
     else if (bits == TABLE4) FN<TABLE4, 32, uint8_t>(__VA_ARGS__);                \
     else FN<4, 32, uint8_t>(__VA_ARGS__);                                         \

@@ -1,6 +1,6 @@
 // The extension's Python and torch-operator entry points: argument checks, then the kernels of
 // qgemv.cpp (exact float32 activations), qgemv_raw.cpp (GGUF blocks kept as the file stores
-// them: Q2_K, Q5_K), qgemv_i8.cpp (int8 activations) and qgemv_half.cpp
+// them: Q5_K), qgemv_i8.cpp (int8 activations) and qgemv_half.cpp
 // (float16 / bfloat16 weights).
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/extension.h>
@@ -75,19 +75,19 @@ Shape check_raw(const torch::Tensor& codes, const torch::Tensor& scale, const to
 // 6-bit codes (bits 6, scales per 16) uint8 (N, K/64 * 48) or (N/T, K/64, T * 48) in code
 // blocks of 64 values, or int8 codes (bits 8) (N, K) or (N/T, nb, T * 16), with heads of 18
 // bytes; Q3_K, 3-bit codes (bits 3, scales per 16) as Q6_K's in blocks of 24 bytes, with heads
-// of 14 bytes; IQ4_XS (bits kTable4) as Q4_K with heads of 8 bytes; min empty.
+// of 14 bytes; Q2_K, 2-bit codes (bits 2) in blocks of 16 bytes, with heads of 20; IQ4_XS (bits kTable4) as Q4_K with heads of 8 bytes; min empty.
 Shape check_heads(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                   int64_t bits, int64_t bs) {
   TORCH_CHECK(((bits == 4 || bits == kTable4) && bs == 32) ||
-                  ((bits == 3 || bits == 6 || bits == 8) && bs == 16),
-              "super-block heads need 4-bit codes in blocks of 32 or 3/6/8-bit codes in blocks of "
-              "16");
+                  ((bits == 2 || bits == 3 || bits == 6 || bits == 8) && bs == 16),
+              "super-block heads need 4-bit codes in blocks of 32 or 2/3/6/8-bit codes in blocks "
+              "of 16");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
   TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
   TORCH_CHECK(!mn.numel(), "a weight with super-block heads has no min tensor");
-  // bytes of a head; of a code block (3/6-bit: 64 values, else one scale's values)
-  const bool field = bits == 3 || bits == 6;
-  const int64_t hb = bits == 4 ? 16 : bits == kTable4 ? 8 : bits == 3 ? 14 : 18;
+  // bytes of a head; of a code block (2/3/6-bit: 64 values, else one scale's values)
+  const bool field = bits == 2 || bits == 3 || bits == 6;
+  const int64_t hb = bits == 4 ? 16 : bits == kTable4 ? 8 : bits == 3 ? 14 : bits == 2 ? 20 : 18;
   const int64_t bpb = field ? 8 * bits : 16;
   TORCH_CHECK((scale.dim() == 3 || scale.dim() == 4) && scale.size(-1) == hb &&
                   codes.dim() == scale.dim() - 1 && codes.size(0) == scale.size(0),
@@ -164,10 +164,10 @@ torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
-  // exact: 5-bit bit fields, Q6_K's 6-bit and Q3_K's 3-bit codes, IQ4's table codes and raw
+  // exact: 5-bit bit fields, Q6_K's, Q3_K's and Q2_K's field codes, IQ4's table codes and raw
   // blocks have no int8 body
-  if (qgemv_is_fields(bits, w.T, codes) || bits == 6 || bits == 3 || bits == kTable4 ||
-      qgemv_is_raw(bits)) {
+  if (qgemv_is_fields(bits, w.T, codes) || bits == 6 || bits == 3 || bits == 2 ||
+      bits == kTable4 || qgemv_is_raw(bits)) {
     return qmm(x, codes, scale, mn, bits, bs);
   }
   std::vector<int64_t> exact_rows;  // rows with a block max |x| outside the int8 path's range

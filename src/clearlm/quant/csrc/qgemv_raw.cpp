@@ -1,5 +1,5 @@
 // Products and dequantization for GGUF blocks kept as the file stores them (quant/raw.py):
-// Q2_K, Q5_K (256 values a block; IQ4_NL, IQ4_XS and Q3_K, kept here once, are qgemv.cpp's
+// Q5_K (256 values a block; IQ4_NL, IQ4_XS, Q3_K and Q2_K, kept here once, are qgemv.cpp's
 // table or field codes now: quant/iq4.py, quant/kheads.py). A weight is
 //   codes (N, nb * REST) uint8: each block's bytes but its float16 d / dmin, in the block's order;
 //   scale = d, min = dmin (or empty) (N, nb) float16;
@@ -24,12 +24,12 @@
 
 namespace {
 
-enum : int { Q2K = 110, Q5K = 113 };
+enum : int { Q5K = 113 };
 
 // values per block and bytes of a block's codes (its bytes but d / dmin)
 constexpr int qk_of(int) { return 256; }
 constexpr int rest_of(int f) {
-  return f == Q2K ? 80 : 172;
+  return f == Q5K ? 172 : 0;
 }
 
 
@@ -61,9 +61,6 @@ struct FV {  // 16 float32 lanes
 };
 inline FV w_fma(I16 q, float dl, float nml) {  // dl * q + nml, one rounding
   return {_mm512_fmadd_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q.v), _mm512_set1_ps(nml))};
-}
-inline FV w_mul(I16 q, float dl) {  // dl * q (exact)
-  return {_mm512_mul_ps(_mm512_set1_ps(dl), _mm512_cvtepi32_ps(q.v))};
 }
 inline FV fv_zero() { return {_mm512_setzero_ps()}; }
 inline FV fv_load(const float* p) { return {_mm512_loadu_ps(p)}; }
@@ -98,10 +95,6 @@ inline FV w_fma(I16 q, float dl, float nml) {
   const __m256 d = _mm256_set1_ps(dl), m = _mm256_set1_ps(nml);
   return {_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q.lo), m),
           _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q.hi), m)};
-}
-inline FV w_mul(I16 q, float dl) {
-  const __m256 d = _mm256_set1_ps(dl);
-  return {_mm256_mul_ps(d, _mm256_cvtepi32_ps(q.lo)), _mm256_mul_ps(d, _mm256_cvtepi32_ps(q.hi))};
 }
 inline FV fv_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline FV fv_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -146,11 +139,6 @@ inline FV w_fma(I16 q, float dl, float nml) {
   for (int l = 0; l < 16; ++l) r.v[l] = std::fmaf(dl, static_cast<float>(q.v[l]), nml);
   return r;
 }
-inline FV w_mul(I16 q, float dl) {
-  FV r;
-  for (int l = 0; l < 16; ++l) r.v[l] = dl * static_cast<float>(q.v[l]);
-  return r;
-}
 inline FV fv_zero() { return FV{}; }
 inline FV fv_load(const float* p) {
   FV r;
@@ -187,19 +175,6 @@ inline void dequant_block(const uint8_t* c, float d, float dmin, Sink& out) {
         const I16 hi = sll(band(srl(load_u8(qh + h), j), 1), 4);
         out.put(32 * j + h, w_fma(bor(lo, hi), dl, -ml));
       }
-    }
-  } else if constexpr (F == Q2K) {  // scales[16] qs[64]: 16 sub-blocks of 16
-    const uint8_t *sc = c, *qs = c + 16;
-    // sub-block i's d * scale and -(dmin * min), all 16 at once (the same exact products)
-    alignas(64) float dl[16], nml[16];
-    const I16 s16 = load_u8(sc);
-    fv_store(dl, w_mul(band(s16, 0x0F), d));
-    fv_store(nml, w_mul(srl(s16, 4), -dmin));
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) {
-      // value v = 16 i + l: byte 32 (v / 128) + v % 32, bits 2 ((v % 128) / 32)
-      const I16 q = load_u8(qs + 32 * (i / 8) + 16 * (i % 2));
-      out.put(16 * i, w_fma(band(srl(q, 2 * ((i % 8) / 2)), 3), dl[i], nml[i]));
     }
   }
 }
@@ -332,7 +307,6 @@ void dequant_raw_impl(const torch::Tensor& codes, const torch::Tensor& scale,
 
 #define RAW_DISPATCH(bits, FN, ...)                               \
   switch (bits) {                                                 \
-    case Q2K: FN<Q2K>(__VA_ARGS__); break;                        \
     case Q5K: FN<Q5K>(__VA_ARGS__); break;                        \
     default: TORCH_CHECK(false, "unknown raw block format ", bits); \
   }
@@ -342,7 +316,7 @@ void dequant_raw_impl(const torch::Tensor& codes, const torch::Tensor& scale,
 // Whether `bits` names a raw block format, and its values per block and code bytes per block
 // (0 where it does not).
 bool qgemv_is_raw(int64_t bits) {
-  return bits == Q2K || bits == Q5K;
+  return bits == Q5K;
 }
 int64_t qgemv_raw_block(int64_t bits) { return qgemv_is_raw(bits) ? qk_of(bits) : 0; }
 int64_t qgemv_raw_rest(int64_t bits) {
