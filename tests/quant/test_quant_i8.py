@@ -33,8 +33,8 @@ def layer_and_weight(qtype: Q, n: int, k: int, seed: int = 5):
     return QuantLinear(pack_blocks(raw, qtype, (n, k))), w
 
 
-# the formats kept as the file's blocks (Q5_K), IQ4's table codes and Q6_K's / Q3_K's / Q2_K's
-# field codes stay exact: test_quant_raw.py, test_quant_iq4.py, test_quant_kheads.py
+# IQ4's table codes and Q6_K's / Q3_K's / Q2_K's
+# field codes stay exact: test_quant_kfiles.py, test_quant_iq4.py, test_quant_kheads.py
 WITH_INT8_BODY = [q for q in REPACKED if q not in (Q.IQ4_NL, Q.IQ4_XS, Q.Q6_K, Q.Q3_K, Q.Q2_K)]
 
 

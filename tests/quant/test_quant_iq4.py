@@ -5,7 +5,7 @@ values, bit for bit, on random blocks (every byte random: all 16 codes and all 6
 sub-scales, negative and odd ones included) with float16 scales of both signs, the largest
 finite one and subnormals; torch's float32 F.linear on those values for the products, within
 the float32 summation bound |Δ| ≤ K·u·(|x| @ |W|ᵀ) (u = 2⁻²⁴, Higham §3.1) of
-tests/quant/test_quant.py. The traced decode step is tests/quant/test_quant_raw.py's.
+tests/quant/test_quant.py. The traced decode step is tests/quant/test_quant_kfiles.py's.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def info(
             wf.add_column(col, justify="left" if col in ("type", "held as") else "right")
         for qtype, use in ckpt.weight_formats(weights or "compact"):
             wf.add_row(qtype, str(use.count), f"{use.file_bytes / 2**20:,.1f}",
-                       f"{use.held_bytes / 2**20:,.1f}", held_as(qtype, use.held_as))
+                       f"{use.held_bytes / 2**20:,.1f}", held_as(use.held_as))
         out.print(wf)
         if any(use.held_as in ("packed", HALF_HELD)
                for _, use in ckpt.weight_formats(weights or "compact")):
@@ -111,17 +111,10 @@ def info(
         out.print(f"{gen.path} also sets {', '.join(gen.ignored)}: clearlm does not apply these")
 
 
-def held_as(qtype: str, how: str) -> str:
-    """The "held as" column: for a packed type, what its products read (the file's blocks or
-    repacked codes and scales), else the loader's own words."""
-    if how != "packed":
-        return how
-    from gguf import GGMLQuantizationType
-
-    from clearlm.quant.raw import RAW_TYPES
-
-    return "compact: " + ("the file's blocks" if GGMLQuantizationType[qtype] in RAW_TYPES
-                          else "codes + scales")
+def held_as(how: str) -> str:
+    """The "held as" column: for a packed type, what its products read (the file's codes and
+    scales, repacked: quant/pack.py), else the loader's own words."""
+    return "compact: codes + scales" if how == "packed" else how
 
 
 def products_line() -> str:

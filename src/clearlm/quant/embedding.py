@@ -3,10 +3,9 @@
 A lookup gathers the selected rows' codes, scales and mins (a Packed of T rows) and dequantizes
 only those, so the result equals ``gguf.quants.dequantize(table)[ids]`` bit for bit. With a tied
 head, the embedding and the QuantLinear head share one Packed (no second copy of the table).
-While traced (the compiled decode step), rows of blocks kept as the file stores them
-(quant/raw.py) and of K-quants with super-block heads (quant/kheads.py) are dequantized by the
-kernel's operator (quant/ops.py: compiled_dequant), since their eager path is gguf's numpy code
-or reinterprets bytes as float16.
+While traced (the compiled decode step), rows of K-quants with super-block heads
+(quant/kheads.py) and of IQ4's table codes are dequantized by the kernel's operator (quant/ops.py:
+compiled_dequant), since their eager path reinterprets bytes as float16 or builds a table.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from clearlm.quant.iq4 import TABLE4
 from clearlm.quant.kheads import is_heads
 from clearlm.quant.ops import compiled_dequant
 from clearlm.quant.pack import Packed, PackedModule, dequantize_packed
-from clearlm.quant.raw import is_raw
 
 
 class QuantEmbedding(PackedModule):
@@ -36,10 +34,10 @@ class QuantEmbedding(PackedModule):
             raise IndexError(f"token id out of range: the embedding table has "
                              f"{self.num_embeddings} rows (ids 0 .. {self.num_embeddings - 1})")
         p = self.packed(flat)  # only the rows asked for
-        kernel_only = is_raw(self.bits) or is_heads(self.scale) or self.bits == TABLE4
+        kernel_only = is_heads(self.scale) or self.bits == TABLE4
         if kernel_only and torch.compiler.is_compiling():
-            # raw blocks' torch path is gguf's numpy code, which a trace cannot run, K-quant
-            # heads' reinterprets bytes as float16 and IQ4's builds a table tensor: the kernel's
+            # K-quant heads' torch path reinterprets bytes as float16 and IQ4's builds a table
+            # tensor: the kernel's
             # dequantization as one graph node (the same values bit for bit)
             mn = self.min if p.min is None else p.min
             rows = compiled_dequant(p.codes, p.scale, mn, self.bits, self.block)  # (T, D)

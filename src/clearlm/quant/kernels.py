@@ -32,7 +32,6 @@ from clearlm.store.catalog import default_cache_dir
 SOURCE = Path(__file__).with_name("csrc") / "qgemv.cpp"
 SOURCES = (
     SOURCE,  # exact kernel
-    SOURCE.with_name("qgemv_raw.cpp"),  # raw GGUF blocks
     SOURCE.with_name("qgemv_i8.cpp"),  # int8-activation variant
     SOURCE.with_name("qgemv_half.cpp"),  # float16 / bfloat16 weights
     SOURCE.with_name("qgemv_ops.cpp"),  # checks and bindings

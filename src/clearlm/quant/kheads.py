@@ -1,4 +1,5 @@
-"""Q4_K's, Q6_K's, Q3_K's, Q2_K's and IQ4_XS's two-level scales kept as the file stores them.
+"""K-quants' (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K) and IQ4_XS's two-level scales kept as the file stores
+them.
 
 A Q4_K super-block (ggml-common.h block_q4_K) is ``d`` (float16), ``dmin`` (float16), 12 bytes
 of 6-bit sub-scales ``sc`` and sub-mins ``m`` (8 each, one per 32 values) and 128 bytes of
@@ -15,6 +16,11 @@ multiply-add per weight as before, ``fmaf(scale, q, min)``: the same float32 val
 (one rounding, as the reference), from 0.5625 bytes per value (the file's) instead of 0.75
 with float32 scales and mins per 32 (1.33×). A float16 scale per 32 would not do: ``d · sc``
 has up to 17 significant bits.
+
+Q5_K (block_q5_K: Q4_K's 16 bytes of d, dmin, sc and m, then qh[32] and qs[128], 5-bit codes,
+``w = float32(d · sc_i) · q_j - float32(dmin · m_i)``) keeps the same heads and its codes in the
+kernel's 5-bit blocks (ggml's Q5_0 / Q5_1 layout, pack.py: per 32 values 16 nibble bytes and a
+little-endian uint32 of fifth bits): 0.6875 bytes per value, the file's.
 
 Q6_K (block_q6_K: 6-bit codes q, 16 int8 sub-scales sc, one per 16 values, float16 ``d``;
 ``w = float32(d · sc_i) · (q_j - 32)``, exact: 11 × 8 bits) keeps its scale bytes as heads of
@@ -59,7 +65,7 @@ import torch
 
 from clearlm.quant.iq4 import HEADX, expand_xs
 
-Q2_K, Q3_K, Q6_K = 10, 11, 14  # GGML type ids (gguf.GGMLQuantizationType)
+Q2_K, Q3_K, Q5_K, Q6_K = 10, 11, 13, 14  # GGML type ids (gguf.GGMLQuantizationType)
 
 HEAD = 16  # bytes of one Q4_K head: d, dmin (float16), 12 bytes of 6-bit sc and m
 HEAD6 = 18  # bytes of one Q6_K head: 16 int8 sc, d (float16)
@@ -144,13 +150,15 @@ def field_codes(blocks: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def split_k(b: np.ndarray, qtype: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K, Q6_K, Q3_K or Q2_K blocks (n_blocks, type_size) uint8 of an (n, k) matrix (``qtype``
-    the GGML type id) → (codes, heads uint8 (n, k // 256, HEAD, HEAD6, HEAD3 or HEAD2)). Q4_K: codes
-    (n, k // 2) uint8, each 32 values' nibbles in the kernel's 4-bit block (byte j = code j |
-    code j + 16 << 4); Q6_K (ql[128] qh[64] sc[16] d): codes (n, k // 64 * 48),
-    :func:`field_blocks` of q at 6 bits; Q3_K (hmask[32] qs[64] sc[12] d): codes
-    (n, k // 64 * 24), :func:`field_blocks` of q at 3 bits; Q2_K (sc[16] qs[64] d dmin): codes
-    (n, k // 64 * 16) at 2 bits."""
+    """Q4_K, Q5_K, Q6_K, Q3_K or Q2_K blocks (n_blocks, type_size) uint8 of an (n, k) matrix
+    (``qtype`` the GGML type id) → (codes, heads uint8 (n, k // 256, HEAD, HEAD6, HEAD3 or
+    HEAD2)). Q5_K (d, dmin, sc/m, qh[32], qs[128]): codes (n, k // 32 * 20), per 32 values
+    the kernel's 5-bit block (16 nibble bytes as Q4_K's, then the little-endian uint32 of
+    fifth bits). Q4_K: codes (n, k // 2) uint8, each 32 values' nibbles in the kernel's
+    4-bit block (byte j = code j | code j + 16 << 4); Q6_K (ql[128] qh[64] sc[16] d): codes
+    (n, k // 64 * 48), :func:`field_blocks` of q at 6 bits; Q3_K (hmask[32] qs[64] sc[12]
+    d): codes (n, k // 64 * 24), :func:`field_blocks` of q at 3 bits; Q2_K (sc[16] qs[64] d
+    dmin): codes (n, k // 64 * 16) at 2 bits."""
     nb = b.shape[0]
     shift = np.arange(8, dtype=np.uint8).reshape(1, 2, 4, 1)  # 4h + j
     if qtype == Q2_K:  # value 128h + 32j + l: qs[32h + l] >> 2j (2 bits)
@@ -166,11 +174,15 @@ def split_k(b: np.ndarray, qtype: int, n: int, k: int) -> tuple[torch.Tensor, to
         codes = field_blocks(q, 3)  # (nb, 4 code blocks × 24 bytes)
         heads = torch.from_numpy(b[:, 96:110].copy()).reshape(n, k // SUPER, HEAD3)  # sc, d
         return torch.from_numpy(codes.reshape(n, k // FIELD * 24)), heads
-    if qtype != Q6_K:  # Q4_K: d, dmin, sc/m (16 bytes) | qs[128]: 4 chunks of 64, low nibbles, high
+    if qtype != Q6_K:  # Q4_K / Q5_K: d, dmin, sc/m (16 bytes) [| qh[32]] | qs[128]: 4 chunks of 64
         heads = torch.from_numpy(b[:, :HEAD].copy()).reshape(n, k // SUPER, HEAD)
-        qs = b[:, HEAD:].reshape(nb, 4, 32)
+        qs = b[:, -128:].reshape(nb, 4, 32)  # low nibbles: sub-block 2c, high: 2c + 1
         sub = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)  # (nb, 8 sub-blocks, 32)
         codes = (sub[..., :16] | (sub[..., 16:] << 4)).astype(np.uint8)  # (nb, 8, 16)
+        if qtype == Q5_K:  # fifth bit of code l of sub-block j: bit j of qh[l]
+            high = (b[:, 16:48].reshape(nb, 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+            qh = np.packbits(high, axis=-1, bitorder="little")  # (nb, 8, 4): uint32, bit l
+            return torch.from_numpy(np.concatenate([codes, qh], -1).reshape(n, k // 32 * 20)), heads
         return torch.from_numpy(codes.reshape(n, k // 2)), heads
     ql = b[:, :128].reshape(nb, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
     ql = (ql & 0x0F).reshape(nb, 8, 32)  # (nb, 8, 32) low 4 bits

@@ -7,8 +7,8 @@ Two kinds of operator, one for each case; :func:`compiled_qmm` picks:
 - without it: ``torch.ops.clearlm.qmm(x, codes, scale, min, bits, block, int8)``, a Python
   custom op (torch.library.custom_op) computing dequantize + matmul in torch.
 :func:`compiled_dequant` does the same for a whole dequantization (``clearlm_kernels::dequant``,
-or ``clearlm::dequant``): an embedding lookup of blocks kept as the file stores them
-(quant/raw.py), whose torch path is gguf's numpy code, which a trace cannot run.
+or ``clearlm::dequant``): an embedding lookup of K-quant heads or IQ4's table codes, whose torch
+path reinterprets bytes or builds a table (quant/embedding.py).
 Each has a fake (meta) implementation giving only the output's shape and dtype, (M, N) float32,
 which is all Dynamo/Inductor need: QuantLinear is one opaque graph node (no graph break). Eager
 QuantLinear calls the pybind function directly instead, which skips the dispatcher (a few µs per

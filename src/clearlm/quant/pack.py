@@ -29,7 +29,7 @@ Q2_K     uint2 q: 2-bit fields, 64 per 16   the file's d, dmin, 4-bit    0.3281 
 IQ4_NL   uint4 q, valued kvalues[q]         d / —        (f16, 32)       0.5625 (0.5625)
 IQ4_XS   uint4 q as IQ4_NL, per 32          the file's d, 6-bit sc       0.53125 (0.53125)
                                             (quant/kheads.py)
-Q5_K     the file's blocks (quant/raw.py)   d / dmin     (f16, 256)      = the file
+Q5_K     uint5 q as Q5_1's, per 32          as Q4_K's (quant/kheads.py)  0.6875 (0.6875)
 =======  =================================  ===========================  =====================
 
 Why this form: one kernel with four code layouts (int8; nibbles; nibbles + a 32-bit high-bit
@@ -38,14 +38,13 @@ fields, turned into int8 codes 64 at a time) covers the common types, and K-quan
 scales collapse exactly into per-block float32 products (d·sc: 11 × 8 bits). Q4_0 and Q5_0 keep
 the file's bytes: their offset is a fixed multiple of the scale, so the kernel computes
 d·Σ(q - 16)·x per block (csrc/qgemv.cpp) with no min tensor; IQ4_NL is Q4_0 valued through IQ4's
-16-value table (bits = TABLE4, quant/iq4.py). Q4_K, Q6_K, Q3_K, Q2_K and IQ4_XS keep their
-super-blocks' heads (d, dmin, sc, m as stored; quant/kheads.py), which the kernel turns into
-float32 d·sc (and -dmin·m) 64 rows at a time in cache. Q5_K keeps the file's blocks
-(quant/raw.py); IQ2 / IQ3 / IQ1 and TQ are not packed (:class:`UnsupportedQuantError`; F16 and
-BF16 matrices stay 16-bit: quant/half.py). Layouts: ggml-common.h and gguf-py's quants.py. A
-compact load then arranges most matrices in row tiles (quant/tiles.py), where 5-bit codes become
-bit fields (quant/fields.py: +8.6 % bytes at K = 896, four vector operations per 8 codes instead
-of seven).
+16-value table (bits = TABLE4, quant/iq4.py). K-quants and IQ4_XS keep their super-blocks' heads
+(d, dmin, sc, m as stored; quant/kheads.py), which the kernel turns into float32 d·sc (and
+-dmin·m) 64 rows at a time in cache. IQ2 / IQ3 / IQ1 and TQ are not packed
+(:class:`UnsupportedQuantError`; F16 and BF16 matrices stay 16-bit: quant/half.py). Layouts:
+ggml-common.h and gguf-py's quants.py. A compact load then arranges most matrices in row tiles
+(quant/tiles.py), where 5-bit codes become bit fields (quant/fields.py: +8.6 % bytes at K = 896,
+four vector operations per 8 codes instead of seven).
 """
 
 from __future__ import annotations
@@ -61,7 +60,6 @@ from clearlm.errors import ClearLMError
 from clearlm.quant import kheads
 from clearlm.quant.fields import WORD, from_fields, is_fields
 from clearlm.quant.iq4 import TABLE4, split_iq4, table_values
-from clearlm.quant.raw import RAW_BASE, RAW_TYPES, code_bytes, dequantize_raw, is_raw, split_blocks
 
 Q = GGMLQuantizationType
 
@@ -74,10 +72,8 @@ class UnsupportedQuantError(ClearLMError):
 class Packed:
     """A compact weight (N out, K in). codes: int8 (N, K) if bits == 8; uint8 (N, K // 2) if 4
     or TABLE4 (quant/iq4.py); uint8 (N, K // 32 * 20) if 5 (per block: 16 nibble bytes, then the
-    high bits' uint32); uint8 (N, K // 64 * 8 · bits) if 6 or 3 (Q6_K, Q3_K, block 16: 6/3-bit
-    fields in code blocks of 64 values, tiled (N // T, K // 64, T * 8 · bits); kheads.py);
-    bits >= RAW_BASE: a GGUF block kept as the file stores it (quant/raw.py), codes uint8
-    (N, K // block * rest), scale = d and min = dmin (or None) float16 (N, K // block).
+    high bits' uint32); uint8 (N, K // 64 * 8 · bits) if 6, 3 or 2 (Q6_K, Q3_K, Q2_K, block
+    16: fields in code blocks of 64 values, tiled (N // T, K // 64, T * 8 · bits); kheads.py).
     scale / min: float16 or float32 (N, K // block); min None means 0 for 8-bit codes and
     centred 4/5-bit codes (W = scale * (code - 8) or (code - 16), ggml's Q4_0 / Q5_0).
     Row tiles (quant/tiles.py, the layout decode reads fastest): the same blocks, T rows
@@ -112,9 +108,9 @@ class Packed:
         return self.codes.nbytes + self.scale.nbytes + extra
 
 
-REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q6_K, Q.Q3_K, Q.Q2_K, Q.IQ4_NL,
-            Q.IQ4_XS)
-SUPPORTED = REPACKED + RAW_TYPES  # every type a compact load keeps compact
+REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q3_K, Q.Q2_K,
+            Q.IQ4_NL, Q.IQ4_XS)
+SUPPORTED = REPACKED  # every type a compact load keeps compact
 
 
 def _field(b: np.ndarray, start: int, fmt: str) -> np.ndarray:
@@ -160,12 +156,6 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
     def t(a: np.ndarray, cols: int) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a).reshape(n, cols))
 
-    if qtype in RAW_TYPES:  # the file's blocks, d / dmin moved out (quant/raw.py)
-        codes, d, dmin = split_blocks(b, qtype)  # (nb, rest), (nb,), (nb,) or None
-        mn = None if dmin is None else t(dmin, k // block)
-        return Packed(t(codes, -1), t(d, k // block), mn, RAW_BASE + qtype.value, block,
-                      qtype.name)
-
     if qtype == Q.Q8_0:
         codes = _field(b, 2, "V32").view(np.int8)
         return Packed(t(codes, k), t(_f16(b), per_row), None, 8, 32, "Q8_0")
@@ -181,18 +171,16 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         codes = _q5_codes(b, off)  # (nb, 20)
         mn = t(_f16(b, 2), per_row) if qtype == Q.Q5_1 else None  # Q5_0: W = d * (q - 16)
         return Packed(t(codes, k // 32 * 20), t(d, per_row), mn, 5, 32, qtype.name)
-    # Q4_K (codes repacked per 32), Q6_K / Q3_K / Q2_K (field codes): the file's heads (kheads)
+    # Q4_K / Q5_K (codes repacked per 32), Q6_K / Q3_K / Q2_K (field codes): the file's heads
     codes, heads = kheads.split_k(b, qtype.value, n, k)
-    bits = {Q.Q6_K: 6, Q.Q3_K: 3, Q.Q2_K: 2}.get(qtype, 4)
-    return Packed(codes, heads, None, bits, 32 if bits == 4 else 16, qtype.name)
+    bits = {Q.Q5_K: 5, Q.Q6_K: 6, Q.Q3_K: 3, Q.Q2_K: 2}.get(qtype, 4)
+    return Packed(codes, heads, None, bits, 16 if bits in kheads.FIELD_BITS else 32, qtype.name)
 
 
 def block_bytes(p: Packed) -> int:
     """Bytes of one code block: int8 codes 1 per value, 4-bit 16, 5-bit 20, Q6_K's 6-bit
-    codes 48 and Q3_K's 3-bit 24 (code blocks of 64 values: :func:`code_blocks`), a raw block
-    its bytes but d / dmin (quant/raw.py)."""
-    if is_raw(p.bits):
-        return code_bytes(p.bits)
+    codes 48, Q3_K's 3-bit 24 and Q2_K's 2-bit 16 (code blocks of 64 values:
+    :func:`code_blocks`)."""
     return p.block if p.bits == 8 else {4: 16, TABLE4: 16, 5: 20, 6: 48, 3: 24, 2: 16}[p.bits]
 
 
@@ -252,8 +240,6 @@ def dequantize_packed(p: Packed) -> torch.Tensor:
     nb = k // p.block
     if kheads.is_heads(p.scale):  # K-quants: the float32 d·sc (and -dmin·m) per block (kheads.py)
         p = Packed(p.codes, *kheads.expand_heads(p.scale), p.bits, p.block, p.qtype)
-    if is_raw(p.bits):  # gguf's own dequantization of the file's blocks
-        return dequantize_raw(p.codes, p.scale, p.min, p.bits)
     if p.bits == 8:
         q = p.codes.view(n, nb, p.block).float()  # (N, nb, bs)
     elif p.bits in kheads.FIELD_BITS:  # Q6_K / Q3_K centred (q - 32 / 4), Q2_K as they are

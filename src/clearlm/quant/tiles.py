@@ -33,6 +33,7 @@ import torch
 
 from clearlm.quant.fields import WORD, preferred, to_fields
 from clearlm.quant.kernels import load_kernels
+from clearlm.quant.kheads import is_heads
 from clearlm.quant.pack import Packed, block_bytes, code_blocks
 
 TILE = 8  # rows per tile without the kernel (the torch fallback converts tiles back anyway)
@@ -57,7 +58,8 @@ def can_tile(p: Packed, tile: int | None = None) -> bool:
 def tile_rows(p: Packed, tile: int | None = None, fields: bool | None = None) -> Packed:
     """``p`` (row-major, N a multiple of ``tile``) in row tiles of ``tile`` rows (None:
     :func:`tile_size`'s for its format): new tensors, the same bytes (5-bit codes as bit fields
-    where ``fields``; None: where quant/fields.preferred() says).
+    where ``fields``; None: where quant/fields.preferred() says; never Q5_K's, whose heads the
+    fields' body does not read).
 
     Raises ValueError when N is not a multiple of ``tile``, ``tile`` is below 1 or ``p`` is
     already tiled."""
@@ -69,7 +71,7 @@ def tile_rows(p: Packed, tile: int | None = None, fields: bool | None = None) ->
 
     def codes(c: torch.Tensor) -> torch.Tensor:
         units, size = nb, bpb  # blocks, or for 5-bit codes the words of their bit fields
-        if p.bits == 5 and (preferred() if fields is None else fields):
+        if p.bits == 5 and not is_heads(p.scale) and (preferred() if fields is None else fields):
             c = to_fields(c)  # (N, W, 32)
             units, size = c.shape[1], WORD
         c = c.reshape(n // tile, tile, units, size)  # (tiles, rows, blocks or words, bytes)

@@ -4,9 +4,8 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
 
 1. the module tree on the meta device (loading/load.py ``skeleton``): no weight memory;
 2. each tensor of the file whose module is a plain ``nn.Linear`` / ``nn.Embedding`` and whose
-   type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q6_K, Q3_K, IQ4_NL, IQ4_XS
-   repacked; Q2_K, Q5_K as the file's blocks: quant/raw.py) is packed straight from the
-   mapped bytes, a band of rows at a time (loading/compact/from_file.py), in row tiles (4 or 8
+   type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, repacked
+   at the file's bytes) is packed straight from the mapped bytes, a band of rows at a time (loading/compact/from_file.py), in row tiles (4 or 8
    rows) where a
    linear layer reads it (quant/tiles.py), and its module replaced by a QuantLinear /
    QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of

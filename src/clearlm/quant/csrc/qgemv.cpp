@@ -20,7 +20,8 @@
 //             int8 codes (unpack_fields); the scales are d * sc times the inverse power of two
 //             (field_unit): the same float32 weights, bit for bit.
 // Scales and mins are float32 or float16 tensors (N, K/bs), or, for Q4_K (bits = 4, bs = 32),
-// the file's super-block heads (quant/kheads.py): scale uint8 (N, K/256, 16) = d, dmin (float16)
+// or Q5_K (bits = 5, bs = 32) the file's super-block heads (quant/kheads.py): scale uint8
+// (N, K/256, 16) = d, dmin (float16)
 // and 12 bytes of 6-bit sub-scales sc and sub-mins m, min empty; for Q6_K (bits = 6, or the
 // int8 codes it was held as before, bits = 8, bs = 16) uint8 (N, K/256, 18) = 16 int8 sub-scales
 // sc and d; for Q3_K (bits = 3) uint8 (N, K/256, 14) = the file's 12 bytes of 6-bit sub-scales
@@ -1128,16 +1129,19 @@ inline void expand_head_xs(const uint8_t* p, float* s) {
 // or 8: int8 codes) 18 bytes for 16 blocks of 16, without; Q3_K (BITS 3) 14 bytes for 16 blocks
 // of 16, without; Q2_K (BITS 2) 20 bytes for 16 blocks of 16, with mins; IQ4_XS (TABLE4) 8
 // bytes for 8 blocks of 32, without.
+// Q5_K (BITS 5) has Q4_K's heads.
 constexpr int64_t head_bytes(int bits) {
-  return bits == 4 ? 16 : bits == TABLE4 ? 8 : bits == 3 ? 14 : bits == 2 ? 20 : 18;
+  return bits == 4 || bits == 5 ? 16 : bits == TABLE4 ? 8 : bits == 3 ? 14 : bits == 2 ? 20 : 18;
 }
-// Whether a head format has mins (Q4_K, Q2_K).
-constexpr bool head_mins(int bits) { return bits == 4 || bits == 2; }
-constexpr int64_t head_blocks(int bits) { return bits == 4 || bits == TABLE4 ? 8 : 16; }
+// Whether a head format has mins (Q4_K, Q5_K, Q2_K).
+constexpr bool head_mins(int bits) { return bits == 4 || bits == 5 || bits == 2; }
+constexpr int64_t head_blocks(int bits) {
+  return bits == 4 || bits == 5 || bits == TABLE4 ? 8 : 16;
+}
 
 template <int BITS>
 inline void expand_one(const uint8_t* p, float* s, float* m) {
-  if constexpr (BITS == 4) {
+  if constexpr (BITS == 4 || BITS == 5) {
     expand_head(p, s, m);
   } else if constexpr (BITS == TABLE4) {
     expand_head_xs(p, s);
@@ -1306,6 +1310,7 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
     if (bits == 6) FN<6, 64, uint8_t>(__VA_ARGS__);                               \
     else if (bits == 3) FN<3, 64, uint8_t>(__VA_ARGS__);                          \
     else if (bits == 2) FN<2, 64, uint8_t>(__VA_ARGS__);                          \
+    else if (bits == 5) FN<5, 32, uint8_t>(__VA_ARGS__);                          \
     else if (bits == 8) FN<8, 16, uint8_t>(__VA_ARGS__);                          \
     else if (bits == TABLE4) FN<TABLE4, 32, uint8_t>(__VA_ARGS__);                \
     else FN<4, 32, uint8_t>(__VA_ARGS__);                                         \
@@ -1327,7 +1332,7 @@ void dequant_impl(const torch::Tensor& codes, const torch::Tensor& scale, const 
 // Entry points for qgemv_ops.cpp (which checks the arguments first) and qgemv_i8.cpp.
 void qgemv_expand_heads(int64_t bits, const uint8_t* h, int64_t rows, int64_t T, int64_t ns,
                         float* s, float* m) {
-  if (bits == 4) {
+  if (bits == 4 || bits == 5) {  // Q4_K's and Q5_K's heads
     expand_heads<4, false>(h, rows, T, ns, s, m);
   } else {
     expand_heads<8, false>(h, rows, T, ns, s, m);

@@ -413,8 +413,8 @@ void widen(const at::Half* src, int64_t n, float* dst) {
 }
 #endif
 
-// Rows of T-row tiles (T = 1: row-major), as qgemv.cpp's Arrangement. S = uint8_t: Q4_K's or
-// Q6_K's super-block heads (quant/kheads.py), expanded a band at a time by qgemv.cpp.
+// Rows of T-row tiles (T = 1: row-major), as qgemv.cpp's Arrangement. S = uint8_t: Q4_K's,
+// Q5_K's or Q6_K's super-block heads (quant/kheads.py), expanded a band at a time by qgemv.cpp.
 template <int BITS, int BS, typename S>
 void run(const std::vector<QRow>& xs, const uint8_t* cp, const S* sp, const S* mp, int64_t N,
          int64_t K, int64_t T, float* yp) {
@@ -425,7 +425,8 @@ void run(const std::vector<QRow>& xs, const uint8_t* cp, const S* sp, const S* m
     const int64_t n0 = t0 * T, n1 = t1 * T;
     constexpr int64_t band = 64;  // float16 scales widened a band of rows (whole tiles) at a time
     constexpr bool heads = std::is_same_v<S, uint8_t>;
-    const int64_t per = BITS == 4 ? 8 : 16, hb = BITS == 4 ? 16 : 18;  // blocks, bytes a head
+    constexpr bool k4 = BITS == 4 || BITS == 5;  // Q4_K's and Q5_K's heads, else Q6_K's
+    const int64_t per = k4 ? 8 : 16, hb = k4 ? 16 : 18;  // blocks, bytes a head
     const int64_t srow = heads ? nb / per * hb : nb * int64_t(sizeof(S));  // scale bytes a row
     std::vector<float> sbuf, mbuf;
     for (int64_t b0 = n0; b0 < n1; b0 += band) {
@@ -442,7 +443,7 @@ void run(const std::vector<QRow>& xs, const uint8_t* cp, const S* sp, const S* m
       } else if constexpr (heads) {
         sbuf.resize((b1 - b0) * nb), mbuf.resize((b1 - b0) * nb);
         qgemv_expand_heads(BITS, sp + b0 * srow, b1 - b0, T, nb / per, sbuf.data(), mbuf.data());
-        sf = sbuf.data(), mf = BITS == 4 ? mbuf.data() : nullptr;  // Q6_K: no mins
+        sf = sbuf.data(), mf = k4 ? mbuf.data() : nullptr;  // Q6_K: no mins
       } else {
         sbuf.resize((b1 - b0) * nb), widen(sp + b0 * nb, (b1 - b0) * nb, sbuf.data());
         sf = sbuf.data();
@@ -501,7 +502,7 @@ torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
   const uint8_t* cp = static_cast<const uint8_t*>(codes.data_ptr());
   float* yp = y.data_ptr<float>();
   const bool f32 = scale.scalar_type() == torch::kFloat;
-  const bool heads = scale.scalar_type() == torch::kByte;  // Q4_K, Q6_K (quant/kheads.py)
+  const bool heads = scale.scalar_type() == torch::kByte;  // Q4_K, Q5_K, Q6_K (kheads.py)
 #define RUN(B, S_, T_)                                                                 \
   run<B, S_, T_>(xs, cp, scale.data_ptr<T_>(), mn.numel() ? mn.data_ptr<T_>() : nullptr, N, K, T, \
                  yp)
@@ -510,7 +511,7 @@ torch::Tensor qmm_i8_impl(const torch::Tensor& x, const torch::Tensor& codes,
   } else if (bits == 8) {
     if (f32) RUN(8, 32, float); else RUN(8, 32, at::Half);
   } else if (bits == 5) {
-    if (f32) RUN(5, 32, float); else RUN(5, 32, at::Half);
+    if (heads) RUN(5, 32, uint8_t); else if (f32) RUN(5, 32, float); else RUN(5, 32, at::Half);
   } else if (heads) {
     RUN(4, 32, uint8_t);
   } else {

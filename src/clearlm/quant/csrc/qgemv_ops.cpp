@@ -1,6 +1,5 @@
 // The extension's Python and torch-operator entry points: argument checks, then the kernels of
-// qgemv.cpp (exact float32 activations), qgemv_raw.cpp (GGUF blocks kept as the file stores
-// them: Q5_K), qgemv_i8.cpp (int8 activations) and qgemv_half.cpp
+// qgemv.cpp (exact float32 activations), qgemv_i8.cpp (int8 activations) and qgemv_half.cpp
 // (float16 / bfloat16 weights).
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/extension.h>
@@ -17,16 +16,6 @@ void qmm_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Te
              const torch::Tensor& mn, int64_t bits, int64_t bs, int64_t T, torch::Tensor& y);
 void dequant_run(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                  int64_t bits, int64_t bs, int64_t T, int64_t r0, torch::Tensor& out);
-
-// qgemv_raw.cpp
-bool qgemv_is_raw(int64_t bits);
-int64_t qgemv_raw_block(int64_t bits);
-int64_t qgemv_raw_rest(int64_t bits);
-void qmm_raw_run(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale,
-                 const torch::Tensor& mn, int64_t bits, int64_t T, torch::Tensor& y);
-void dequant_raw_run(const torch::Tensor& codes, const torch::Tensor& scale,
-                     const torch::Tensor& mn, int64_t bits, int64_t T, int64_t r0,
-                     torch::Tensor& out);
 
 // qgemv_half.cpp
 torch::Tensor hmm(torch::Tensor x, torch::Tensor w);
@@ -45,50 +34,28 @@ struct Shape {
   int64_t N, K, T;
 };
 
-// A raw-block weight (quant/raw.py): uint8 codes (N, nb * rest) or tiles (N/T, nb, T * rest),
-// float16 d (and dmin) (N, nb) or (N/T, nb, T).
-Shape check_raw(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
-                int64_t bits, int64_t bs) {
-  TORCH_CHECK(bs == qgemv_raw_block(bits), "unsupported block size");
-  TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
-  TORCH_CHECK(codes.scalar_type() == torch::kUInt8, "codes dtype");
-  TORCH_CHECK(scale.scalar_type() == torch::kHalf, "scale must be float16");
-  TORCH_CHECK(codes.dim() == scale.dim() && (scale.dim() == 2 || scale.dim() == 3) &&
-                  codes.size(0) == scale.size(0),
-              "codes and scale must both be row-major (2-d) or both row tiles (3-d)");
-  const int64_t T = scale.dim() == 3 ? scale.size(2) : 1, nb = scale.size(1);
-  const int64_t rest = qgemv_raw_rest(bits);
-  TORCH_CHECK(T == 1 || T == 4 || T == 8, "row tiles must hold 4 or 8 rows");
-  TORCH_CHECK(scale.dim() == 2 ? codes.size(1) == nb * rest
-                               : codes.size(1) == nb && codes.size(2) == T * rest,
-              "codes, scale and block size disagree");
-  if (mn.numel()) {
-    TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == scale.scalar_type() &&
-                    mn.sizes() == scale.sizes(),
-                "min must have scale's shape and dtype");
-  }
-  return {scale.size(0) * T, nb * bs, T};
-}
-
 // A K-quant weight with the file's super-block heads (quant/kheads.py): Q4_K, 4-bit codes
 // (N, K/2) or (N/T, nb, T * 16) with heads uint8 (N, K/256, 16) or (N/T, K/256, T, 16); Q6_K,
 // 6-bit codes (bits 6, scales per 16) uint8 (N, K/64 * 48) or (N/T, K/64, T * 48) in code
 // blocks of 64 values, or int8 codes (bits 8) (N, K) or (N/T, nb, T * 16), with heads of 18
 // bytes; Q3_K, 3-bit codes (bits 3, scales per 16) as Q6_K's in blocks of 24 bytes, with heads
-// of 14 bytes; Q2_K, 2-bit codes (bits 2) in blocks of 16 bytes, with heads of 20; IQ4_XS (bits kTable4) as Q4_K with heads of 8 bytes; min empty.
+// of 14 bytes; Q2_K, 2-bit codes (bits 2) in blocks of 16 bytes, with heads of 20; Q5_K, 5-bit
+// codes (bits 5) in ggml's Q5 blocks of 20 bytes with Q4_K's heads; IQ4_XS (bits kTable4) as Q4_K with heads of 8 bytes; min empty.
 Shape check_heads(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
                   int64_t bits, int64_t bs) {
-  TORCH_CHECK(((bits == 4 || bits == kTable4) && bs == 32) ||
+  TORCH_CHECK(((bits == 4 || bits == 5 || bits == kTable4) && bs == 32) ||
                   ((bits == 2 || bits == 3 || bits == 6 || bits == 8) && bs == 16),
-              "super-block heads need 4-bit codes in blocks of 32 or 2/3/6/8-bit codes in blocks "
-              "of 16");
+              "super-block heads need 4/5-bit codes in blocks of 32 or 2/3/6/8-bit codes in "
+              "blocks of 16");
   TORCH_CHECK(codes.is_contiguous() && scale.is_contiguous(), "codes/scale must be contiguous");
   TORCH_CHECK(codes.scalar_type() == (bits == 8 ? torch::kInt8 : torch::kUInt8), "codes dtype");
   TORCH_CHECK(!mn.numel(), "a weight with super-block heads has no min tensor");
   // bytes of a head; of a code block (2/3/6-bit: 64 values, else one scale's values)
   const bool field = bits == 2 || bits == 3 || bits == 6;
-  const int64_t hb = bits == 4 ? 16 : bits == kTable4 ? 8 : bits == 3 ? 14 : bits == 2 ? 20 : 18;
-  const int64_t bpb = field ? 8 * bits : 16;
+  const int64_t hb = bits == 4 || bits == 5 ? 16 : bits == kTable4 ? 8 : bits == 3 ? 14
+                     : bits == 2                 ? 20
+                                                 : 18;
+  const int64_t bpb = field ? 8 * bits : bits == 5 ? 20 : 16;
   TORCH_CHECK((scale.dim() == 3 || scale.dim() == 4) && scale.size(-1) == hb &&
                   codes.dim() == scale.dim() - 1 && codes.size(0) == scale.size(0),
               "heads must be (N, K/256, bytes) with codes (N, row bytes), or row tiles of both");
@@ -103,7 +70,6 @@ Shape check_heads(const torch::Tensor& codes, const torch::Tensor& scale, const 
 
 Shape check(const torch::Tensor& codes, const torch::Tensor& scale, const torch::Tensor& mn,
             int64_t bits, int64_t bs) {
-  if (qgemv_is_raw(bits)) return check_raw(codes, scale, mn, bits, bs);
   if (scale.scalar_type() == torch::kByte) return check_heads(codes, scale, mn, bits, bs);
   TORCH_CHECK(bits == 8 || bits == 5 || bits == 4 || bits == kTable4,
               "bits must be 4, 5, 8 or 14");
@@ -144,11 +110,7 @@ torch::Tensor qmm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, tor
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
   auto y = torch::empty({x.size(0), w.N}, x.options());
-  if (qgemv_is_raw(bits)) {
-    qmm_raw_run(x, codes, scale, mn, bits, w.T, y);
-  } else {
-    qmm_run(x, codes, scale, mn, bits, bs, w.T, y);
-  }
+  qmm_run(x, codes, scale, mn, bits, bs, w.T, y);
   return y;
 }
 
@@ -164,10 +126,10 @@ torch::Tensor qmm_i8(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, 
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be (M, K) float32");
   x = x.contiguous();
   TORCH_CHECK(x.size(1) == w.K, "shape mismatch");
-  // exact: 5-bit bit fields, Q6_K's, Q3_K's and Q2_K's field codes, IQ4's table codes and raw
-  // blocks have no int8 body
+  // exact: 5-bit bit fields, Q6_K's, Q3_K's and Q2_K's field codes and IQ4's table codes have
+  // no int8 body
   if (qgemv_is_fields(bits, w.T, codes) || bits == 6 || bits == 3 || bits == 2 ||
-      bits == kTable4 || qgemv_is_raw(bits)) {
+      bits == kTable4) {
     return qmm(x, codes, scale, mn, bits, bs);
   }
   std::vector<int64_t> exact_rows;  // rows with a block max |x| outside the int8 path's range
@@ -185,16 +147,13 @@ torch::Tensor dequant(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn
   const Shape w = check(codes, scale, mn, bits, bs);
   TORCH_CHECK(0 <= r0 && r0 <= r1 && r1 <= w.N, "row range out of bounds");
   auto out = torch::empty({r1 - r0, w.K}, torch::dtype(torch::kFloat));
-  if (qgemv_is_raw(bits)) {
-    dequant_raw_run(codes, scale, mn, bits, w.T, r0, out);
-  } else {
-    dequant_run(codes, scale, mn, bits, bs, w.T, r0, out);
-  }
+  dequant_run(codes, scale, mn, bits, bs, w.T, r0, out);
   return out;
 }
 
-// Every row of the dequantized weight, (N, K) float32: the operator an embedding lookup of raw
-// blocks calls while traced (quant/embedding.py), on the rows it gathered.
+// Every row of the dequantized weight, (N, K) float32: the operator an embedding lookup of
+// K-quant heads or IQ4's table codes calls while traced (quant/embedding.py), on the rows it
+// gathered.
 torch::Tensor dequant_all(torch::Tensor codes, torch::Tensor scale, torch::Tensor mn,
                           int64_t bits, int64_t bs) {
   const Shape w = check(codes, scale, mn, bits, bs);

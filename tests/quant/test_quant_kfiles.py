@@ -1,12 +1,13 @@
-"""Q5_K kept as the file's blocks (quant/raw.py, csrc/qgemv_raw.cpp); Q3_K and Q2_K, once kept
-so and now field codes (quant/kheads.py), in the tiny-GGUF tests here.
+"""The K-quants that had no layout of their own in the kernel once (Q2_K, Q3_K, Q5_K: 2/3-bit
+field codes and 5-bit blocks with the file's super-block heads, quant/kheads.py) and IQ4's table
+codes, from blocks of real weights and from tiny GGUF files.
 
 References: ``gguf.quants.dequantize`` (llama.cpp's reference dequantization in Python) for the
-values, bit for bit, on random blocks (every byte random but finite float16 scales: codes and
-sub-scales gguf's quantizer would never write) and on blocks of real SmolLM2 weights quantized
-by a simple per-block quantizer; torch's float32 F.linear on those values for the products,
-within the float32 summation bound |Δ| ≤ K·u·(|x| @ |W|ᵀ) (u = 2⁻²⁴, Higham §3.1) that
-tests/quant/test_quant.py holds the other formats to; and the float32 load of the same tiny GGUF.
+values, bit for bit, on blocks of real SmolLM2 weights quantized by a simple per-block quantizer
+(random blocks of every format: tests/quant/test_quant.py); torch's float32 F.linear on those
+values for the products, within the float32 summation bound |Δ| ≤ K·u·(|x| @ |W|ᵀ) (u = 2⁻²⁴,
+Higham §3.1) that tests/quant/test_quant.py holds every format to; and the float32 load of the
+same tiny GGUF.
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ from clearlm.quant import linear as qlinear
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import dequantize_packed, pack_blocks
-from clearlm.quant.raw import RAW_TYPES
 from clearlm.quant.tiles import tile_rows
 
 needs_kernel = pytest.mark.skipif(load_kernels() is None, reason="no C++ kernel (needs g++)")
-RAW = pytest.mark.parametrize("qtype", RAW_TYPES, ids=lambda q: q.name)
+KQ = pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q5_K], ids=lambda q: q.name)
 
 
 def kernel_dequant(p) -> np.ndarray:
@@ -41,7 +41,7 @@ def kernel_dequant(p) -> np.ndarray:
     return load_kernels().dequant(p.codes, p.scale, mn, p.bits, p.block, 0, p.shape[0]).numpy()
 
 
-@RAW
+@KQ
 @pytest.mark.parametrize("tile", [1, 4, 8])
 def test_random_blocks_exact(qtype: Q, tile: int) -> None:
     """The torch path and the kernel give gguf's values bit for bit, row-major or in tiles;
@@ -78,7 +78,7 @@ def simple_quantize(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.nda
     return raw
 
 
-@pytest.mark.parametrize("qtype", [*RAW_TYPES, Q.Q3_K, Q.Q2_K], ids=lambda q: q.name)
+@KQ
 def test_scales_from_real_weights_exact(qtype: Q, smollm2) -> None:
     """Blocks whose float16 scales span a real matrix's range (SmolLM2's first down
     projection) instead of random ones: still gguf's values bit for bit."""
@@ -97,7 +97,7 @@ def test_scales_from_real_weights_exact(qtype: Q, smollm2) -> None:
             torch.ops.clearlm_kernels.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
 
 
-@RAW
+@KQ
 @pytest.mark.parametrize("t", [1, 5, 21])  # decode, kernel with several rows, chunked prefill
 @pytest.mark.parametrize("tile", [1, 8])
 def test_product_within_the_float32_bound(qtype: Q, t: int, tile: int, path_kind: str,
@@ -109,7 +109,7 @@ def test_product_within_the_float32_bound(qtype: Q, t: int, tile: int, path_kind
 
 
 @needs_kernel
-@RAW
+@KQ
 def test_kernel_row_does_not_depend_on_the_rows_beside_it(qtype: Q) -> None:
     """Each row of x and of W sums in one order: 7 rows of x at once or alone, and row-major or
     tiled W, give the same products bit for bit."""
@@ -122,12 +122,13 @@ def test_kernel_row_does_not_depend_on_the_rows_beside_it(qtype: Q) -> None:
     x = torch.randn(7, k)  # (M, K)
     y = kern.qmm(x, p.codes, p.scale, mn, p.bits, p.block)  # (M, N)
     assert torch.equal(y, kern.qmm(x, t.codes, t.scale, tmn, t.bits, t.block))
-    assert torch.equal(y, kern.qmm_i8(x, p.codes, p.scale, mn, p.bits, p.block))  # no int8 body
+    if qtype != Q.Q5_K:  # field codes have no int8 body (Q5_K's is test_quant_i8.py's)
+        assert torch.equal(y, kern.qmm_i8(x, p.codes, p.scale, mn, p.bits, p.block))
     for m in range(7):
         assert torch.equal(y[m], kern.qmm(x[m : m + 1], p.codes, p.scale, mn, p.bits, p.block)[0])
 
 
-@pytest.mark.parametrize("qtype", [*RAW_TYPES, Q.Q3_K, Q.Q2_K], ids=lambda q: q.name)
+@KQ
 def test_tiny_gguf_loads_compact(tmp_path, qtype: Q) -> None:
     """Every matrix packed, memory = the file's bytes for them, and the logits equal the float32
     load's within the bound the other formats keep on SmolLM2 (test_compact_load.py)."""
@@ -153,7 +154,7 @@ def test_tiny_gguf_loads_compact(tmp_path, qtype: Q) -> None:
 
 
 def test_traced_decode_step_equals_eager(tmp_path) -> None:
-    """The decode step of a model of every raw format, of Q3_K's 3-bit field codes and of IQ4's
+    """The decode step of a model of Q2_K's / Q3_K's field codes, Q5_K's heads and IQ4's
     table codes (the embedding IQ4_NL, whose eager lookup builds a table tensor) traces whole
     with torch.export, as the compiled steps trace it (clearlm.runtime.aot_build), and the
     traced graph's logits equal the eager step's: the embedding's rows through the
@@ -166,9 +167,8 @@ def test_traced_decode_step_equals_eager(tmp_path) -> None:
     path = write_tiny_llama(tmp_path / "t.gguf", n_layers=1, matrix_type=Q.Q5_K, d_model=256,
                             d_ff=256, seed=4, tied=False, tensor_types=types)
     net = clearlm.load(path, threads=1).transformer
-    main = {"IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K"}  # quant/iq4.py, kheads.py: the main kernel
     held = {m.qtype for m in net.modules() if hasattr(m, "qtype")}
-    assert held == {t.name for t in RAW_TYPES} | main
+    assert held == {"IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K", "Q5_K"}
     cache = net.new_cache(1, 12)
     with torch.inference_mode():
         prefill(net, TOKENS[:, :5], cache)
@@ -234,7 +234,7 @@ def test_cli_info_and_warning_name_each_format(tmp_path) -> None:
     # (tensors, file MiB, memory MiB, held as): BF16 ffn_up 256 x 256 twice, 2 bytes a value
     assert rows["BF16"] == ["2", "0.2", "0.2", "compact: 16-bit, as stored"]
     # the tied embedding and 2 layers of 7 matrices, less the 2 ffn_up and the 2 attn_v
-    assert rows["Q5_K"][0] == "11" and rows["Q5_K"][3] == "compact: the file's blocks"
+    assert rows["Q5_K"][0] == "11" and rows["Q5_K"][3] == "compact: codes + scales"
     assert rows["Q5_K"][1] == rows["Q5_K"][2]  # the file's bytes
     assert rows["IQ4_NL"][0] == "2" and rows["IQ4_NL"][3] == "compact: codes + scales"
     assert rows["IQ4_NL"][1] == rows["IQ4_NL"][2]  # the file's bytes
