@@ -109,7 +109,7 @@ def compiled_qmm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, mn: 
 
 def compiled_dequant(codes: torch.Tensor, scale: torch.Tensor, mn: torch.Tensor, bits: int,
                      block: int) -> torch.Tensor:
-    """The operator call QuantEmbedding makes for raw blocks while torch.compile or torch.export
+    """The operator call QuantEmbedding makes for K-quant or IQ4 rows while torch.compile or export
     traces it: the gathered rows' codes, scale, min (empty for none) → float32 (R, K), the values
     of :func:`~clearlm.quant.pack.dequantize_packed` bit for bit."""
     if not _kernel_ops():

@@ -178,7 +178,7 @@ _HALF_SHIM = ("AOTITorchError aoti_torch_cpu_hmm(AtenTensorHandle x, AtenTensorH
               "AtenTensorHandle* ret0)")  # F16 / BF16 weights (csrc/qgemv_half.cpp)
 _DEQUANT_SHIM = ("AOTITorchError aoti_torch_cpu_dequant(AtenTensorHandle codes, "
                  "AtenTensorHandle scale, AtenTensorHandle mn, int64_t bits, int64_t bs, "
-                 "AtenTensorHandle* ret0)")  # a raw-block embedding's rows (quant/embedding.py)
+                 "AtenTensorHandle* ret0)")  # K-quant or IQ4 embedding rows (quant/embedding.py)
 
 
 def kernel_shims() -> dict:

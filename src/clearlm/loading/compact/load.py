@@ -4,16 +4,16 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
 
 1. the module tree on the meta device (loading/load.py ``skeleton``): no weight memory;
 2. each tensor of the file whose module is a plain ``nn.Linear`` / ``nn.Embedding`` and whose
-   type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, repacked
-   at the file's bytes) is packed straight from the mapped bytes, a band of rows at a time (loading/compact/from_file.py), in row tiles (4 or 8
-   rows) where a
-   linear layer reads it (quant/tiles.py), and its module replaced by a QuantLinear /
-   QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
-   these matrices ever exists, and their file pages are dropped from the process once packed.
-   A mixture of experts' stacked ``ffn_*_exps`` tensor (E, F, D) is packed as one (E·F, D)
-   matrix and each expert's layer gets its row band (``row_bands``: views, no copy);
-   The first such load keeps what it packed on disk and later loads of the unchanged file map
-   that copy instead of packing (loading/compact/pack_cache.py; ``CLEARLM_PACK_CACHE=0``: off);
+   type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, repacked at
+   the file's bytes) is packed straight from the mapped bytes, a band of rows at a time
+   (loading/compact/from_file.py), in row tiles (4 or 8 rows) where a linear layer reads it
+   (quant/tiles.py), and its module replaced by a QuantLinear / QuantEmbedding; a tied head
+   shares the embedding's Packed. No float32 copy of these matrices ever exists, and their file
+   pages are dropped from the process once packed. A mixture of experts' stacked ``ffn_*_exps``
+   tensor (E, F, D) is packed as one (E·F, D) matrix and each expert's layer gets its row band
+   (``row_bands``: views, no copy); The first such load keeps what it packed on disk and later
+   loads of the unchanged file map that copy instead of packing (loading/compact/pack_cache.py;
+   ``CLEARLM_PACK_CACHE=0``: off);
 3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
    fused projections the family splits) goes through the float32 loader's own steps
    (dequantize → un-permute → un-shift → the family's convert) and is assigned in place, but
