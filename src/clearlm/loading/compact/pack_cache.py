@@ -60,8 +60,8 @@ _DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.float16: "F16", torch.floa
 _PKG = Path(__file__).resolve().parents[2]  # src/clearlm
 # the code that decides what is packed and how: layouts, row un-permutation, which tensors
 # (the families' tables and flags), how they are grouped
-_KEY_CODE = (*(_PKG / "quant" / f for f in ("pack.py", "raw.py", "tiles.py", "fields.py",
-                                            "iq4.py", "kheads.py")),
+_KEY_CODE = (*(_PKG / "quant" / f for f in ("pack.py", "tiles.py", "fields.py", "iq4.py",
+                                            "kheads.py")),
              *sorted((_PKG / "loading" / "compact").glob("*.py")),
              *sorted((_PKG / "loading").glob("*.py")),
              *sorted((_PKG / "families").glob("*.py")))
