@@ -18,9 +18,12 @@ import torch
 from click.testing import CliRunner
 
 
-def run_clearlm(*args: str, stdin: bytes | None = None, **env: str) -> subprocess.CompletedProcess:
+def run_clearlm(
+    *args: str, stdin: bytes | None = None, text: bool = False, **env: str
+) -> subprocess.CompletedProcess:
     """Run ``clearlm ARGS`` here; returns what ``subprocess.run([..., "-m", "clearlm", *args],
-    input=stdin, capture_output=True)`` would: returncode, stdout and stderr as bytes."""
+    input=stdin, capture_output=True, text=text)`` would: returncode, stdout and stderr as
+    bytes (text: as str, decoded from UTF-8)."""
     from clearlm.cli import main
 
     threads, show, argv = torch.get_num_threads(), warnings.showwarning, sys.argv
@@ -40,4 +43,6 @@ def run_clearlm(*args: str, stdin: bytes | None = None, **env: str) -> subproces
     finally:
         torch.set_num_threads(threads)
         warnings.showwarning, sys.argv = show, argv
+    if text:
+        stdout, stderr = stdout.decode(), stderr.decode()
     return subprocess.CompletedProcess(["clearlm", *args], code, stdout, stderr)
