@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_in_process import run_clearlm
 from gguf import GGMLQuantizationType, GGUFWriter
 from tiny_gguf import write_tiny_llama
 
@@ -23,6 +24,13 @@ from clearlm.errors import (
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """``clearlm ARGS`` through the CLI's entry point (its one-line errors and exit codes), in
+    this process: a subprocess spends ~2.5 s importing torch. A command that would serve or be
+    signalled runs in a process of its own (cli_process)."""
+    return run_clearlm(*args, text=True)
+
+
+def cli_process(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "clearlm", *args], capture_output=True, text=True, timeout=300
     )
@@ -267,7 +275,7 @@ def test_ui_busy_port_is_one_line(tiny):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        proc = run_cli("ui", "--model", str(tiny), "--port", str(port))
+        proc = cli_process("ui", "--model", str(tiny), "--port", str(port))  # it could serve
     assert_one_line_error(proc, f"cannot serve on 127.0.0.1:{port}")
 
 

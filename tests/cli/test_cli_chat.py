@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from cli_in_process import run_clearlm
 from gguf import GGMLQuantizationType as Q
 from tiny_gguf import write_tiny_llama
 
@@ -31,6 +32,12 @@ def tiny(tiny_path):
 
 
 def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """``clearlm ARGS`` through the CLI's entry point, in this process (a subprocess spends
+    ~2.5 s importing torch); standard input through a real pipe uses cli_process."""
+    return run_clearlm(*args, stdin=stdin)
+
+
+def cli_process(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     return subprocess.run(
         [sys.executable, "-m", "clearlm", *args], input=stdin, capture_output=True, env=env,
@@ -45,7 +52,7 @@ def test_generate_reads_stdin_and_file_bytes_as_utf8_without_newline_translation
     expected = tiny.encode("hello\r\nw\ufffdrld -\n")  # the one last line ending dropped
     args = ("-m", str(tiny_path), "-n", "3", "--temperature", "0", "--json")
     replaced = "is not UTF-8 text (invalid byte 0xff at offset 8); its invalid bytes became U+FFFD"
-    proc = cli("generate", "-", *args, stdin=raw)
+    proc = cli_process("generate", "-", *args, stdin=raw)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["prompt_token_ids"] == expected
     assert f"warning: standard input {replaced}" in proc.stderr.decode()  # said, not silent
@@ -133,7 +140,7 @@ def test_closed_pipe_ends_quietly_with_status_0(tiny_path):
 
 def test_chat_without_message_keeps_history_through_a_pipe(tiny, tiny_path):
     lines = "hi\n/system You are terse.\nhello\n\n/reset\nyo\n/nope\n"
-    proc = cli("chat", "-m", str(tiny_path), "-n", "6", "--temperature", "0",
+    proc = cli_process("chat", "-m", str(tiny_path), "-n", "6", "--temperature", "0",
                stdin=lines.encode())
     assert proc.returncode == 0, proc.stderr
     system = {"role": "system", "content": "You are terse."}

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import jsonschema
+from cli_in_process import run_clearlm
 
 SCHEMA = {
     "type": "object",
@@ -23,9 +23,9 @@ SCHEMA = {
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "clearlm", *args], capture_output=True, text=True, timeout=300
-    )
+    """``clearlm ARGS`` through the CLI's entry point, in this process (a subprocess spends
+    ~2.5 s importing torch; what is checked here is what a command prints and returns)."""
+    return run_clearlm(*args, text=True)
 
 
 def test_chat_json_schema_equals_the_api(smollm2, smollm2_path, tmp_path):

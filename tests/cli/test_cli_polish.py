@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 import typer
+from cli_in_process import run_clearlm
 from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
@@ -33,6 +34,12 @@ def tiny(tiny_path):
 
 
 def cli(*args: str, stdin: bytes | None = None, **env: str) -> subprocess.CompletedProcess:
+    """``clearlm ARGS`` through the CLI's entry point, in this process (a subprocess spends
+    ~2.5 s importing torch); what a process does (pipes, signals, a crash) uses cli_process."""
+    return run_clearlm(*args, stdin=stdin, **env)
+
+
+def cli_process(*args: str, stdin: bytes | None = None, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONIOENCODING": "utf-8", **env}
     return subprocess.run(
         [sys.executable, "-m", "clearlm", *args], input=stdin, capture_output=True, env=full_env,
@@ -271,7 +278,8 @@ def test_absurd_thread_counts_are_refused_before_torch_sees_them(tiny_path):
     """`--threads 100000` crashed libgomp (segfault, exit 139): now a usage error, exit 2."""
     from clearlm.runtime.threads import MAX_THREADS, set_threads
 
-    proc = cli("generate", "-p", "Hi", "-m", str(tiny_path), "-n", "2", "-t", "100000")
+    # a process of its own: were the count to reach torch, the crash would be this one's
+    proc = cli_process("generate", "-p", "Hi", "-m", str(tiny_path), "-n", "2", "-t", "100000")
     assert proc.returncode == 2, proc.stderr
     err_lines = proc.stderr.decode().strip().splitlines()
     assert len(err_lines) == 1 and "--threads" in err_lines[0], err_lines

@@ -5,11 +5,10 @@ server (the official ``openai`` client) and ``clearlm generate --ignore-eos``.""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import openai
 import pytest
+from cli_in_process import run_clearlm
 from serve_helpers import serving
 
 from clearlm.engine.serial import SerialEngine
@@ -55,11 +54,9 @@ def test_the_server_takes_ignore_eos(smollm2, plain):
 
 def test_the_cli_option(smollm2_path, plain):
     def run(*extra: str) -> dict:
-        proc = subprocess.run(
-            [sys.executable, "-m", "clearlm", "generate", PROMPT, "--model", str(smollm2_path),
-             "-n", str(N), "--temperature", "0", "--json", "--quiet", *extra],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        proc = run_clearlm("generate", PROMPT, "--model", str(smollm2_path), "-n", str(N),
+                           "--temperature", "0", "--json", "--quiet", *extra,
+                           text=True)  # clearlm.cli.main, in this process  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 

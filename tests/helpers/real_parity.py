@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
@@ -10,15 +12,15 @@ import torch
 TOL = 1e-3  # the issue's bound; measured figures are printed
 
 
-def hf_gguf_model(path: Path):
-    """transformers' model on a GGUF file, every tensor dequantized to float32, in eval mode.
-
-    transformers opens the file with ``gguf.GGUFReader`` twice (once for the config, once for
-    the tensors); each parse of a 150k–262k-token vocabulary takes 15–30 s on 2 cores. During
-    this one call the second open reuses the first reader (same file, same size and mtime):
-    the reference reads the same bytes with the same reader, once."""
+# gguf.GGUFReader parses every metadata value of a file into numpy views: 4 s (SmolLM2's 49k
+# tokens) to 16 s (Gemma 3's 262k) on 2 cores, for each open. transformers opens the file once for
+# a model's config, once for its tensors and once for a tokenizer; inside _one_reader_per_file the
+# opens of one call share one parse (the reader is dropped after: it holds up to ~0.7 GB).
+@contextmanager
+def _one_reader_per_file():
+    """While inside, ``gguf.GGUFReader(file)`` returns the reader already parsed inside for the
+    same file (same resolved path, size and mtime) and mode."""
     import gguf
-    from transformers import AutoModelForCausalLM
 
     original, readers = gguf.GGUFReader, {}
 
@@ -30,10 +32,38 @@ def hf_gguf_model(path: Path):
         return readers[key]
 
     with mock.patch.object(gguf, "GGUFReader", reader):
+        yield
+
+
+def hf_gguf_model(path: Path):
+    """transformers' model on a GGUF file, every tensor dequantized to float32, in eval mode.
+
+    transformers reads the file with ``gguf.GGUFReader`` twice (config, then tensors); the
+    second read reuses the first parse: the reference reads the same bytes with the same reader."""
+    from transformers import AutoModelForCausalLM
+
+    with _one_reader_per_file():
         model = AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, dtype=torch.float32
         )
     return model.eval()
+
+
+@functools.cache
+def hf_gguf_tokenizer(path: Path):
+    """transformers' tokenizer built from the same GGUF, once per session (Gemma 3: ~25 s, of
+    which ~15 s parse the file; :func:`hf_gguf_model_and_tokenizer` shares that parse)."""
+    from transformers import AutoTokenizer
+
+    with _one_reader_per_file():
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def hf_gguf_model_and_tokenizer(path: Path):
+    """(:func:`hf_gguf_model`, :func:`hf_gguf_tokenizer`) of one file, built on one parse of it;
+    the tokenizer is the session's (other tests asking for it later get it at once)."""
+    with _one_reader_per_file():
+        return hf_gguf_model(path), hf_gguf_tokenizer(path)
 
 
 def last_logit_diff(ours, ref_model, ids: list[int]) -> float:

@@ -22,12 +22,15 @@ import clearlm
 from clearlm.errors import ClearLMError
 from clearlm.inspect.distance import (
     Accumulator,
+    Distance,
+    cache_for,
     greedy,
     kl_divergence,
     window_distances,
     window_spans,
 )
-from clearlm.quant.linear import QuantLinear, set_int8_activations
+from clearlm.model.kv_cache import KVCache
+from clearlm.quant.linear import SMALL_M, QuantLinear, set_int8_activations
 from clearlm.quant.ops import int8_available
 
 
@@ -96,6 +99,68 @@ def test_tiny_compact_within_bounds(tmp_path, qtype, alice_text):
     assert bad.mean_kl > TINY_BOUND["mean_kl"]
 
 
+@torch.inference_mode()
+def distances_decoding_windows_side_by_side(
+    reference, other, tokens: list[int], window: int, stride: int, chunks=(None, 4), batch=4
+) -> dict[int | None, Distance]:
+    """window_distances(reference, other, tokens, window, stride, chunks), chunks within
+    (None, 4), with the decode path run on ``batch`` windows side by side: a KV cache of
+    ``batch`` sequences fed 4 tokens of each at a time (batch * 4 <= SMALL_M rows: QuantLinear's
+    kernel, the decode path still). Each window's logits are bit for bit those of decoding it
+    alone (test_windows_side_by_side_decode_as_each_alone), in a quarter of the passes."""
+    assert batch * 4 <= SMALL_M and set(chunks) <= {None, 4}
+    ids = torch.tensor([list(tokens)], dtype=torch.long)  # (1, N)
+    spans = window_spans(ids.shape[1], window, stride)
+    assert len({end - begin for begin, end in spans}) == 1  # full windows: positions line up
+    c = other.config
+    accs = {k: Accumulator() for k in chunks}
+    for g in range(0, len(spans), batch):
+        wins = torch.cat([ids[:, b:e] for b, e in spans[g : g + batch]])  # (G, W)
+        refs = [reference(w[None])[0] for w in wins]  # (W, V) each: one pass per window
+        for w, ref in zip(wins, refs, strict=True):
+            if None in accs:
+                accs[None].add(ref, other(w[None])[0])  # the prefill path, (W, V)
+        if 4 not in accs:
+            continue
+        cache = KVCache(c.n_layers, len(wins), c.n_kv_heads, c.head_dim, window)
+        for c0 in range(0, window, 4):
+            out = other(wins[:, c0 : c0 + 4], cache=cache)  # (G, 4, V)
+            for ref, got in zip(refs, out, strict=True):
+                accs[4].add(ref[c0 : c0 + 4], got)
+    return {k: acc.result() for k, acc in accs.items()}
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+def test_windows_side_by_side_decode_as_each_alone(tmp_path, alice_text, int8):
+    """The decode path's logits of 4 windows fed side by side (a 4-sequence cache, 16 rows) are
+    bit for bit those of each window fed alone (window_distances' way), with float32 or int8
+    activations, and the distances are window_distances' (up to the order of the KL sum)."""
+    if int8 and not int8_available():
+        pytest.skip("no int8 kernel built (AVX-512 VNNI or AVX2)")
+    path = write_tiny_llama(tmp_path / "tiny.gguf", matrix_type=Q.Q4_1, seed=5)
+    ref, small = clearlm.load(path, weights="float32"), clearlm.load(path, weights="compact")
+    set_int8_activations(small.transformer, int8)
+    ids = ref.encode(alice_text)[:160]
+    net, c = small.transformer, small.transformer.config
+    wins = torch.tensor([ids[b : b + 64] for b in (0, 32, 64, 96)])  # (4, 64)
+    with torch.inference_mode():
+        cache = KVCache(c.n_layers, 4, c.n_kv_heads, c.head_dim, 64)
+        side = torch.cat([net(wins[:, c0 : c0 + 4], cache=cache) for c0 in range(0, 64, 4)], 1)
+        for w, got in zip(wins, side, strict=True):
+            cache = cache_for(net, 64)
+            alone = torch.cat([net(w[None, c0 : c0 + 4], cache=cache)[0] for c0 in range(0, 64, 4)])
+            assert torch.equal(got, alone)  # (64, V)
+    want = window_distances(ref.transformer, net, ids, 64, 32)
+    got = distances_decoding_windows_side_by_side(ref.transformer, net, ids, 64, 32)
+    for k in (None, 4):
+        assert got[k].n_positions == want[k].n_positions == 256
+        assert (got[k].max_abs_logit, got[k].max_kl) == (want[k].max_abs_logit, want[k].max_kl)
+        assert got[k].top1_agreement == want[k].top1_agreement
+        assert got[k].mean_kl == pytest.approx(want[k].mean_kl, rel=1e-9)
+    if int8:
+        assert want[4].max_abs_logit > want[None].max_abs_logit  # int8 was really on
+
+
 # SmolLM2-135M-Instruct (Q4_1 matrices, Q8_0 embedding/head), measured 2026-12-01, 1 thread:
 # prefill path exactly 0; decode path (chunks of 4, 2,176 positions) max |Δlogit| 1.0e-4, mean
 # KL 9.8e-12, max KL 1.6e-10 nats, top-1 100%; greedy steps (80, decode_step) max |Δlogit|
@@ -113,7 +178,9 @@ def smollm2_compact(smollm2_path):
 
 def test_smollm2_compact_distance_over_2000_positions(smollm2, smollm2_compact, alice_text):
     ids = smollm2.encode(alice_text)  # 548 tokens: 17 windows of 128 every 26 = 2,176 positions
-    d = window_distances(smollm2.transformer, smollm2_compact.transformer, ids, 128, 26)
+    d = distances_decoding_windows_side_by_side(
+        smollm2.transformer, smollm2_compact.transformer, ids, 128, 26
+    )
     print(f"\nprefill path: {d[None]}\ndecode path (chunks of 4): {d[4]}")
     for got in d.values():
         assert got.n_positions >= 2000
@@ -166,7 +233,9 @@ def test_smollm2_int8_activations_distance(smollm2, smollm2_compact, alice_text)
     ids = smollm2.encode(alice_text)[:512]  # 4 windows of 128: 512 positions
     set_int8_activations(smollm2_compact.transformer)
     try:
-        d = window_distances(smollm2.transformer, smollm2_compact.transformer, ids, 128, 128, (4,))
+        d = distances_decoding_windows_side_by_side(
+            smollm2.transformer, smollm2_compact.transformer, ids, 128, 128, chunks=(4,)
+        )
     finally:
         set_int8_activations(smollm2_compact.transformer, False)
     got = d[4]

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from cli_in_process import run_clearlm
 from gguf import GGUFValueType as T
 from hf_tiny import TINY, save_tiny
 from tiny_gguf import write_tiny_llama
@@ -55,9 +56,7 @@ def test_bad_gguf_cli_exit_4(tmp_path, command):
     """The tester's inputs: head_count 0 was a ZeroDivisionError in both commands."""
     path = bad_gguf(tmp_path, "head_count_0")
     args = [str(path)] if command == "info" else ["-m", str(path), "hi"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "clearlm", command, *args], capture_output=True, text=True
-    )
+    proc = run_clearlm(command, *args, text=True)  # clearlm.cli.main, in this process
     assert proc.returncode == 4, proc.stderr
     err = proc.stderr.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error:"), err

@@ -4,11 +4,10 @@ generation_config.json defaults, and the CLI on it."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from cli_in_process import run_clearlm
 from hf_tiny import TINY, save_tiny
 from test_tokenizer_hf import _save, _train
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -82,8 +81,7 @@ def test_generation_config_sets_defaults(folder):
 
 
 def test_cli_on_a_folder(folder):
-    run = [sys.executable, "-m", "clearlm"]
-    info = subprocess.run([*run, "info", str(folder)], capture_output=True, text=True)
+    info = run_clearlm("info", str(folder), text=True)  # clearlm.cli.main, in this process
     assert info.returncode == 0, info.stderr
     assert "Llama" in info.stdout and "tokenizer.json" in info.stdout
     assert "Generation defaults" in info.stdout
@@ -91,11 +89,7 @@ def test_cli_on_a_folder(folder):
     rows = {c[0]: c[1:] for c in cells if len(c) == 4}  # setting → generate, chat, source
     assert rows["temperature"] == ["1", "1", "transformers default"]
     assert rows["top_k"] == ["7", "7", "generation_config.json"]
-    gen = subprocess.run(
-        [*run, "generate", TEXT, "-m", str(folder), "-n", "5", "--seed", "0"],
-        capture_output=True,
-        text=True,
-    )
+    gen = run_clearlm("generate", TEXT, "-m", str(folder), "-n", "5", "--seed", "0", text=True)
     assert gen.returncode == 0, gen.stderr
     assert "generated 5 tokens" in gen.stderr
 
@@ -139,9 +133,9 @@ def test_chat_samples_with_the_files_values(folder, tmp_path):
     ollama = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0,
               "repetition_penalty": 1.1}
     gguf = write_tiny_llama(tmp_path / "tiny.gguf", context_length=64)
-    run = [sys.executable, "-m", "clearlm", "chat", "Hi", "-n", "2", "--json"]
+    run = ["chat", "Hi", "-n", "2", "--json"]  # clearlm.cli.main, in this process
     for model, want in ((folder, file_values), (gguf, ollama)):
-        proc = subprocess.run([*run, "-m", str(model)], capture_output=True, text=True)
+        proc = run_clearlm(*run, "-m", str(model), text=True)
         assert proc.returncode == 0, proc.stderr
         sampling = json.loads(proc.stdout)["sampling"]
         assert {k: sampling[k] for k in want} == want and sampling["seed"] is None
@@ -157,8 +151,7 @@ def test_chat_samples_with_the_files_values(folder, tmp_path):
         assert got.is_greedy and got.repetition_penalty == 1.0  # plain greedy, no default penalty
         completion = sampling_params(m, CompletionBody(model="x", prompt="Hi"), 1)[0]
         assert completion.repetition_penalty == 1.0  # completions keep their defaults
-    proc = subprocess.run([*run, "-m", str(gguf), "--temperature", "0", "--top-k", "3"],
-                          capture_output=True, text=True)
+    proc = run_clearlm(*run, "-m", str(gguf), "--temperature", "0", "--top-k", "3", text=True)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["sampling"]["temperature"] == 0 and out["sampling"]["top_k"] == 3

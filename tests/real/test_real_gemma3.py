@@ -4,8 +4,8 @@ sliding window, and 24-token greedy continuations with the KV cache on two of th
 
 Token ids come from transformers' tokenizer reading the same GGUF, so these checks do not depend
 on clearlm's SentencePiece tokenizer. The file comes from `clearlm pull gemma3-270m` (`make test`
-runs it); without it the tests skip. Loading takes a while (transformers ≈ 40 s, its tokenizer
-≈ 30 s), so everything is built once per session.
+runs it); without it the tests skip. Loading takes a while (transformers' model ≈ 40 s, its
+tokenizer ≈ 10 s more on the same parse of the file), so everything is built once per session.
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from real_parity import TOL, greedy_matches_or_near_tie, hf_gguf_model, last_logit_diff
-from test_tokenizer import hf_gguf_tokenizer
+from real_parity import (
+    TOL,
+    greedy_matches_or_near_tie,
+    hf_gguf_model_and_tokenizer,
+    last_logit_diff,
+)
 
 from clearlm.errors import ModelNotFoundError
 from clearlm.generation.loop import decode_step, new_cache, prefill
@@ -48,9 +52,10 @@ def gemma3_ours(gemma3_path: Path) -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def gemma3_reference(gemma3_path: Path):
-    """transformers' model and tokenizer on the same GGUF (every tensor dequantized to float32);
-    the tokenizer is the session's one (test_tokenizer.hf_gguf_tokenizer), built once."""
-    return hf_gguf_model(gemma3_path), hf_gguf_tokenizer(gemma3_path)
+    """transformers' model and tokenizer on the same GGUF (every tensor dequantized to float32),
+    on one parse of the file; the tokenizer is the session's one (real_parity.hf_gguf_tokenizer,
+    which tests/tokenizer/test_tokenizer_sp.py uses too), built once."""
+    return hf_gguf_model_and_tokenizer(gemma3_path)
 
 
 def greedy(model, ids: list[int], n: int) -> list[int]:

@@ -5,7 +5,13 @@ test-large`)."""
 from __future__ import annotations
 
 import pytest
-from real_parity import TOL, greedy_matches_or_near_tie, hf_gguf_model, last_logit_diff
+from real_parity import (
+    TOL,
+    greedy_matches_or_near_tie,
+    hf_gguf_model,
+    hf_gguf_model_and_tokenizer,
+    last_logit_diff,
+)
 
 import clearlm
 from clearlm.errors import ModelNotFoundError
@@ -21,17 +27,21 @@ PROMPTS = {
 }
 
 
-def _load(alias: str):
+def _load(alias: str, with_tokenizer: bool = False):
+    """Ours (float32) and transformers' model on the file. with_tokenizer: transformers'
+    tokenizer is built too, on the same parse of the file (the session's one, which
+    tests/tokenizer/test_tokenizer.py compares against; parsing the file again takes ~10 s)."""
     try:
         path = resolve_model(alias)
     except ModelNotFoundError as e:
         pytest.skip(f"{alias} not available ({e})")
-    return clearlm.load(path, weights="float32"), hf_gguf_model(path)
+    ref = hf_gguf_model_and_tokenizer(path)[0] if with_tokenizer else hf_gguf_model(path)
+    return clearlm.load(path, weights="float32"), ref
 
 
 @pytest.fixture(scope="module")
 def qwen05():
-    return _load("qwen2.5-coder-0.5b-instruct")
+    return _load("qwen2.5-coder-0.5b-instruct", with_tokenizer=True)
 
 
 @pytest.fixture(scope="module")

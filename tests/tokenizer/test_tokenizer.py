@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from real_parity import hf_gguf_tokenizer
 from tokenizers import Tokenizer as HFBackend
 from tokenizers import pre_tokenizers
 
@@ -97,14 +98,6 @@ def model_path(alias: str) -> Path:
 def gguf_metadata(path: Path) -> dict[str, Any]:
     """The file's metadata, read once per session (opening a 262k-token GGUF takes ~30 s)."""
     return read_metadata(open_gguf(path))
-
-
-@functools.cache
-def hf_gguf_tokenizer(path: Path):
-    """transformers' tokenizer built from the same GGUF, once per session (Gemma 3: ~40 s)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 def assert_stream_equals_decode(tok: Tokenizer, ids: list[int]) -> list[str]:

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from real_parity import hf_gguf_tokenizer
 from test_tokenizer import (
     PLAIN,
     STREAM,
     WEATHER,
     assert_stream_equals_decode,
-    hf_gguf_tokenizer,
     model_path,
 )
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors, trainers

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from real_parity import hf_gguf_tokenizer
 from test_tokenizer import (
     PLAIN,
     STREAM,
     assert_stream_equals_decode,
     gguf_metadata,
-    hf_gguf_tokenizer,
     model_path,
 )
 
