@@ -36,6 +36,20 @@ needs_kernel = pytest.mark.skipif(load_kernels() is None, reason="no C++ kernel 
 KQ = pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q5_K], ids=lambda q: q.name)
 
 
+def assert_every_path_gives(p, ref: np.ndarray) -> None:
+    """``p`` dequantized by torch, by the operator a traced embedding lookup calls without the
+    kernel (quant/ops.py), and with it (the kernel's dequant, csrc/qgemv_ops.cpp): ``ref`` (N, K)
+    bit for bit."""
+    np.testing.assert_array_equal(dequantize_packed(p).numpy(), ref)
+    mn = p.min if p.min is not None else torch.empty(0, dtype=p.scale.dtype)
+    np.testing.assert_array_equal(
+        torch.ops.clearlm.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
+    if load_kernels() is not None:
+        np.testing.assert_array_equal(kernel_dequant(p), ref)
+        np.testing.assert_array_equal(
+            torch.ops.clearlm_kernels.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
+
+
 def kernel_dequant(p) -> np.ndarray:
     mn = p.min if p.min is not None else torch.empty(0, dtype=p.scale.dtype)
     return load_kernels().dequant(p.codes, p.scale, mn, p.bits, p.block, 0, p.shape[0]).numpy()
@@ -53,15 +67,7 @@ def test_random_blocks_exact(qtype: Q, tile: int) -> None:
     p = pack_blocks(raw, qtype, (n, k))
     assert p.nbytes() == raw.nbytes
     p = p if tile == 1 else tile_rows(p, tile)
-    np.testing.assert_array_equal(dequantize_packed(p).numpy(), ref)
-    mn = p.min if p.min is not None else torch.empty(0, dtype=p.scale.dtype)
-    # the operator a traced embedding lookup calls without the kernel (quant/ops.py)
-    np.testing.assert_array_equal(
-        torch.ops.clearlm.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
-    if load_kernels() is not None:
-        np.testing.assert_array_equal(kernel_dequant(p), ref)
-        np.testing.assert_array_equal(  # ... and with it (csrc/qgemv_ops.cpp)
-            torch.ops.clearlm_kernels.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
+    assert_every_path_gives(p, ref)
 
 
 def simple_quantize(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
@@ -86,15 +92,7 @@ def test_scales_from_real_weights_exact(qtype: Q, smollm2) -> None:
     raw = simple_quantize(w, qtype, np.random.default_rng(3))
     ref = dequantize(raw, qtype).reshape(w.shape)
     p = pack_blocks(raw, qtype, w.shape)
-    np.testing.assert_array_equal(dequantize_packed(p).numpy(), ref)
-    mn = p.min if p.min is not None else torch.empty(0, dtype=p.scale.dtype)
-    # the operator a traced embedding lookup calls without the kernel (quant/ops.py)
-    np.testing.assert_array_equal(
-        torch.ops.clearlm.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
-    if load_kernels() is not None:
-        np.testing.assert_array_equal(kernel_dequant(p), ref)
-        np.testing.assert_array_equal(  # ... and with it (csrc/qgemv_ops.cpp)
-            torch.ops.clearlm_kernels.dequant(p.codes, p.scale, mn, p.bits, p.block).numpy(), ref)
+    assert_every_path_gives(p, ref)
 
 
 @KQ
