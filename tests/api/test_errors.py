@@ -81,11 +81,9 @@ def other_arch(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def odd_tensor_type(tmp_path_factory) -> Path:
-    """A tiny llama whose matrices are IQ2_XXS, a type clearlm does not dequantize."""
+    """A tiny llama whose matrices are F64, a type clearlm does not dequantize."""
     return write_tiny_llama(
-        tmp_path_factory.mktemp("iq") / "iq2.gguf", matrix_type=GGMLQuantizationType.IQ2_XXS,
-        d_model=256, d_ff=256,  # whole 256-value blocks
-    )
+        tmp_path_factory.mktemp("f64") / "f64.gguf", matrix_type=GGMLQuantizationType.F64)
 
 
 def test_missing_path():
@@ -131,10 +129,10 @@ def test_unsupported_architecture(other_arch):
 
 
 def test_unsupported_tensor_type(odd_tensor_type):
-    with pytest.raises(UnsupportedModelError, match="IQ2_XXS"):
+    with pytest.raises(UnsupportedModelError, match="F64"):
         clearlm.load(odd_tensor_type)
     proc = run_cli("generate", "hi", "--model", str(odd_tensor_type))
-    assert_one_line_error(proc, "IQ2_XXS", "Q4_K", "IQ4_NL")
+    assert_one_line_error(proc, "F64", "Q4_K", "IQ3_XXS")
 
 
 def test_prompt_longer_than_context(tiny):

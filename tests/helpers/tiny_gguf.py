@@ -45,7 +45,8 @@ def permute_for_llama_cpp(w: np.ndarray, n_heads: int) -> np.ndarray:
 F16_FIELDS = {GGMLQuantizationType.Q2_K: (80, 82), GGMLQuantizationType.Q3_K: (108,),
               GGMLQuantizationType.Q4_K: (0, 2), GGMLQuantizationType.Q5_K: (0, 2),
               GGMLQuantizationType.Q6_K: (208,), GGMLQuantizationType.IQ4_NL: (0,),
-              GGMLQuantizationType.IQ4_XS: (0,)}
+              GGMLQuantizationType.IQ4_XS: (0,), GGMLQuantizationType.TQ1_0: (52,),
+              GGMLQuantizationType.TQ2_0: (64,), GGMLQuantizationType.IQ1_M: ()}
 
 
 def random_raw(rng: np.random.Generator, shape: tuple[int, ...],
@@ -59,6 +60,12 @@ def random_raw(rng: np.random.Generator, shape: tuple[int, ...],
     for off in F16_FIELDS.get(kind, (0,)):
         d = np.abs(rng.standard_normal(blocks.shape[0]) * scale).astype(np.float16)
         blocks[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
+    if kind == GGMLQuantizationType.IQ1_M:  # its float16 scale lies in the top nibbles of the
+        d = np.abs(rng.standard_normal(blocks.shape[0]) * scale).astype(np.float16)  # 4
+        bits = d.view(np.uint16)  # uint16 sub-scales at bytes 48..55 (ggml-common.h)
+        for i in range(4):
+            nibble = ((bits >> (4 * i)) & 0xF).astype(np.uint8)
+            blocks[:, 49 + 2 * i] = (blocks[:, 49 + 2 * i] & 0x0F) | (nibble << 4)
     return raw
 
 
@@ -122,8 +129,9 @@ def write_tiny_llama(
 
     def add(name: str, a: np.ndarray, quant: bool = True) -> None:
         kind = (tensor_types or {}).get(name.split(".")[-2], matrix_type)
-        if kind == GGMLQuantizationType.F16:
-            tensors.append((name, a.astype(np.float16), None))
+        if kind in (GGMLQuantizationType.F16, GGMLQuantizationType.F64):
+            tensors.append((name, a.astype(np.dtype(kind.name.lower().replace("f", "float"))),
+                            None))
         elif quant and kind != GGMLQuantizationType.F32:
             try:
                 raw = quantize(a, kind)

@@ -16,10 +16,12 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
+from tiny_gguf import random_raw
 
 from clearlm.loading.gguf_file import GGUFFile
 from clearlm.quant import linear as qlinear
 from clearlm.quant.kernels import load_kernels
+from clearlm.quant.lattice import BLOCK
 from clearlm.quant.linear import QuantLinear
 from clearlm.quant.pack import SUPPORTED, UnsupportedQuantError, dequantize_packed, pack_blocks
 
@@ -35,6 +37,8 @@ def random_blocks(qtype: Q, n: int, k: int, seed: int = 0) -> np.ndarray:
     """Random raw bytes for an (n, k) tensor of qtype with every float16 field a finite number:
     covers every code pattern, including those gguf's quantizer never produces."""
     rng = np.random.default_rng(seed)
+    if qtype in BLOCK:  # lattice i-quants, TQ: float16 fields elsewhere (IQ1_M: in nibbles)
+        return random_raw(rng, (n, k), qtype, scale=0.01).reshape(n, -1)
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(n * k // block, size), dtype=np.uint8)
     f16_fields = {Q.Q6_K: [208], Q.Q4_K: [0, 2], Q.Q4_1: [0, 2], Q.Q5_1: [0, 2], Q.Q5_K: [0, 2],
@@ -88,8 +92,8 @@ def test_pack_real_gguf_tensors_exact(path: Path, smollm2_path: Path) -> None:
 
 
 def test_unsupported_type_raises() -> None:
-    with pytest.raises(UnsupportedQuantError, match="IQ2_XXS"):
-        pack_blocks(np.zeros((1, 66), np.uint8), Q.IQ2_XXS, (1, 256))
+    with pytest.raises(UnsupportedQuantError, match="MXFP4"):
+        pack_blocks(np.zeros((1, 17), np.uint8), Q.MXFP4, (1, 32))
     with pytest.raises(UnsupportedQuantError, match="multiple"):
         pack_blocks(np.zeros((1, 34), np.uint8), Q.Q8_0, (1, 40))
 

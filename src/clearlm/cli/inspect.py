@@ -31,7 +31,7 @@ def info(
     import re
 
     from clearlm.loading.checkpoint import open_checkpoint
-    from clearlm.loading.held import HALF_HELD
+    from clearlm.loading.held import HALF_HELD, WIDE_HELD
     from clearlm.store.catalog import resolve_model
 
     if model is not None and model_opt is not None and model != model_opt:
@@ -64,7 +64,7 @@ def info(
             wf.add_row(qtype, str(use.count), f"{use.file_bytes / 2**20:,.1f}",
                        f"{use.held_bytes / 2**20:,.1f}", held_as(use.held_as))
         out.print(wf)
-        if any(use.held_as in ("packed", HALF_HELD)
+        if any(use.held_as in ("packed", HALF_HELD, WIDE_HELD)
                for _, use in ckpt.weight_formats(weights or "compact")):
             out.print(products_line(), soft_wrap=True)
 

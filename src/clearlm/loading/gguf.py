@@ -27,11 +27,13 @@ from clearlm.loading.load import TensorInfo
 GGUF_MAGIC = b"GGUF"
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's RoPE frequency factors, not a parameter
 
-# Tensor types we dequantize (through gguf.quants); anything else is refused with its name.
+# Tensor types we dequantize (through gguf.quants): every type llama.cpp's llama-quantize
+# writes, the i-quants' lattice codebooks (IQ1 .. IQ3) and the ternary TQ1_0 / TQ2_0 included;
+# anything else (F64, the integer types, types a newer gguf adds) is refused with its name.
 SUPPORTED_TENSOR_TYPES = frozenset(
     GGMLQuantizationType[name]
-    for name in ("F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS"
-                 .split())
+    for name in ("F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS "
+                 "IQ3_S IQ3_XXS IQ2_S IQ2_XS IQ2_XXS IQ1_M IQ1_S TQ1_0 TQ2_0").split()
 )
 
 

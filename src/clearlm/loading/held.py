@@ -9,6 +9,7 @@ from dataclasses import dataclass
 NO_PACKER = "float32, no compact form"
 HALF_HELD = "compact: 16-bit, as stored"  # F16 / BF16 matrices (loading/compact/half.py)
 NOT_READ = "not read: clearlm has no dequantizer for it"
+WIDE_HELD = "compact: int8 codes + scales"  # lattice i-quants and TQ (quant/lattice.py)
 
 
 @dataclass
@@ -24,15 +25,19 @@ class FormatUse:
     held_bytes: int = 0
 
 
-def warn_float_held(without_packer: list[tuple[str, FormatUse]]) -> None:
-    """One ``clearlm:`` warning per GGUF type held as float for want of a compact form (the
-    CLI prints it as a ``warning:`` line): the count and the memory above the file's bytes."""
-    for qtype, use in without_packer:
+def warn_float_held(above_file: list[tuple[str, FormatUse]]) -> None:
+    """One ``clearlm:`` warning per GGUF type held above the file's bytes for want of a compact
+    form at its size (the CLI prints it as a ``warning:`` line): as float32 (NO_PACKER) or as
+    int8 codes (WIDE_HELD); the count and the memory above the file's bytes."""
+    for qtype, use in above_file:
         extra = use.held_bytes - use.file_bytes
+        plural = use.count != 1
+        how = ("no compact form and " + ("are" if plural else "is") + " held as float32"
+               if use.held_as == NO_PACKER else "no compact form at the file's size and "
+               + ("are" if plural else "is") + " held as int8 codes")
         warnings.warn(
-            f"clearlm: {use.count} {qtype} tensor{'s' if use.count != 1 else ''} "
-            f"{'have' if use.count != 1 else 'has'} no compact form and "
-            f"{'are' if use.count != 1 else 'is'} held as float32: {_size(use.held_bytes)} "
+            f"clearlm: {use.count} {qtype} tensor{'s' if plural else ''} "
+            f"{'have' if plural else 'has'} {how}: {_size(use.held_bytes)} "
             f"instead of the file's {_size(use.file_bytes)} (+{_size(extra)})",
             stacklevel=3)
 

@@ -30,6 +30,9 @@ IQ4_NL   uint4 q, valued kvalues[q]         d / —        (f16, 32)       0.562
 IQ4_XS   uint4 q as IQ4_NL, per 32          the file's d, 6-bit sc       0.53125 (0.53125)
                                             (quant/kheads.py)
 Q5_K     uint5 q as Q5_1's, per 32          as Q4_K's (quant/kheads.py)  0.6875 (0.6875)
+IQ3_XXS  int8 q = grid point · sign         db / —   (f32, 32)           1.125  (0.3828)
+IQ2_XS   (quant/lattice.py; IQ1_*, IQ2_*,   db / —   (f32, 16)           1.25   (0.2891)
+         IQ3_S, TQ*: the same, per 16 / 32)
 =======  =================================  ===========================  =====================
 
 Why this form: one kernel with four code layouts (int8; nibbles; nibbles + a 32-bit high-bit
@@ -40,8 +43,10 @@ the file's bytes: their offset is a fixed multiple of the scale, so the kernel c
 d·Σ(q - 16)·x per block (csrc/qgemv.cpp) with no min tensor; IQ4_NL is Q4_0 valued through IQ4's
 16-value table (bits = TABLE4, quant/iq4.py). K-quants and IQ4_XS keep their super-blocks' heads
 (d, dmin, sc, m as stored; quant/kheads.py), which the kernel turns into float32 d·sc (and
--dmin·m) 64 rows at a time in cache. IQ2 / IQ3 / IQ1 and TQ are not packed
-(:class:`UnsupportedQuantError`; F16 and BF16 matrices stay 16-bit: quant/half.py). Layouts:
+-dmin·m) 64 rows at a time in cache. The i-quants with lattice codebooks (IQ1_S, IQ1_M,
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) and TQ1_0 / TQ2_0 become int8 codes with a float32 scale
+per 16 or 32 values (quant/lattice.py: exact, but 9–10 bits a value for the file's 1.6–3.4).
+F16 and BF16 matrices stay 16-bit: quant/half.py. Layouts:
 ggml-common.h and gguf-py's quants.py. A compact load then arranges most matrices in row tiles
 (quant/tiles.py), where 5-bit codes become bit fields (quant/fields.py: +8.6 % bytes at K = 896,
 four vector operations per 8 codes instead of seven).
@@ -57,7 +62,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from clearlm.errors import ClearLMError
-from clearlm.quant import kheads
+from clearlm.quant import kheads, lattice
 from clearlm.quant.fields import WORD, from_fields, is_fields
 from clearlm.quant.iq4 import TABLE4, split_iq4, table_values
 
@@ -109,8 +114,9 @@ class Packed:
 
 
 REPACKED = (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q3_K, Q.Q2_K,
-            Q.IQ4_NL, Q.IQ4_XS)
-SUPPORTED = REPACKED  # every type a compact load keeps compact
+            Q.IQ4_NL, Q.IQ4_XS)  # held at the file's bytes
+WIDENED = tuple(lattice.BLOCK)  # lattice i-quants and TQ: int8 codes, above the file's bytes
+SUPPORTED = REPACKED + WIDENED  # every type a compact load keeps compact
 
 
 def _field(b: np.ndarray, start: int, fmt: str) -> np.ndarray:
@@ -163,6 +169,10 @@ def pack_blocks(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, 
         return Packed(t(_field(b, 2, "V16"), k // 2), t(_f16(b), per_row), None, 4, 32, "Q4_0")
     if qtype in (Q.IQ4_NL, Q.IQ4_XS):  # Q4_0's nibbles valued kvalues[q] (quant/iq4.py)
         return Packed(*split_iq4(b, qtype, n, k), None, TABLE4, 32, qtype.name)
+    if qtype in WIDENED:  # int8 codes, float32 scale per 16 or 32 (quant/lattice.py)
+        codes, scales = lattice.int8_codes(b, qtype)
+        bs = lattice.BLOCK[qtype]
+        return Packed(t(codes, k), t(scales, k // bs), None, 8, bs, qtype.name)
     if qtype == Q.Q4_1:
         qs = _field(b, 4, "V16")
         return Packed(t(qs, k // 2), t(_f16(b), per_row), t(_f16(b, 2), per_row), 4, 32, "Q4_1")

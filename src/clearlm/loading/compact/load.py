@@ -5,15 +5,16 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
 1. the module tree on the meta device (loading/load.py ``skeleton``): no weight memory;
 2. each tensor of the file whose module is a plain ``nn.Linear`` / ``nn.Embedding`` and whose
    type pack.py keeps compact (Q8_0, Q4_0/1, Q5_0/1, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, repacked at
-   the file's bytes) is packed straight from the mapped bytes, a band of rows at a time
-   (loading/compact/from_file.py), in row tiles (4 or 8 rows) where a linear layer reads it
-   (quant/tiles.py), and its module replaced by a QuantLinear / QuantEmbedding; a tied head
-   shares the embedding's Packed. No float32 copy of these matrices ever exists, and their file
-   pages are dropped from the process once packed. A mixture of experts' stacked ``ffn_*_exps``
-   tensor (E, F, D) is packed as one (E·F, D) matrix and each expert's layer gets its row band
-   (``row_bands``: views, no copy); The first such load keeps what it packed on disk and later
-   loads of the unchanged file map that copy instead of packing (loading/compact/pack_cache.py;
-   ``CLEARLM_PACK_CACHE=0``: off);
+   the file's bytes; the lattice i-quants IQ1 .. IQ3 and TQ as int8 codes, above the file's
+   bytes, with one warning line per type as below: quant/lattice.py) is packed straight from the
+   mapped bytes, a band of rows at a time (loading/compact/from_file.py), in row tiles (4 or 8
+   rows) where a linear layer reads it (quant/tiles.py), and its module replaced by a
+   QuantLinear / QuantEmbedding; a tied head shares the embedding's Packed. No float32 copy of
+   these matrices ever exists, and their file pages are dropped from the process once packed. A
+   mixture of experts' stacked ``ffn_*_exps`` tensor (E, F, D) is packed as one (E·F, D) matrix
+   and each expert's layer gets its row band (``row_bands``: views, no copy); The first such
+   load keeps what it packed on disk and later loads of the unchanged file map that copy instead
+   of packing (loading/compact/pack_cache.py; ``CLEARLM_PACK_CACHE=0``: off);
 3. every other tensor (norms, biases, F32/F16 matrices, types pack.py does not keep compact,
    fused projections the family splits) goes through the float32 loader's own steps
    (dequantize → un-permute → un-shift → the family's convert) and is assigned in place, but
@@ -47,14 +48,21 @@ from clearlm.loading.compact.from_file import pack_group, packed_nbytes, planned
 from clearlm.loading.compact.half import HALF_TYPES, half_weight, swap_half
 from clearlm.loading.gguf import SUPPORTED_TENSOR_TYPES, dequantize_tensor, our_name, to_torch
 from clearlm.loading.gguf_file import GGUFFile, GGUFTensor
-from clearlm.loading.held import HALF_HELD, NO_PACKER, NOT_READ, FormatUse, warn_float_held
+from clearlm.loading.held import (
+    HALF_HELD,
+    NO_PACKER,
+    NOT_READ,
+    WIDE_HELD,
+    FormatUse,
+    warn_float_held,
+)
 from clearlm.loading.load import check_shapes, skeleton
 from clearlm.model.transformer import Transformer
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.fuse import fuse_projections
 from clearlm.quant.kernels import load_kernels
 from clearlm.quant.linear import QuantLinear
-from clearlm.quant.pack import SUPPORTED, Packed
+from clearlm.quant.pack import SUPPORTED, WIDENED, Packed
 
 TOKEN_EMBD, OUTPUT = "token_embd.weight", "output.weight"
 
@@ -84,9 +92,10 @@ class CompactPlan:
         use.held_bytes += held_bytes
 
     def without_packer(self) -> list[tuple[str, FormatUse]]:
-        """(type, use) of the tensors held as float only because their type has no compact
-        form (F32 tensors are not: they are float in the file too)."""
-        return [(q, u) for (q, how), u in self.formats.items() if how == NO_PACKER]
+        """(type, use) of the tensors held above the file's bytes only because their type has
+        no compact form at its size: as float32, or as int8 codes (the lattice i-quants, TQ).
+        F32 tensors are not: they are float in the file too."""
+        return [(q, u) for (q, how), u in self.formats.items() if how in (NO_PACKER, WIDE_HELD)]
 
 
 
@@ -121,7 +130,7 @@ def compact_plan(
             held = packed_nbytes(t.tensor_type, shape,  # type: ignore[arg-type]
                                  plan.tiles[t.name])
             plan.packed_bytes += held
-            how = "packed"
+            how = WIDE_HELD if t.tensor_type in WIDENED else "packed"
         elif t.tensor_type in HALF_TYPES and paths and all(_plain(model, p, each)
                                                             for p in paths):
             plan.half[t.name] = paths

@@ -61,7 +61,7 @@ _PKG = Path(__file__).resolve().parents[2]  # src/clearlm
 # the code that decides what is packed and how: layouts, row un-permutation, which tensors
 # (the families' tables and flags), how they are grouped
 _KEY_CODE = (*(_PKG / "quant" / f for f in ("pack.py", "tiles.py", "fields.py", "iq4.py",
-                                            "kheads.py")),
+                                            "kheads.py", "lattice.py")),
              *sorted((_PKG / "loading" / "compact").glob("*.py")),
              *sorted((_PKG / "loading").glob("*.py")),
              *sorted((_PKG / "families").glob("*.py")))
