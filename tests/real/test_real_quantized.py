@@ -1,12 +1,14 @@
-"""llama-quantize's copies of the shipped models (Q2_K, Q3_K_M, Q5_K_M, IQ4_NL, IQ4_XS, and
-Q2_K / Q3_K with ``--pure``, written
-by ``make quantize-models`` into ~/.cache/clearlm/quantized/) against transformers loading the
-same file in float32 (it dequantizes every tensor through ``gguf.quants``).
+"""llama-quantize's copies of the shipped models (Q2_K, Q3_K_M, Q5_K_M, IQ4_NL, IQ4_XS, IQ3_M,
+TQ2_0, and Q2_K / Q3_K / IQ3_XXS / IQ2_XXS / IQ2_XS / IQ2_S / IQ1_S / IQ1_M with ``--pure``,
+written by ``make quantize-models`` into ~/.cache/clearlm/quantized/) against transformers
+loading the same file in float32 (it dequantizes every tensor through ``gguf.quants``).
 
 For each copy, clearlm's default (compact) load must give:
 - logits within 1e-3 of the reference (max |Δ| over every position of a short prompt);
 - the same 16-token greedy continuation (or a divergence at a reference near-tie ≤ 1e-3);
-- weights in memory (``Model.weight_bytes``) ≤ 1.15 × the file's tensor bytes.
+- weights in memory (``Model.weight_bytes``) ≤ 1.15 × the file's tensor bytes, the tensors of
+  the lattice i-quants and TQ excepted: those are held as int8 codes + float32 scales
+  (quant/lattice.py), exactly 1 + 4 / block bytes a value.
 
 Marked ``large`` (each reference load takes 40-80 s and about 3 GB): it runs under ``make
 test-large`` (CLEARLM_TEST_LARGE=1, ``-m large``) and skips, naming the command, where a copy has
@@ -22,7 +24,9 @@ from real_parity import TOL, greedy_matches_or_near_tie, hf_gguf_model, last_log
 
 # llama.cpp's mixes, and two copies with every matrix whose rows allow it in Q2_K / Q3_K
 # (`llama-quantize --pure`): the mixes hold no Q2_K or Q3_K blocks on these models
-FORMATS = ["Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_NL", "IQ4_XS", "Q2_K-pure", "Q3_K-pure"]
+FORMATS = ["Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_NL", "IQ4_XS", "IQ3_M", "TQ2_0", "Q2_K-pure",
+           "Q3_K-pure", "IQ3_XXS-pure", "IQ2_XXS-pure", "IQ2_XS-pure", "IQ2_S-pure", "IQ1_S-pure",
+           "IQ1_M-pure"]
 SOURCES = ["qwen2.5-coder-0.5b-instruct-q4_k_m", "SmolLM2-135M-Instruct.Q4_1"]  # file stems
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return"
 N_GREEDY = 16
@@ -76,10 +80,19 @@ def test_greedy_matches_transformers(pair):
 
 def test_weights_in_memory_within_bound_of_file(pair):
     from clearlm.loading.checkpoint import open_checkpoint
+    from clearlm.quant.lattice import BLOCK
 
     ours, _, path = pair
-    file_bytes = sum(t.n_bytes for t in open_checkpoint(path).reader.tensors)
+    ckpt = open_checkpoint(path)
+    file_bytes = sum(t.n_bytes for t in ckpt.reader.tensors)
     ratio = ours.weight_bytes / file_bytes
     print(f"\n{path.name}: weights {ours.weight_bytes / 1e6:.1f} MB in memory, "
           f"file tensors {file_bytes / 1e6:.1f} MB: {ratio:.3f}×")
-    assert ratio <= MEMORY_BOUND
+    held = ckpt.weight_formats("compact")  # (type name, how and how much) pairs
+    assert sum(use.held_bytes for _, use in held) == ours.weight_bytes
+    lattice = [t for t in ckpt.reader.tensors if t.tensor_type in BLOCK]
+    wide = sum(use.held_bytes for q, use in held if q in {b.name for b in BLOCK})
+    n = {q: sum(t.n_elements for t in lattice if t.tensor_type == q) for q in BLOCK}
+    assert wide == sum(v + 4 * v // BLOCK[q] for q, v in n.items())  # int8 codes, scales
+    rest_file = file_bytes - sum(t.n_bytes for t in lattice)
+    assert (ours.weight_bytes - wide) / rest_file <= MEMORY_BOUND
