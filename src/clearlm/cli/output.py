@@ -77,23 +77,33 @@ def token_logprobs(
     temperature, repetition penalty and top-k/top-p/min-p (as OpenAI's ``logprobs`` and
     llama.cpp's ``n_probs`` report them): what the model thinks, not what the sampler kept.
     The logits are recomputed as generation computed them: the prompt's prefill, then one eager
-    decode step per token, in a cache of the generation's size (``max_new_tokens``: the run's;
-    0: as many as ``tokens``), so they are the logits each token was drawn from under every
-    mode (int8 activations and --matmul-precision medium make a decode step differ from a
+    decode step per token, in a cache sized and grown as the generation's (``max_new_tokens``:
+    the run's; 0: as many as ``tokens``), so they are the logits each token was drawn from under
+    every mode (int8 activations and --matmul-precision medium make a decode step differ from a
     forward over the whole sequence; a compiled step's differ from eager's by float32 rounding).
     """
     import torch  # here, not at the top: `clearlm --help` does not wait for torch
 
-    from clearlm.generation.loop import decode_step, generation_cache, prefill
+    from clearlm.generation.loop import (
+        decode_step,
+        generation_cache,
+        generation_limit,
+        make_room,
+        prefill,
+    )
 
     if not tokens:
         return []
     tf = model.transformer
-    cache = generation_cache(tf, len(prompt), max(max_new_tokens, len(tokens)))
+    n_new = max(max_new_tokens, len(tokens))
+    cache = generation_cache(tf, len(prompt), n_new, growing=True)  # as generate_step's grows
+    limit = generation_limit(tf, len(prompt), n_new)
     with torch.inference_mode():
         steps = [prefill(tf, torch.tensor([prompt], device=tf.device), cache)]  # (1, V) each
-        steps += [decode_step(tf, torch.tensor([[i]], device=tf.device), cache)
-                  for i in tokens[:-1]]
+        for j, i in enumerate(tokens[:-1]):
+            if cache.max_seq_len < limit:
+                make_room(tf, cache, len(prompt) + j, limit)
+            steps.append(decode_step(tf, torch.tensor([[i]], device=tf.device), cache))
         logp = torch.log_softmax(torch.cat(steps).float(), dim=-1).cpu()  # (n, V) float32
         k = min(n_top, logp.shape[-1])
         top_v, top_i = logp.topk(k, dim=-1)  # (n, k) each

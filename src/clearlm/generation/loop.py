@@ -34,14 +34,44 @@ def new_cache(model: Transformer, batch_size: int, max_seq_len: int) -> KVCache:
     return model.new_cache(batch_size, max_seq_len)
 
 
-def generation_cache(model: Transformer, n_prompt: int, max_new_tokens: int) -> KVCache:
-    """The KV cache one generation runs in: the prompt's n_prompt tokens plus max_new_tokens,
-    capped at the context length. Its size is part of what a step computes (a compiled step
-    reads the whole cache; see clearlm.runtime.compiled), so whatever recomputes a generation's
-    logits
-    (the CLI's --logprobs) sizes its cache here too."""
-    n_new = min(max_new_tokens, model.config.context_length - n_prompt)
-    return new_cache(model, 1, n_prompt + n_new)
+FIRST_COLUMNS = 256  # a growing generation cache starts at a multiple of this (make_room)
+
+
+def generation_cache(model: Transformer, n_prompt: int, max_new_tokens: int,
+                     growing: bool = False) -> KVCache:
+    """The KV cache one generation runs in: room for the prompt's n_prompt tokens plus
+    max_new_tokens, capped at the context length (:func:`generation_limit`).
+
+    ``growing``: start smaller, at the prompt (and one token) rounded up to FIRST_COLUMNS
+    positions, and let :func:`make_room` double it as the text grows. A decode step reads the
+    whole cache (a compiled one keeps its shapes that way: clearlm.runtime.aot), so a cache sized
+    for a generous max_new_tokens made every step slower (SmolLM2, 33 tokens made: 84 tok/s
+    with room for 64, 19 with room for 8,000). The cache's size is part of what a step computes
+    (float32 sums over its key axis), so whatever recomputes a generation's logits (the CLI's
+    --logprobs) sizes and grows its cache the same way."""
+    limit = generation_limit(model, n_prompt, max_new_tokens)
+    if growing and isinstance(model, Transformer):  # a parallel model's ranks keep one size
+        return new_cache(model, 1, min(limit, -(-(n_prompt + 1) // FIRST_COLUMNS)
+                                       * FIRST_COLUMNS))
+    return new_cache(model, 1, limit)
+
+
+def generation_limit(model: Transformer, n_prompt: int, max_new_tokens: int) -> int:
+    """Positions a generation can reach: n_prompt + max_new_tokens, capped at the context."""
+    return n_prompt + min(max_new_tokens, model.config.context_length - n_prompt)
+
+
+def make_room(model: Transformer, cache: KVCache, position: int, limit: int) -> None:
+    """Grow ``cache`` (twice its size, at most ``limit`` positions) until it can hold a token at
+    ``position``; the RoPE tables grow first, as a new cache's do (Transformer.new_cache)."""
+    if position < cache.max_seq_len:
+        return
+    size = cache.max_seq_len
+    while size <= position:
+        size *= 2
+    size = min(size, limit)
+    model.reserve_positions(size)
+    cache.grow(size)
 
 
 @torch.inference_mode()
@@ -107,7 +137,8 @@ def generate_step(
     n_new = min(max_new_tokens, ctx - len(prompt))
     if n_new == 0:
         return  # nothing to generate: no forward pass either
-    cache = generation_cache(model, len(prompt), max_new_tokens)
+    cache = generation_cache(model, len(prompt), max_new_tokens, growing=True)
+    limit = generation_limit(model, len(prompt), max_new_tokens)
     seq = torch.tensor([list(prompt)], dtype=torch.long, device=model.device)  # (1, P): history
     # a compiled step when one was set (clearlm.runtime.compiled.compile_decode)
     step = getattr(model, "decode_fn", None) or decode_step
@@ -121,6 +152,8 @@ def generate_step(
         if i + 1 == n_new:
             break
         seq = torch.cat([seq, token.view(1, 1)], dim=1)  # (1, P + i + 1)
+        if cache.max_seq_len < limit:  # a growing cache: this token goes at P + i
+            make_room(model, cache, len(prompt) + i, limit)
         logits = step(model, token.view(1, 1), cache)
 
 

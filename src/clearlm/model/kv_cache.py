@@ -73,6 +73,26 @@ class KVCache:
         cache.n_slots, cache.max_seq_len = keys[0].shape[0], keys[0].shape[2] - 1
         return cache
 
+    def grow(self, max_seq_len: int) -> None:
+        """Hold ``max_seq_len`` positions from now on (≥ the current S_max): new buffers with
+        the current ones' columns [0, S_max) copied in (what generation does instead of sizing
+        a cache for every token it might make: clearlm.generation.loop.make_room).
+
+        Raises:
+            ValueError: ``max_seq_len`` is below the current S_max.
+        """
+        if max_seq_len < self.max_seq_len:
+            raise ValueError(f"a cache of {self.max_seq_len} positions cannot shrink to "
+                             f"{max_seq_len}")
+        old = self.max_seq_len
+        for buffers in (self.keys, self.values):
+            for i, b in enumerate(buffers):
+                n, k, _, hd = b.shape  # (n_slots, K, S_max + 1, Hd)
+                grown = b.new_zeros((n, k, max_seq_len + 1, hd))
+                grown[:, :, :old] = b[:, :, :old]  # the scratch column S_max is not kept
+                buffers[i] = grown
+        self.max_seq_len = max_seq_len
+
     @property
     def offset(self) -> int:
         """Slot 0's filled length (tokens). Reads a tensor: for callers and tests, never called
