@@ -313,3 +313,15 @@ def test_prompt_files_that_are_pipes_are_read(tmp_path, tiny_path):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert json.loads(out)["prompt_token_ids"] == clearlm.load(tiny_path).encode("Hello\r\nthere")
+
+
+def test_spinner_says_its_label_once_where_stderr_is_no_terminal(capsys) -> None:
+    """A log or a pipe gets the label as a line (a build of minutes is not silent there); the
+    animation is for terminals only."""
+    from clearlm.cli.loader import spinner
+
+    with spinner("building the compiled decode step (1-3 minutes, once)…", True):
+        pass
+    with spinner("never shown", False):
+        pass
+    assert capsys.readouterr().err == "building the compiled decode step (1-3 minutes, once)…\n"

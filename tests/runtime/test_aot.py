@@ -333,6 +333,8 @@ def test_a_step_building_elsewhere_decodes_eagerly_then_switches(tiny) -> None:
     run(model, shared, 13, 1)  # the module's package, built or loaded
     asked: list[Path] = []
     step = AOTDecodeStep(model, root / "elsewhere", start_build=asked.append)
+    step.start_if_missing()  # what the CLI does at load, so its notice precedes the text
+    assert asked == [step.package_path()]
     want, want_toks, _ = run(model, decode_step, 13, 4)
     got, got_toks, _ = run(model, step, 13, 4)
     assert asked == [step.package_path()] and step.loader is None  # asked once, eager

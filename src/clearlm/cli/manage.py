@@ -4,7 +4,7 @@ aliases."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -128,7 +128,15 @@ def rm(alias: AliasArg, cache_dir: CacheDirOpt = None) -> None:
     if held:
         err.print(
             f"its PyPI packages still hold {human_size(held)}; to remove them too: "
-            f"pip uninstall {' '.join(a.packages)}",
+            f"pip uninstall {' '.join(installed_packages(a))}",
             soft_wrap=True,
             highlight=False,
         )
+
+
+def installed_packages(alias: Any) -> list[str]:
+    """The pip names of every package an alias's file came from: its own and the part packages
+    they depend on (Gemma 3's wrapper pulls in four parts: uninstalling the wrapper alone left
+    245 MB), from the module names (pip normalises ``_`` to ``-``)."""
+    names = [*alias.packages, *(m.replace("_", "-") for m in alias.modules)]
+    return list(dict.fromkeys(names))

@@ -197,6 +197,11 @@ class AOTDecodeStep:
             self.failed = True
             self.on_error(e)
 
+    def start_if_missing(self) -> None:
+        """With ``start_build``: start the background build now if the package is not on disk
+        (its notice comes before any text the caller prints), not at the first decode step."""
+        self._building_elsewhere()
+
     def _building_elsewhere(self) -> bool:
         """With ``start_build``: True while the package is not on disk (the first such call
         starts the build; every call decodes eagerly until the package appears)."""
