@@ -26,7 +26,7 @@ from typing import Any
 
 import llguidance
 
-from clearlm.errors import GrammarError, SamplingParamsError
+from clearlm.errors import GrammarError, SamplingError, SamplingParamsError
 
 # Compact JSON: one space after ',' and ':', none elsewhere. llguidance's default allows any
 # whitespace between tokens, which lets a small model pad forever with newlines.
@@ -137,6 +137,7 @@ class GrammarState:
     def __init__(self, grammar: str, vocab: Any) -> None:
         self.matcher = llguidance.LLMatcher(vocab, grammar, log_level=0)
         self.vocab_size: int = vocab.vocab_size
+        self.last_allowed: Any = None  # the mask of the last allowed(): (V,) bool
         if self.matcher.is_error():
             raise SamplingParamsError(f"the grammar is not usable: {self.matcher.get_error()}")
         forced = self.matcher.compute_ff_tokens()  # tokens the grammar forces at the start
@@ -154,12 +155,22 @@ class GrammarState:
         words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
         bits = torch.arange(32, dtype=torch.int32)  # (32,)
         mask = (words[:, None] >> bits) & 1  # (W, 32): bit b of word w is token 32w + b
-        return mask.flatten()[: self.vocab_size].bool()  # (V,)
+        self.last_allowed = mask.flatten()[: self.vocab_size].bool()  # (V,)
+        return self.last_allowed
 
     def advance(self, token: int) -> None:
-        """Move past an accepted token. Raises GrammarError if the engine refuses it (the mask
-        was not applied, or the engine gave up on the grammar: too complex)."""
+        """Move past an accepted token.
+
+        Raises:
+            SamplingError: the last :meth:`allowed` mask forbade the token (it was not applied:
+                the caller's mistake).
+            GrammarError: the engine gave up on the grammar at this token (too complex).
+        """
         if not self.matcher.consume_token(token):
+            forbidden = self.last_allowed is not None and not bool(self.last_allowed[token])
+            if forbidden:
+                reason = self.matcher.get_error().strip().splitlines() or [""]
+                raise SamplingError(f"token {token} breaks the grammar: {reason[0][:200]}")
             raise grammar_error(self.matcher.get_error())
 
     def is_done(self) -> bool:
