@@ -67,6 +67,14 @@ class SamplingParamsError(ClearLMError, ValueError):
     exit_code = 7
 
 
+class GrammarError(SamplingParamsError):
+    """Structured output: the grammar (or JSON schema) cannot be followed, because the grammar
+    engine gives up on it (a rule that forces endless output, such as ``root ::= "a" root``,
+    or a required property whose schema refers back to its object). Raised when the grammar
+    state is made when the engine can tell then, else at the step that fails; the batch engine
+    ends that sequence alone (finish reason "error")."""
+
+
 class SamplingError(ClearLMError, ValueError):
     """The logits give no distribution to sample from: a row is all -inf (every token removed),
     or holds NaN or +inf."""

@@ -193,3 +193,21 @@ def test_chat_in_a_pseudo_terminal_ctrl_c_stops_an_answer_and_ctrl_d_leaves(tiny
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_piped_chat_exits_with_a_failed_turns_code_and_warns_of_bad_utf8(tiny, tiny_path):
+    """A turn past the context fails (its error line), the next is answered; the status is the
+    failure's code (6), not 0. A line that is not UTF-8 gets generate -'s warning line and its
+    bad byte becomes U+FFFD."""
+    lines = b"x " * 300 + b"\nh\xffi\n"
+    proc = cli("chat", "-m", str(tiny_path), "-n", "4", "--temperature", "0", stdin=lines)
+    assert proc.returncode == 6, proc.stderr
+    err = proc.stderr.decode()
+    assert err.count("error:") == 1 and "context" in err
+    assert ("warning: standard input is not UTF-8 text (invalid byte 0xff at offset 1); its "
+            "invalid bytes became U+FFFD") in err  # fmt: skip
+    answer = tiny.chat([{"role": "user", "content": "h\ufffdi"}], max_new_tokens=4,
+                       temperature=0).text  # fmt: skip
+    assert proc.stdout.decode() == f"{answer}\n"
+    ok = cli("chat", "-m", str(tiny_path), "-n", "2", "-q", stdin=b"hi\n")
+    assert ok.returncode == 0 and ok.stderr == b""

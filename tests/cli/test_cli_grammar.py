@@ -53,3 +53,19 @@ def test_bad_schema_grammar_and_both_are_one_line_errors(tmp_path):
     assert proc.returncode != 0 and "--grammar" in proc.stderr and "GBNF" in proc.stderr
     proc = cli("generate", "hi", "--grammar", str(gbnf), "--json-schema", str(bad))
     assert proc.returncode == 2 and "not both" in proc.stderr
+
+
+def test_a_grammar_the_engine_gives_up_on_is_one_line_and_exit_7(tmp_path):
+    """``root ::= "a" root`` parses but forces endless text: the grammar engine gives up on
+    it; the error is one line with the parser's first line, none of its state or the grammar,
+    and the exit code is 7 (a bad generation setting)."""
+    from tiny_gguf import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path / "t.gguf", context_length=64)
+    gbnf = tmp_path / "g1.gbnf"
+    gbnf.write_text('root ::= "a" root')
+    proc = cli("generate", "Hi", "-m", str(model), "--grammar", str(gbnf), "-n", "8", "-q")
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stderr.startswith("error: the grammar cannot be followed: parser error: Too many")
+    assert proc.stderr.count("\n") == 1 and "<state>" not in proc.stderr
+    assert "::=" not in proc.stderr and "start:" not in proc.stderr  # no grammar text

@@ -11,8 +11,10 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.engine import Request
 from clearlm.engine.scheduler import BatchEngine
-from clearlm.errors import ClearLMError, ContextLengthError, SamplingParamsError
+from clearlm.errors import ClearLMError, ContextLengthError, GrammarError, SamplingParamsError
+from clearlm.generation.grammar import grammar_state
 from clearlm.sampling.chain import SamplingParams
+from clearlm.sampling.grammar import compile_grammar_text
 
 GREEDY = SamplingParams(temperature=0)
 SAMPLED = SamplingParams(temperature=0.9, top_k=40, seed=123)
@@ -177,3 +179,44 @@ def test_emit_hands_each_first_token_over_before_the_next_prefill(tiny):
             got.setdefault(e.request_id, []).append(e.token)
     assert got["a"] == alone(tiny, a, GREEDY, 5) and got["b"] == alone(tiny, b, GREEDY, 1)
     assert engine.free_slots == [0, 1]
+
+
+# 'b' and then 'a' forever: the engine gives up when the first forced 'a' comes (the grammar
+# is usable up to there: GrammarState's check at creation sees no forced token)
+ENDLESS_AFTER_B = 'root ::= "x" | "b" inf\ninf ::= "a" inf'
+
+
+def failing_grammar_request(tiny, rid: str, ids: list[int]) -> Request:
+    """A greedy request whose grammar fails at its second token (logit_bias picks 'b')."""
+    b = tiny.encode("b")[0]
+    state = grammar_state(tiny.tokenizer, tiny.config.vocab_size,
+                          compile_grammar_text(ENDLESS_AFTER_B))  # fmt: skip
+    params = SamplingParams(temperature=0, logit_bias={b: 100.0})
+    return Request(rid, ids, params, 8, grammar=state)
+
+
+def test_a_grammar_that_fails_ends_its_own_sequence_and_the_batch_goes_on(tiny):
+    """Two sequences in one batch, one whose grammar cannot be followed: that one ends with an
+    "error" event (the GrammarError, one line, no token), the other's tokens equal its run
+    alone, and both slots are free afterwards."""
+    a, b = prompt(tiny, "hello world"), prompt(tiny, "the quick brown fox")
+    engine = BatchEngine(tiny.transformer, max_batch=2, max_seq_len=64)
+    got = run(engine, {0: [failing_grammar_request(tiny, "bad", a), Request("ok", b, SAMPLED, 10)]})
+    assert got["ok"] == alone(tiny, b, SAMPLED, 10)
+    assert got["bad"] == [tiny.encode("b")[0], -1]  # 'b', then the failing step
+    last = [e for step in got["steps"] for e in step if e.request_id == "bad"][-1]
+    assert last.finish_reason == "error" and isinstance(last.error, GrammarError)
+    message = str(last.error)
+    assert message.startswith("the grammar cannot be followed: parser error: Too many items")
+    assert "\n" not in message and "<state>" not in message and "inf" not in message
+    assert engine.free_slots == [0, 1] and not engine.has_work()
+
+
+def test_a_grammar_that_fails_in_a_list_of_prompts_names_its_prompt(tiny):
+    """model.generate([...]) is one call: a row's failing grammar is the call's error."""
+    from clearlm.engine.batch import generate_batch
+
+    bad = failing_grammar_request(tiny, "1", [3, 4])
+    with pytest.raises(GrammarError, match="^prompt 1: the grammar cannot be followed"):
+        generate_batch(tiny.transformer, tiny.tokenizer, [[1, 2], [3, 4]], [GREEDY, bad.params],
+                       [4, 4], [[], []], [None, compile_grammar_text(ENDLESS_AFTER_B)])

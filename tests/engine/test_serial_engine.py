@@ -10,9 +10,11 @@ from tiny_gguf import write_tiny_llama
 import clearlm
 from clearlm.engine import Request
 from clearlm.engine.serial import SerialEngine
-from clearlm.errors import ContextLengthError, SamplingParamsError
+from clearlm.errors import ContextLengthError, GrammarError, SamplingParamsError
+from clearlm.generation.grammar import grammar_state
 from clearlm.generation.loop import generate_step
 from clearlm.sampling.chain import SamplingParams, make_sampler
+from clearlm.sampling.grammar import compile_grammar_text
 
 CTX = 32
 
@@ -91,3 +93,19 @@ def test_refusals_before_queuing(tiny, request_, error, needle):
     with pytest.raises(error, match=needle):
         engine.add(request_)
     assert len(engine.queue) == 1
+
+
+def test_a_grammar_that_fails_ends_that_request_and_the_next_runs(tiny):
+    """'b' (logit_bias) then endless 'a's: the grammar engine gives up at the second token;
+    that request ends with an "error" event and the queued one still gets its tokens."""
+    b = tiny.encode("b")[0]
+    grammar = compile_grammar_text('root ::= "x" | "b" inf\ninf ::= "a" inf')
+    state = grammar_state(tiny.tokenizer, tiny.config.vocab_size, grammar)
+    engine = SerialEngine(tiny.transformer, eos_ids=[])
+    engine.add(Request("bad", [1, 2], SamplingParams(0, logit_bias={b: 100.0}), 6, grammar=state))
+    engine.add(Request("ok", [1, 2, 3], SamplingParams(temperature=0), 3))
+    events = drain(engine)
+    assert [(e.request_id, e.token, e.finish_reason) for e in events[:2]] == [
+        ("bad", b, None), ("bad", -1, "error")]  # fmt: skip
+    assert isinstance(events[1].error, GrammarError)
+    assert [e.token for e in events[2:]] == tiny.generate([1, 2, 3], 3, temperature=0).tokens

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import typer
 from rich.text import Text
 
 from clearlm.cli.app import err
@@ -19,6 +20,7 @@ from clearlm.cli.context_size import context_limit, generate_within, warn_past_m
 from clearlm.cli.loader import compile_seconds, load_model, model_label, set_decode
 from clearlm.cli.output import print_stats, write_out
 from clearlm.errors import ClearLMError
+from clearlm.text import decode_utf8
 
 if TYPE_CHECKING:  # (this module imports no torch: the checks before the load answer at once)
     from clearlm.api.model import Model
@@ -60,7 +62,8 @@ def _read_line(interactive: bool) -> str | None:
     raw = sys.stdin.buffer.readline()
     if not raw:
         return None
-    return raw.decode("utf-8", errors="replace").removesuffix("\n").removesuffix("\r")
+    # invalid bytes → U+FFFD with generate -'s warning line
+    return decode_utf8(raw, "standard input").removesuffix("\n").removesuffix("\r")
 
 
 def _command(line: str, conv: Conversation) -> bool:
@@ -91,11 +94,12 @@ def _answer(
     quiet: bool = False,
     ctx_size: int = 0,
     drafter: Any = None,
-) -> None:
+) -> ClearLMError | None:
     """Stream one answer to the last user message and keep it; on Ctrl-C or an error (a
     conversation past the context: -c or the model's) the unanswered message is dropped so the
     conversation stays well formed. With ``--compile``, the answer whose first step built the
-    compiled step gives that time apart on its stats."""
+    compiled step gives that time apart on its stats. Returns the error of a failed turn (it
+    is printed here), else None."""
     compiled_before = compile_seconds(model)
     try:
         ids = model.chat_prompt(conv.messages(), parse_special_in_content)
@@ -106,16 +110,17 @@ def _answer(
         conv.turns.pop()
         write_out("\n")
         err.print("[yellow]answer stopped; that message was not kept[/]")
-        return
+        return None
     except ClearLMError as e:
         conv.turns.pop()
         err.print(f"[red]error:[/] {e} (/reset starts a new conversation)", soft_wrap=True)
-        return
+        return e
     write_out("\n")
     conv.turns.append({"role": "assistant", "content": result.text})
     if not quiet:
         built = compile_seconds(model) if compiled_before is None else None  # built in this turn
         print_stats(result, context_limit(model.config.context_length, ctx_size)[0], built)
+    return None
 
 
 def run_repl(
@@ -129,14 +134,18 @@ def run_repl(
     label: str | None = None,
     ctx_size: int = 0,
     drafter: Any = None,
-) -> None:
+) -> int:
     """Read messages until end of input or /bye, answering each with the whole history
     (message text stays text unless ``parse_special_in_content``, see Model.chat_prompt);
     ``quiet`` leaves out the banner and each answer's stats line. ``label``: the model as the
     banner names it (its alias; default the file's path); ``ctx_size``: -c; ``drafter``:
-    speculative decoding for every answer (clearlm.cli.speculative)."""
+    speculative decoding for every answer (clearlm.cli.speculative).
+
+    Returns the exit status: 0, or, for lines read from a pipe (not a terminal), the exit code
+    of the first turn that failed (a script learns that an answer is missing)."""
     interactive = sys.stdin.isatty()
     conv = Conversation(system)
+    status = 0
     if interactive:
         try:  # line editing and ↑ history for input()
             import readline  # noqa: F401
@@ -151,17 +160,19 @@ def run_repl(
             write_out("\n")
             continue
         if line is None:
-            return
+            return status
         if not line.strip():
             continue
         if line.startswith("/"):
             if not _command(line, conv):
-                return
+                return status
             continue
         conv.turns.append({"role": "user", "content": line})
         try:
-            _answer(model, conv, params, max_new_tokens, stop, parse_special_in_content, quiet,
-                    ctx_size, drafter)
+            failure = _answer(model, conv, params, max_new_tokens, stop,
+                              parse_special_in_content, quiet, ctx_size, drafter)  # fmt: skip
+            if failure is not None and not interactive and status == 0:
+                status = failure.exit_code
         except KeyboardInterrupt:  # Ctrl-C just outside the generation: keep turns paired
             if conv.turns and conv.turns[-1]["role"] == "user":
                 conv.turns.pop()
@@ -210,8 +221,10 @@ def conversation(
     if drafter is None:  # (speculative answers verify in k-token passes)
         set_decode(m, decode, quiet)
     params = m.sampling_params(None, chat_defaults(m.generation_defaults, given), **given)
-    run_repl(m, params, max_new_tokens, stop, system, parse_special_in_content, quiet,
-             model_label(model_name), ctx_size, drafter)
+    status = run_repl(m, params, max_new_tokens, stop, system, parse_special_in_content, quiet,
+                      model_label(model_name), ctx_size, drafter)  # fmt: skip
+    if status:  # a piped conversation with a failed turn (its error line is printed)
+        raise typer.Exit(status)
 
 
 def describe_sampling(params: SamplingParams) -> str:

@@ -21,10 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from clearlm.errors import ClearLMError
 from clearlm.sampling.grammar import GrammarState
 from clearlm.sampling.params import SamplingParams
 
-FINISH_REASONS = ("eos", "stop", "length", "context_length", "abort")
+FINISH_REASONS = ("eos", "stop", "length", "context_length", "abort", "error")
 
 
 @dataclass
@@ -61,7 +62,13 @@ class TokenEvent:
         top_logprobs: (token id, logprob) of the ``top_logprobs`` most likely tokens.
         finish_reason: None while the request goes on; else why it ended with this token:
             "eos" (an end id of the model), "stop" (the request's grammar is complete),
-            "length" (max_new_tokens), "context_length" (the context window is full).
+            "length" (max_new_tokens), "context_length" (the context window is full),
+            "error" (this sequence alone failed: see ``error``).
+        error: with finish_reason "error", why this sequence failed (a
+            :class:`~clearlm.errors.GrammarError`: its grammar cannot be followed; a
+            :class:`~clearlm.errors.SamplingError`: its logits left no token); then ``token``
+            is -1 and ``logprob`` NaN, no part of the output. The other sequences of the batch
+            go on.
     """
 
     request_id: str
@@ -69,6 +76,12 @@ class TokenEvent:
     logprob: float
     top_logprobs: list[tuple[int, float]] = field(default_factory=list)
     finish_reason: str | None = None
+    error: ClearLMError | None = None
+
+
+def failed(request_id: str, error: ClearLMError) -> TokenEvent:
+    """The event that ends one sequence whose sampling or grammar raised ``error``."""
+    return TokenEvent(request_id, -1, float("nan"), [], "error", error)
 
 
 class Engine(Protocol):

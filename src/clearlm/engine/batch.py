@@ -45,6 +45,9 @@ def stream_batch(
         ContextLengthError: a prompt is empty or leaves no room for a new token (the message
             starts with ``prompt <index>:``).
         SamplingParamsError: a max_new_tokens is not an integer ≥ 0.
+
+    Raises (while generating): GrammarError or SamplingError of a row (``prompt <index>:``):
+    a grammar the engine gives up on at some step, logits with no possible token.
     """
     ctx = model.config.context_length
     for n in max_new_tokens:
@@ -92,6 +95,8 @@ def run_rows(
     while engine.has_work():
         for event in engine.step():
             i = int(event.request_id)
+            if event.error is not None:  # one call, one answer: its error is the call's
+                raise type(event.error)(f"prompt {i}: {event.error}")
             out, reason = texts[i].add(event.token)
             if reason is not None:  # an end id or a stop string: the row ends here
                 if event.finish_reason is None:

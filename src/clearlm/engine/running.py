@@ -12,7 +12,8 @@ from collections.abc import Collection
 
 import torch
 
-from clearlm.engine import Request, TokenEvent
+from clearlm.engine import Request, TokenEvent, failed
+from clearlm.errors import GrammarError, SamplingError
 from clearlm.generation.stops import finish_reason
 from clearlm.sampling.chain import filter_logits, log_softmax, make_sampler
 
@@ -61,8 +62,19 @@ class Running:
         Finish reasons, in this order (single-sequence generation's): "eos" (an end id, unless
         the request's params say ``ignore_eos``), "stop" (the request's grammar is complete),
         "length" (max_new_tokens reached), "context_length" (the slot is full: prompt +
-        generated tokens fill max_seq_len, so the token cannot be fed).
+        generated tokens fill max_seq_len, so the token cannot be fed). A GrammarError or
+        SamplingError of this request alone is an "error" event (:func:`clearlm.engine.failed`):
+        the caller ends this request, and the batch goes on.
         """
+        try:
+            return self._sample(logits, eos_ids, max_seq_len)
+        except (GrammarError, SamplingError) as e:
+            return failed(self.request.request_id, e)
+
+    def _sample(
+        self, logits: torch.Tensor, eos_ids: Collection[int], max_seq_len: int
+    ) -> TokenEvent:
+        """:meth:`sample`, raising what the sampler or the grammar raise."""
         history, grammar = self.history(), self.request.grammar
         allowed = None if grammar is None else grammar.allowed()  # (V,) bool: this row's mask
         token, logprob = self.sampler(logits, history, allowed)  # (1,), (1,)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from clearlm.engine import Request, TokenEvent
+from clearlm.engine import Request, TokenEvent, failed
 from clearlm.engine.running import top_alternatives
-from clearlm.errors import SamplingParamsError
+from clearlm.errors import GrammarError, SamplingError, SamplingParamsError
 from clearlm.generation.loop import check_fits, decode_step, new_cache, prefill
 from clearlm.generation.stops import finish_reason
 from clearlm.model.kv_cache import KVCache
@@ -99,6 +99,16 @@ class SerialEngine:
             logits = decode_step(self.model, run.seq[:, -1:], run.cache)
         else:  # the whole prompt: (1, P) → (1, V)
             logits = prefill(self.model, run.seq, run.cache)
+        try:
+            event = self._pick(run, logits)
+        except (GrammarError, SamplingError) as e:  # this request alone failed; the next goes on
+            event = failed(run.request.request_id, e)
+        if event.finish_reason is not None:
+            self.running = None
+        return [event]
+
+    def _pick(self, run: _Running, logits: torch.Tensor) -> TokenEvent:
+        """The running request's next token from its logits (1, V) and its finish reason."""
         req = run.request
         gen = run.seq[:, run.seq.shape[1] - len(run.generated) :]  # (1, G)
         allowed = None if req.grammar is None else req.grammar.allowed()  # (V,) bool
@@ -118,9 +128,7 @@ class SerialEngine:
             done = req.grammar.is_done()
         # the slot holds prompt + n_new tokens (n_new: capped by the context length)
         reason = finish_reason(tok, eos, n, req.max_new_tokens, p + n, p + run.n_new, done)
-        if reason is not None:
-            self.running = None
-        return [TokenEvent(req.request_id, tok, float(logprob[0]), top, reason)]
+        return TokenEvent(req.request_id, tok, float(logprob[0]), top, reason)
 
     def _start(self, req: Request) -> _Running:
         """Allocate the request's cache (prompt + the tokens it may generate) and sampler."""

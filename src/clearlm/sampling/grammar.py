@@ -26,7 +26,7 @@ from typing import Any
 
 import llguidance
 
-from clearlm.errors import SamplingError, SamplingParamsError
+from clearlm.errors import GrammarError, SamplingError, SamplingParamsError
 
 # Compact JSON: one space after ',' and ':', none elsewhere. llguidance's default allows any
 # whitespace between tokens, which lets a small model pad forever with newlines.
@@ -109,6 +109,17 @@ def grammar_vocab(backend_json: str, vocab_size: int, eos_ids: Collection[int]) 
     return llguidance.LLTokenizer(backend_json, n_vocab=vocab_size, eos_token=sorted(eos_ids))
 
 
+def grammar_error(reason: str) -> GrammarError:
+    """The one-line error for a grammar the engine gave up on: the first line of its
+    ``reason`` (cut at 200 characters), never the parser state or the grammar text that
+    follow it (on a server, the grammar is a client's request)."""
+    first = (reason.strip().splitlines() or ["no reason given"])[0][:200]
+    return GrammarError(
+        f"the grammar cannot be followed: {first}; simplify the grammar or schema (a rule or "
+        "a required property that repeats itself forever has no end)"
+    )
+
+
 class GrammarState:
     """One sequence's position in a grammar.
 
@@ -119,13 +130,21 @@ class GrammarState:
 
     Raises:
         SamplingParamsError: the grammar does not compile for this vocabulary.
+        GrammarError: its first forced token already makes the engine give up (a grammar that
+            forces endless text): checked here, on a copy, so that no step fails for it.
     """
 
     def __init__(self, grammar: str, vocab: Any) -> None:
         self.matcher = llguidance.LLMatcher(vocab, grammar, log_level=0)
         self.vocab_size: int = vocab.vocab_size
+        self.last_allowed: Any = None  # the mask of the last allowed(): (V,) bool
         if self.matcher.is_error():
             raise SamplingParamsError(f"the grammar is not usable: {self.matcher.get_error()}")
+        forced = self.matcher.compute_ff_tokens()  # tokens the grammar forces at the start
+        if forced:  # ~10 ms for 6,000 forced tokens; nothing for a grammar that forces none
+            probe = self.matcher.deep_copy()
+            if not probe.consume_token(forced[0]):
+                raise grammar_error(probe.get_error())
 
     def allowed(self) -> Any:
         """``(V,)`` bool tensor: True for the tokens the grammar accepts next (end ids only
@@ -136,13 +155,23 @@ class GrammarState:
         words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
         bits = torch.arange(32, dtype=torch.int32)  # (32,)
         mask = (words[:, None] >> bits) & 1  # (W, 32): bit b of word w is token 32w + b
-        return mask.flatten()[: self.vocab_size].bool()  # (V,)
+        self.last_allowed = mask.flatten()[: self.vocab_size].bool()  # (V,)
+        return self.last_allowed
 
     def advance(self, token: int) -> None:
-        """Move past an accepted token. Raises SamplingError if the grammar forbids it (the
-        mask was not applied)."""
+        """Move past an accepted token.
+
+        Raises:
+            SamplingError: the last :meth:`allowed` mask forbade the token (it was not applied:
+                the caller's mistake).
+            GrammarError: the engine gave up on the grammar at this token (too complex).
+        """
         if not self.matcher.consume_token(token):
-            raise SamplingError(f"token {token} breaks the grammar: {self.matcher.get_error()}")
+            forbidden = self.last_allowed is not None and not bool(self.last_allowed[token])
+            if forbidden:
+                reason = self.matcher.get_error().strip().splitlines() or [""]
+                raise SamplingError(f"token {token} breaks the grammar: {reason[0][:200]}")
+            raise grammar_error(self.matcher.get_error())
 
     def is_done(self) -> bool:
         """True when the grammar can take no further token: the output is complete."""

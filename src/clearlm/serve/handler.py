@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from clearlm.engine import Request, TokenEvent
-from clearlm.errors import ClearLMError
+from clearlm.errors import ClearLMError, GrammarError
 from clearlm.serve.choices import Choice
 from clearlm.serve.errors import APIError, from_clearlm
 from clearlm.serve.logprobs import completion_logprobs
@@ -91,6 +91,16 @@ class Session:
         except RuntimeError as e:  # stopping
             raise APIError(503, str(e), code="shutting_down", type="server_error") from None
 
+    def choice_failed(self, error: ClearLMError) -> APIError:
+        """The request's error when the engine ended one of its choices with ``error``: a
+        grammar it cannot follow is the client's (400 naming the grammar's field); logits with
+        no possible token, the server's (500). The request's other choices are aborted."""
+        if isinstance(error, GrammarError):
+            return APIError(400, str(error), self.job.grammar_param, "invalid_value")
+        log.warning("%s %s: a choice failed: %s", self.kind, self.id, error)
+        return APIError(500, f"the engine failed: {error}", code="engine_failed",
+                        type="server_error")  # fmt: skip
+
     def running(self) -> list[str]:
         return [r for r, i in self.rids.items() if self.choices[i].finish_reason is None]
 
@@ -99,7 +109,8 @@ class Session:
     ) -> AsyncIterator[tuple[Choice, TokenEvent, str]]:
         """Yield (choice, event, new text) until every choice has finished.
 
-        Raises APIError (500) if the engine failed. ``gone`` (asked every POLL_S seconds,
+        Raises APIError if the engine failed (500) or ended a choice with an error
+        (:meth:`choice_failed`). ``gone`` (asked every POLL_S seconds,
         whether tokens are arriving or not) says whether the client disconnected; then the
         choices are aborted and the iteration ends."""
         next_check = time.monotonic() + POLL_S
@@ -122,6 +133,9 @@ class Session:
                 choice = self.choices[self.rids[item.request_id]]
                 if choice.finish_reason is not None:
                     continue  # tokens made after a stop string, before the abort took effect
+                if item.error is not None:  # this choice alone failed in the engine
+                    choice.finish_reason = "error"
+                    raise self.choice_failed(item.error)
                 if self.t_first is None:
                     self.t_first = time.perf_counter()
                 text = choice.add(item)
@@ -151,16 +165,25 @@ class Session:
         }
 
     def log(self) -> None:
-        """One line per request: tokens in and out, time to first token, tokens/s."""
+        """One line per request: tokens in and out, time to first token, tokens/s, and each
+        choice's finish reason as the client receives it (:meth:`sent_finish`)."""
         now = time.perf_counter()
         u = self.usage()
         ttft = (self.t_first or now) - self.t0
         rate = u["completion_tokens"] / (now - self.t0) if now > self.t0 else 0.0
-        reasons = ",".join(c.finish_reason or "aborted" for c in self.choices)
+        reasons = ",".join(self.sent_finish(c) for c in self.choices)
         log.info(
             "%s %s prompt_tokens=%d completion_tokens=%d ttft=%.3fs %.1f tokens/s finish=%s",
             self.kind, self.id, u["prompt_tokens"], u["completion_tokens"], ttft, rate, reasons,
         )  # fmt: skip
+
+    def sent_finish(self, choice: Choice) -> str:
+        """The finish_reason the client gets for ``choice`` ("tool_calls" where its text holds
+        calls: :meth:`message`), "error" for a choice the engine failed, "aborted" for one
+        that never finished (the client left)."""
+        if choice.finish_reason == "stop" and self.job.tools:
+            self.message(choice)
+        return choice.finish_reason or "aborted"
 
     # --- response shapes ---------------------------------------------------------------
 

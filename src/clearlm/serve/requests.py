@@ -18,7 +18,9 @@ Rules (documented in README.md, "Serving"; the sampling settings: :mod:`clearlm.
   choice gets its own grammar state (:func:`clearlm.generation.grammar.grammar_state`), so
   every choice's text is JSON valid against the schema, ending ("stop") when the JSON closes.
   A schema the grammar engine cannot use is a 400 naming ``response_format.json_schema.schema``
-  and the engine's reason.
+  and the engine's reason. One it gives up on only while generating (a choice's grammar
+  cannot be followed: :class:`~clearlm.errors.GrammarError`) fails that request alone: a 400
+  naming ``response_format`` (or, in a stream, an error event), the other requests go on.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class Job:
     scored: list[Any] = field(default_factory=list)  # per prompt, filled by the app
     tools: list[dict[str, Any]] | None = None  # chat: the tools rendered (serve/tools.py)
     new_grammar: Callable[[], GrammarState | None] = lambda: None  # a fresh state per choice
+    grammar_param: str = "response_format"  # the field a grammar that fails mid-run names
 
 
 def response_grammar(model: Model, body: Any) -> Callable[[], GrammarState | None]:
@@ -107,6 +110,13 @@ def response_grammar(model: Model, body: Any) -> Callable[[], GrammarState | Non
         param = first if named else "tools" if forced else "response_format"
         raise from_clearlm(e, param) from None
     return make
+
+
+def grammar_param(body: Any) -> str:
+    """The field whose grammar constrains the body's choices: ``tools`` for a chat whose
+    ``tool_choice`` forces a call, else ``response_format``."""
+    forced = isinstance(body, ChatBody) and forced_call_schema(body) is not None
+    return "tools" if forced else "response_format"
 
 
 def check_prompt(model: Model, prompt: list[int], max_tokens: int | None, limits: Limits,
@@ -156,6 +166,7 @@ def _common(model: Model, body: Any, max_tokens: int | None, limits: Limits,
     return dict(
         params=sampling_params(model, body, n),
         new_grammar=response_grammar(model, body),
+        grammar_param=grammar_param(body),
         stop=stop,
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
