@@ -96,8 +96,8 @@ class SessionStream(StreamingResponse):
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused (400) as soon as it passes ``limit`` bytes."""
-    too_big = APIError(400, f"the body is over the server's limit of {limit} bytes",
-                       code="request_too_large")  # fmt: skip
+    too_big = APIError(400, f"the body is over the server's limit of {limit} bytes (the "
+                       "server's --max-body option sets it)", code="request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_big
