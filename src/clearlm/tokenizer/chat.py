@@ -14,9 +14,14 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from clearlm.errors import ChatTemplateError
+from clearlm.tokenizer.chat_sandbox import (
+    LimitedSandbox,
+    TemplateLimitError,
+    limits,
+    render_limited,
+)
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -51,14 +56,16 @@ def _tojson(
 @lru_cache(maxsize=8)
 def compile_chat_template(template: str) -> jinja2.Template:
     """Settings of transformers' _compile_jinja_template: HF-style whitespace (trim_blocks,
-    lstrip_blocks), loop controls, its tojson, raise_exception, strftime_now."""
-    env = ImmutableSandboxedEnvironment(
+    lstrip_blocks), loop controls, its tojson, raise_exception, strftime_now; in a sandbox whose
+    renders are held to limits of size and loop iterations (:mod:`clearlm.tokenizer.chat_sandbox`).
+    """
+    env = LimitedSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
+    return env.compile_limited(template)
 
 
 def pick_template(
@@ -94,17 +101,32 @@ def render_chat(
 
     Raises:
         ChatTemplateError: the template failed to compile or render (including its own
-            ``raise_exception('...')``, e.g. on roles that do not alternate).
+            ``raise_exception('...')``, e.g. on roles that do not alternate), or it went past a
+            limit of the sandbox (:mod:`clearlm.tokenizer.chat_sandbox`: size, loop iterations).
     """
     messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    inputs = json.dumps([messages, tools, documents], default=str, ensure_ascii=False)
     try:
-        return compile_chat_template(template).render(
-            **variables,
-            messages=messages,
-            tools=tools,
-            documents=documents,
-            add_generation_prompt=add_generation_prompt,
-        )
+        with limits(len(inputs)) as held:
+            return render_limited(
+                compile_chat_template(template),
+                held.max_chars,
+                **variables,
+                messages=messages,
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=add_generation_prompt,
+            )
+    except TemplateLimitError as e:
+        raise ChatTemplateError(f"chat template of {source} stopped: {e}") from None
     except Exception as e:  # jinja2.TemplateError, or TypeError etc. from odd messages
         msg = f"chat template of {source} failed ({type(e).__name__}: {e})"
+        if isinstance(e, jinja2.UndefinedError) and any(
+            "tool_calls" in m and "content" not in m for m in messages
+        ):  # transformers fails alike: it drops content=None too, and the template needs one
+            msg = (
+                f"chat template of {source} cannot render an assistant message with tool_calls "
+                f"and no content: this model's template does not render tool calls "
+                f"({type(e).__name__}: {e})"
+            )
         raise ChatTemplateError(msg) from None

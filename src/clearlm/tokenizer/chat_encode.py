@@ -110,12 +110,19 @@ def _align(
     literals: list[str], order: list[int], contents: list[str], text: str
 ) -> list[tuple[int, int]] | None:
     """Char spans of the contents in ``text`` = literals[0] c literals[1] c ... literals[-1],
-    each c one of _TRANSFORMS of contents[order[j]]; None if no choice reproduces ``text``."""
+    each c one of _TRANSFORMS of contents[order[j]]; None if no choice reproduces ``text``.
 
-    def walk(j: int, pos: int) -> list[tuple[int, int]] | None:
-        if j == len(order):
-            return [] if pos == len(text) else None
-        tried = set()
+    A depth-first search over the choices (the first that reproduces ``text``, trying
+    _TRANSFORMS in order), with an explicit stack so that a conversation of any length fits
+    (one level per content), and the (content, position) states already found dead skipped."""
+    if not text.startswith(literals[0]):
+        return None
+    if not order:
+        return [] if len(literals[0]) == len(text) else None
+
+    def choices(j: int, pos: int) -> list[tuple[int, int, int]]:
+        """(start, end, next position) for each way content j can lie at ``pos``."""
+        out, tried = [], set()
         for transform in _TRANSFORMS:
             x = transform(contents[order[j]])
             if x in tried or not text.startswith(x, pos):
@@ -123,12 +130,31 @@ def _align(
             tried.add(x)
             end = pos + len(x)
             if text.startswith(literals[j + 1], end):
-                rest = walk(j + 1, end + len(literals[j + 1]))
-                if rest is not None:
-                    return [(pos, end), *rest]
-        return None
+                out.append((pos, end, end + len(literals[j + 1])))
+        return out
 
-    return walk(0, len(literals[0])) if text.startswith(literals[0]) else None
+    start = len(literals[0])
+    stack = [(start, iter(choices(0, start)))]  # (position of content j, its untried choices)
+    spans: list[tuple[int, int]] = []  # the choices taken for contents 0 .. len(stack) - 2
+    dead: set[tuple[int, int]] = set()
+    while stack:
+        j = len(stack) - 1
+        choice = next(stack[-1][1], None)
+        if choice is None:
+            dead.add((j, stack.pop()[0]))
+            if spans:
+                spans.pop()
+            continue
+        begin, end, after = choice
+        if j + 1 == len(order):
+            if after == len(text):
+                return [*spans, (begin, end)]
+            continue
+        if (j + 1, after) in dead:
+            continue
+        spans.append((begin, end))
+        stack.append((after, iter(choices(j + 1, after))))
+    return None
 
 
 def content_spans(

@@ -15,6 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as Backend
 
+from clearlm.errors import ChatTemplateError
 from clearlm.text import clean_text
 from clearlm.tokenizer.stream import DecodeRule, TextStream
 
@@ -148,8 +149,9 @@ class Tokenizer:
         Lone surrogates in contents become U+FFFD.
 
         Raises:
-            ChatTemplateError: no template, it failed, or it reshapes contents that hold
-                special-token text so that they cannot be kept apart from its control tokens.
+            ChatTemplateError: no template, it failed or rendered nothing, or it reshapes
+                contents that hold special-token text so that they cannot be kept apart from its
+                control tokens.
         """
         from clearlm.tokenizer.chat_encode import clean_messages, encode_chat
 
@@ -160,8 +162,15 @@ class Tokenizer:
 
         messages = clean_messages(messages)
         if parse_special_in_content:
-            return self.encode(render(messages), add_special_tokens=False)
-        return encode_chat(self, messages, render)
+            ids = self.encode(render(messages), add_special_tokens=False)
+        else:
+            ids = encode_chat(self, messages, render)
+        if not ids:
+            raise ChatTemplateError(
+                f"the chat template of {self.source} rendered nothing for this conversation "
+                "(an empty template?); give the prompt as plain text instead (`clearlm generate`)"
+            )
+        return ids
 
 
 class StreamingDetokenizer:
