@@ -18,7 +18,7 @@ from tiny_gguf import write_tiny_llama
 from typer.testing import CliRunner
 
 from clearlm.cli import app, loader
-from clearlm.errors import ChatTemplateError, SamplingParamsError
+from clearlm.errors import ChatTemplateError, InvalidModelFileError, SamplingParamsError
 from clearlm.loading.checkpoint import GGUFCheckpoint
 from clearlm.runtime import threads
 
@@ -228,6 +228,28 @@ def test_chat_without_template_fails_before_the_weights(no_template, monkeypatch
     assert str(res.exception) == (
         "plain.gguf has no chat template (a base model?); use `clearlm generate`"
     )
+
+
+def test_chat_on_a_file_without_tokenizer_says_so_not_use_generate(tmp_path):
+    """No template and no tokenizer keys either: `clearlm generate` cannot run it, so chat
+    names the missing tokenizer instead of sending the user there."""
+    from gguf import GGUFReader, GGUFWriter
+
+    src = GGUFReader(str(write_tiny_llama(tmp_path / "full.gguf", chat_template=None)))
+    out = GGUFWriter(str(tmp_path / "bare.gguf"), "llama")
+    for field in src.fields.values():  # the sizes, not the tokenizer
+        if field.name.startswith("llama."):
+            out.add_key_value(field.name, field.contents(), field.types[0])
+    for t in src.tensors:
+        out.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    proc = cli("chat", "hi", "-m", str(tmp_path / "bare.gguf"))
+    assert proc.returncode == InvalidModelFileError.exit_code
+    assert proc.stderr.strip() == ("error: bare.gguf has no tokenizer (no tokenizer.ggml.* keys): "
+                                   "it cannot encode text; use a complete GGUF")
 
 
 def test_chat_without_template_is_one_line_and_no_loading(no_template):

@@ -141,7 +141,7 @@ def load_model(
 
     from clearlm.api.model import load, parse_dtype, parse_weights
     from clearlm.api.options import parse_activations
-    from clearlm.errors import ChatTemplateError
+    from clearlm.errors import ChatTemplateError, InvalidModelFileError
     from clearlm.loading.checkpoint import open_checkpoint
     from clearlm.runtime.devices import resolve_device
     from clearlm.runtime.precision import cpu_has_bf16_units
@@ -156,6 +156,11 @@ def load_model(
     parse_activations(activations, weights, torch_dtype)
     ckpt = open_checkpoint(path)
     if chat and ckpt.has_chat_template() is False:
+        from clearlm.loading.peek import gguf_keys
+
+        if "tokenizer.ggml.model" not in (gguf_keys(path) or ()):  # generate cannot run it
+            raise InvalidModelFileError(f"{path.name} has no tokenizer (no tokenizer.ggml.* "
+                                        "keys): it cannot encode text; use a complete GGUF")
         raise ChatTemplateError(
             f"{path.name} has no chat template (a base model?); use `clearlm generate`"
         )
