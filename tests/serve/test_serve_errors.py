@@ -144,6 +144,10 @@ CASES = [  # (path, body, param, code, a piece of the message)
      "messages.0.role", "invalid_value", "'system', 'developer', 'user', 'assistant' or 'tool'"),
     ("chat/completions", with_(CHAT, messages=[{"role": "user", "content": None}]), "messages.0",
      "invalid_value", "only an assistant message with tool_calls may leave it out"),
+    ("chat/completions", with_(CHAT, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]),
+     "messages.0", "invalid_value", "of type 'image_url': the models clearlm runs take text only"),
     ("chat/completions", with_(CHAT, tools=[{"type": "function", "function": {"name": "f"}}]),
      "tools", "unsupported", "this model's chat template does not render tools"),
     ("chat/completions", with_(CHAT, tool_choice="required"), "tool_choice", "invalid_value",

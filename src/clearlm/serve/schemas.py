@@ -115,6 +115,12 @@ class Message(Strict):
         """OpenAI lets an assistant message with ``tool_calls`` leave ``content`` out."""
         if isinstance(value, dict) and value.get("tool_calls") and "content" not in value:
             return {**value, "content": None}
+        parts = value.get("content") if isinstance(value, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":  # image_url, input_audio, file, ...
+                raise ValueError(f"a content part of type {kind!r}: the models clearlm runs "
+                                 "take text only; send text parts ({\"type\": \"text\", ...})")
         return value
 
     @model_validator(mode="after")
