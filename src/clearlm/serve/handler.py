@@ -165,16 +165,20 @@ class Session:
         }
 
     def log(self) -> None:
-        """One line per request: tokens in and out, time to first token, tokens/s, and each
-        choice's finish reason as the client receives it (:meth:`sent_finish`)."""
+        """One line per request: tokens in and out, time to first token (queueing and prefill
+        included), the decode rate after it (tokens after the first ÷ seconds since it: what
+        a client sees stream; 0 for a single token), and each choice's finish reason as the
+        client receives it (:meth:`sent_finish`)."""
         now = time.perf_counter()
         u = self.usage()
-        ttft = (self.t_first or now) - self.t0
-        rate = u["completion_tokens"] / (now - self.t0) if now > self.t0 else 0.0
+        first = self.t_first or now
+        after = u["completion_tokens"] - len(self.choices)  # each choice's first token excluded
+        rate = after / (now - first) if now > first and after > 0 else 0.0
         reasons = ",".join(self.sent_finish(c) for c in self.choices)
         log.info(
-            "%s %s prompt_tokens=%d completion_tokens=%d ttft=%.3fs %.1f tokens/s finish=%s",
-            self.kind, self.id, u["prompt_tokens"], u["completion_tokens"], ttft, rate, reasons,
+            "%s %s prompt_tokens=%d completion_tokens=%d ttft=%.3fs decode %.1f tokens/s "
+            "finish=%s", self.kind, self.id, u["prompt_tokens"], u["completion_tokens"],
+            first - self.t0, rate, reasons,
         )  # fmt: skip
 
     def sent_finish(self, choice: Choice) -> str:
