@@ -8,7 +8,8 @@ source model, one copy per format into ``$CLEARLM_CACHE/quantized/`` (default
     llama-quantize --allow-requantize SOURCE.gguf OUT.gguf FORMAT THREADS
 
 Formats: Q2_K, Q3_K_M, Q5_K_M, IQ4_NL, IQ4_XS, IQ3_M (IQ3_S blocks), TQ2_0, and Q2_K-pure,
-Q3_K-pure, IQ3_XXS-pure, IQ2_XXS-pure, IQ2_XS-pure, IQ2_S-pure, IQ1_S-pure, IQ1_M-pure:
+Q3_K-pure, IQ3_XXS-pure, IQ2_XXS-pure, IQ2_XS-pure, IQ2_M-pure (IQ2_S blocks: llama.cpp's IQ2_S
+type writes IQ2_XS ones), IQ1_S-pure, IQ1_M-pure:
 ``llama-quantize --pure``, every matrix in that one type where its rows allow. The IQ1 / IQ2 /
 IQ3_XXS types need an importance matrix: ``llama-imatrix`` makes one per source model from this
 repository's own text (README.md and docs/*.md, 8 chunks of 512 tokens: deterministic and
@@ -49,11 +50,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ["Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_NL", "IQ4_XS", "IQ3_M", "TQ2_0", "Q2_K-pure",
-           "Q3_K-pure", "IQ3_XXS-pure", "IQ2_XXS-pure", "IQ2_XS-pure", "IQ2_S-pure", "IQ1_S-pure",
+           "Q3_K-pure", "IQ3_XXS-pure", "IQ2_XXS-pure", "IQ2_XS-pure", "IQ2_M-pure", "IQ1_S-pure",
            "IQ1_M-pure"]
 PURE = "-pure"  # a format's suffix: llama-quantize --pure
 # the types llama-quantize refuses to write without an importance matrix (llama-quant.cpp)
-NEEDS_IMATRIX = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M")
+NEEDS_IMATRIX = ("IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M")
 CALIBRATION = ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 

@@ -1,5 +1,5 @@
 """llama-quantize's copies of the shipped models (Q2_K, Q3_K_M, Q5_K_M, IQ4_NL, IQ4_XS, IQ3_M,
-TQ2_0, and Q2_K / Q3_K / IQ3_XXS / IQ2_XXS / IQ2_XS / IQ2_S / IQ1_S / IQ1_M with ``--pure``,
+TQ2_0, and Q2_K / Q3_K / IQ3_XXS / IQ2_XXS / IQ2_XS / IQ2_M / IQ1_S / IQ1_M with ``--pure``,
 written by ``make quantize-models`` into ~/.cache/clearlm/quantized/) against transformers
 loading the same file in float32 (it dequantizes every tensor through ``gguf.quants``).
 
@@ -25,7 +25,7 @@ from real_parity import TOL, greedy_matches_or_near_tie, hf_gguf_model, last_log
 # llama.cpp's mixes, and two copies with every matrix whose rows allow it in Q2_K / Q3_K
 # (`llama-quantize --pure`): the mixes hold no Q2_K or Q3_K blocks on these models
 FORMATS = ["Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_NL", "IQ4_XS", "IQ3_M", "TQ2_0", "Q2_K-pure",
-           "Q3_K-pure", "IQ3_XXS-pure", "IQ2_XXS-pure", "IQ2_XS-pure", "IQ2_S-pure", "IQ1_S-pure",
+           "Q3_K-pure", "IQ3_XXS-pure", "IQ2_XXS-pure", "IQ2_XS-pure", "IQ2_M-pure", "IQ1_S-pure",
            "IQ1_M-pure"]
 SOURCES = ["qwen2.5-coder-0.5b-instruct-q4_k_m", "SmolLM2-135M-Instruct.Q4_1"]  # file stems
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return"
