@@ -97,11 +97,12 @@ def test_ctx_size_limits_prompt_and_answer(tiny, tiny_path):
 
 
 def test_ctx_size_in_a_conversation(tiny, tiny_path):
-    """Each answer fits -c; a turn whose prompt no longer fits is refused, the rest go on."""
+    """Each answer fits -c; a turn whose prompt no longer fits is refused, the rest go on, and
+    the exit code says a turn failed (a piped chat: ContextLengthError's 6)."""
     n = len(tiny.chat_prompt("hi"))
     proc = cli("chat", "-m", str(tiny_path), "-n", "10", "--temperature", "0", "-c",
                str(n + 2), stdin=b"hi\nhi again, a longer message\n")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 6, proc.stderr
     first = tiny.chat("hi", max_new_tokens=2, temperature=0).text
     assert proc.stdout.decode() == first + "\n"
     err = proc.stderr.decode()

@@ -65,7 +65,7 @@ def test_parse_llama_bench_json():
 BUILD = Path(__file__).resolve().parents[2] / "bench" / "build_llamacpp.sh"
 
 
-TOOLS = ["llama-bench", "llama-perplexity", "llama-quantize", "llama-server"]
+TOOLS = ["llama-bench", "llama-perplexity", "llama-quantize", "llama-imatrix", "llama-server"]
 
 
 def _fake_tools(tmp_path: Path, names: list[str]) -> Path:
