@@ -277,6 +277,13 @@ def test_ui_busy_port_is_one_line(tiny):
     assert_one_line_error(proc, f"cannot serve on 127.0.0.1:{port}")
 
 
+def test_serve_on_a_bad_address_is_one_line_without_the_key_warning(tiny):
+    """An address that cannot be bound is the one line: the no-API-key warning (for a host
+    other than loopback) comes only once the server can listen there."""
+    proc = run_cli("serve", "--model", str(tiny), "--host", "999.1.1.1", "--port", "8124")
+    assert_one_line_error(proc, "cannot serve on 999.1.1.1:8124")
+
+
 @pytest.mark.parametrize("command", ["generate", "chat"])
 def test_empty_stop_string_is_refused(tmp_path, command):
     path = write_tiny_llama(tmp_path / "tiny.gguf")

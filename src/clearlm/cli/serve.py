@@ -151,12 +151,6 @@ def serve(
         raise typer.BadParameter("the key is empty; give one, or leave --api-key out to serve "
                                  "without a key", param_hint="'--api-key'")
     _warn_inspect_options(ctx, inspect)
-    if not api_key and not is_loopback(host):
-        err.print(
-            f"[yellow]warning: serving on {host} without an API key: anyone who can reach this "
-            f"machine can use the model; set --api-key or ${API_KEY_ENV}[/]",
-            soft_wrap=True,
-        )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -166,6 +160,12 @@ def serve(
         sock.close()
         reason = getattr(e, "strerror", None) or str(e)
         raise ClearLMError(f"cannot serve on {host}:{port}: {reason}; try --host/--port") from None
+    if not api_key and not is_loopback(host):  # said once the address is known to work
+        err.print(
+            f"[yellow]warning: serving on {host} without an API key: anyone who can reach this "
+            f"machine can use the model; set --api-key or ${API_KEY_ENV}[/]",
+            soft_wrap=True,
+        )
     m = load_model(chosen, dtype, threads, quiet, weights=weights,
                    matmul_precision=matmul_precision, activations=activations)
     model_id = name or Path(chosen or DEFAULT_MODEL).name  # an alias, or the file's name
