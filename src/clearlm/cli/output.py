@@ -101,8 +101,7 @@ def token_logprobs(
     with torch.inference_mode():
         steps = [prefill(tf, torch.tensor([prompt], device=tf.device), cache)]  # (1, V) each
         for j, i in enumerate(tokens[:-1]):
-            if cache.max_seq_len < limit:
-                make_room(tf, cache, len(prompt) + j, limit)
+            make_room(tf, cache, len(prompt) + j, limit)
             steps.append(decode_step(tf, torch.tensor([[i]], device=tf.device), cache))
         logp = torch.log_softmax(torch.cat(steps).float(), dim=-1).cpu()  # (n, V) float32
         k = min(n_top, logp.shape[-1])

@@ -63,7 +63,9 @@ def generation_limit(model: Transformer, n_prompt: int, max_new_tokens: int) -> 
 
 def make_room(model: Transformer, cache: KVCache, position: int, limit: int) -> None:
     """Grow ``cache`` (twice its size, at most ``limit`` positions) until it can hold a token at
-    ``position``; the RoPE tables grow first, as a new cache's do (Transformer.new_cache)."""
+    ``position``; the RoPE tables grow first, as a new cache's do (Transformer.new_cache). A
+    cache that already holds ``position`` (any cache made with room for ``limit``, a parallel
+    model's included) is left as it is."""
     if position < cache.max_seq_len:
         return
     size = cache.max_seq_len
@@ -152,8 +154,7 @@ def generate_step(
         if i + 1 == n_new:
             break
         seq = torch.cat([seq, token.view(1, 1)], dim=1)  # (1, P + i + 1)
-        if cache.max_seq_len < limit:  # a growing cache: this token goes at P + i
-            make_room(model, cache, len(prompt) + i, limit)
+        make_room(model, cache, len(prompt) + i, limit)  # this token goes at P + i
         logits = step(model, token.view(1, 1), cache)
 
 
