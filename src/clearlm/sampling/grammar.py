@@ -109,14 +109,19 @@ def grammar_vocab(backend_json: str, vocab_size: int, eos_ids: Collection[int]) 
     return llguidance.LLTokenizer(backend_json, n_vocab=vocab_size, eos_token=sorted(eos_ids))
 
 
+def first_line(reason: str, default: str = "") -> str:
+    """The first line of llguidance's error ``reason``, cut at 200 characters: never the parser
+    state or the grammar text that follow it (on a server, the grammar is a client's request)."""
+    return (reason.strip().splitlines() or [default])[0][:200]
+
+
 def grammar_error(reason: str) -> GrammarError:
-    """The one-line error for a grammar the engine gave up on: the first line of its
-    ``reason`` (cut at 200 characters), never the parser state or the grammar text that
-    follow it (on a server, the grammar is a client's request)."""
-    first = (reason.strip().splitlines() or ["no reason given"])[0][:200]
+    """The one-line error for a grammar the engine gave up on (:func:`first_line` of its
+    ``reason``)."""
     return GrammarError(
-        f"the grammar cannot be followed: {first}; simplify the grammar or schema (a rule or "
-        "a required property that repeats itself forever has no end)"
+        f"the grammar cannot be followed: {first_line(reason, 'no reason given')}; simplify the "
+        "grammar or schema (a rule or a required property that repeats itself forever has no "
+        "end)"
     )
 
 
@@ -169,8 +174,8 @@ class GrammarState:
         if not self.matcher.consume_token(token):
             forbidden = self.last_allowed is not None and not bool(self.last_allowed[token])
             if forbidden:
-                reason = self.matcher.get_error().strip().splitlines() or [""]
-                raise SamplingError(f"token {token} breaks the grammar: {reason[0][:200]}")
+                reason = first_line(self.matcher.get_error())
+                raise SamplingError(f"token {token} breaks the grammar: {reason}")
             raise grammar_error(self.matcher.get_error())
 
     def is_done(self) -> bool:
