@@ -22,7 +22,7 @@ from clearlm.loading.checkpoint import GGUFCheckpoint, load_gguf_model
 from clearlm.loading.compact import from_file
 from clearlm.loading.compact.swap import quantize_model
 from clearlm.loading.gguf import open_gguf
-from clearlm.loading.held import NO_PACKER, FormatUse, warn_float_held
+from clearlm.loading.held import NO_PACKER, FormatUse, warn_held_above_file
 from clearlm.quant.embedding import QuantEmbedding
 from clearlm.quant.linear import QuantLinear
 
@@ -88,7 +88,7 @@ def test_the_float_held_warning_names_count_and_memory() -> None:
     use = FormatUse(NO_PACKER, count=15, file_bytes=2 * n, held_bytes=4 * n)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warn_float_held([("BF16", use)])
+        warn_held_above_file([("BF16", use)])
     assert [str(w.message) for w in caught] == [
         "clearlm: 15 BF16 tensors have no compact form and are held as float32: "
         "3.4 MB instead of the file's 1.7 MB (+1.7 MB)"]

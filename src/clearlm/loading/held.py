@@ -25,16 +25,15 @@ class FormatUse:
     held_bytes: int = 0
 
 
-def warn_float_held(above_file: list[tuple[str, FormatUse]]) -> None:
+def warn_held_above_file(above_file: list[tuple[str, FormatUse]]) -> None:
     """One ``clearlm:`` warning per GGUF type held above the file's bytes for want of a compact
     form at its size (the CLI prints it as a ``warning:`` line): as float32 (NO_PACKER) or as
     int8 codes (WIDE_HELD); the count and the memory above the file's bytes."""
     for qtype, use in above_file:
         extra = use.held_bytes - use.file_bytes
-        plural = use.count != 1
-        how = ("no compact form and " + ("are" if plural else "is") + " held as float32"
-               if use.held_as == NO_PACKER else "no compact form at the file's size and "
-               + ("are" if plural else "is") + " held as int8 codes")
+        plural, verb = use.count != 1, "are" if use.count != 1 else "is"
+        how = (f"no compact form and {verb} held as float32" if use.held_as == NO_PACKER
+               else f"no compact form at the file's size and {verb} held as int8 codes")
         warnings.warn(
             f"clearlm: {use.count} {qtype} tensor{'s' if plural else ''} "
             f"{'have' if plural else 'has'} {how}: {_size(use.held_bytes)} "

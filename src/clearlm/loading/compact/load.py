@@ -22,7 +22,7 @@ The chain (style.md: build on the meta device and assign, so nothing is held twi
    HalfLinear / HalfEmbedding, the file's bytes; stacked experts' (E, F, D) tensor split into
    E views); an F16 / BF16 tensor held as float32 all the same (a matrix the family
    converts) costs one warning line per type,
-   with the count and the memory above the file's bytes (:func:`warn_float_held`);
+   with the count and the memory above the file's bytes (:func:`warn_held_above_file`);
 4. a block's Q/K/V and gate/up with the same packed layout become one matrix each
    (quant/fuse.py: one kernel call instead of three / two; the originals keep views of it),
    packed into shared buffers as a group (quant/from_file.pack_group), so fusing copies nothing.
@@ -54,7 +54,7 @@ from clearlm.loading.held import (
     NOT_READ,
     WIDE_HELD,
     FormatUse,
-    warn_float_held,
+    warn_held_above_file,
 )
 from clearlm.loading.load import check_shapes, skeleton
 from clearlm.model.transformer import Transformer
@@ -91,7 +91,7 @@ class CompactPlan:
         use.file_bytes += file_bytes
         use.held_bytes += held_bytes
 
-    def without_packer(self) -> list[tuple[str, FormatUse]]:
+    def above_file(self) -> list[tuple[str, FormatUse]]:
         """(type, use) of the tensors held above the file's bytes only because their type has
         no compact form at its size: as float32, or as int8 codes (the lattice i-quants, TQ).
         F32 tensors are not: they are float in the file too."""
@@ -223,7 +223,7 @@ def load_compact(
     fuse_projections(model)  # Q/K/V and gate/up as one kernel call each where formats agree
     if plan.packed or plan.half:
         load_kernels()  # built here on first use (a minute, said on stderr), not in the prefill
-    warn_float_held(plan.without_packer())  # once the file is known good: no line before an error
+    warn_held_above_file(plan.above_file())  # once the file is known good: no line before an error
     return model.eval(), plan
 
 
